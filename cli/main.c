@@ -1,0 +1,50 @@
+/* main.c - the dsv4 command: dispatch to a subcommand. */
+#include <stdio.h>
+#include <string.h>
+
+#include "commands.h"
+#include "dsv4/dsv4.h"
+
+typedef struct dsv4_subcommand {
+    const char *name;
+    int (*fn)(int argc, char **argv);
+    const char *summary;
+} dsv4_subcommand;
+
+static const dsv4_subcommand dsv4_subcommands[] = {
+    {"inspect", dsv4_cmd_inspect, "summarise a model folder and check its tensors against its config"},
+    {"run", dsv4_cmd_run, "run a path (ref-cpu, ref-gpu) on a prompt and write an HDF5 dump"},
+    {"verify", dsv4_cmd_verify, "compare two dumps layer by layer: errors, top-k agreement, logits"},
+};
+
+static void print_usage(FILE *f)
+{
+    fprintf(f, "dsv4 %s - DeepSeek-V4-Flash decoders (fp32 reference, optimized CUDA) and a layer-wise verifier\n\n"
+               "usage: dsv4 <command> [options]\n\ncommands:\n",
+            DSV4_VERSION);
+    for (size_t i = 0; i < sizeof dsv4_subcommands / sizeof dsv4_subcommands[0]; i++)
+        fprintf(f, "  %-8s %s\n", dsv4_subcommands[i].name, dsv4_subcommands[i].summary);
+    fprintf(f, "\n'dsv4 <command> --help' describes a command. Exit status: 0 ok, 1 problem found, 2 bad usage or "
+               "unreadable input.\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        print_usage(stderr);
+        return 2;
+    }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        print_usage(stdout);
+        return 0;
+    }
+    if (!strcmp(argv[1], "--version")) {
+        printf("dsv4 %s\n", DSV4_VERSION);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof dsv4_subcommands / sizeof dsv4_subcommands[0]; i++)
+        if (!strcmp(argv[1], dsv4_subcommands[i].name)) return dsv4_subcommands[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "dsv4: unknown command '%s'\n\n", argv[1]);
+    print_usage(stderr);
+    return 2;
+}

@@ -1,0 +1,213 @@
+/* dsv4.h - the model: errors, config, dtypes, the shared weight loader.
+ *
+ * Every path (reference CPU/GPU, optimized) reads weights ONLY through this loader. A model folder is
+ * config.json + model.safetensors (or model.safetensors.index.json + shards), mmapped read-only.
+ * Three on-disk namings are accepted (official checkpoint names, transformers module names, and the mixed
+ * layout transformers' save_pretrained writes; model-spec §2); all are mapped to ONE canonical naming,
+ * the official checkpoint names, e.g. "layers.3.attn.wq_a.weight", "layers.5.ffn.experts.7.w2.weight",
+ * "embed.weight", "head.weight", "norm.weight", "hc_head_fn".
+ *
+ * Conventions (style.md): functions return 0 on success and a negative DSV4_ERR_* on failure; the message
+ * (file, tensor, expected vs actual) goes to one error sink, read with dsv4_last_error(). _free(NULL) is a no-op.
+ */
+#ifndef DSV4_H
+#define DSV4_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DSV4_VERSION "0.1"
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Errors: one sink, thread-local, last message wins.
+ */
+enum dsv4_err {
+    DSV4_OK = 0,
+    DSV4_ERR_IO = -1,          /* cannot open/read/write/rename a file */
+    DSV4_ERR_FORMAT = -2,      /* a file is malformed (safetensors header, JSON, HDF5 schema) */
+    DSV4_ERR_CONFIG = -3,      /* config.json missing a field, wrong type, inconsistent values */
+    DSV4_ERR_MISSING = -4,     /* a tensor / dataset / attribute that must exist does not */
+    DSV4_ERR_SHAPE = -5,       /* a tensor or dataset has the wrong shape or dtype */
+    DSV4_ERR_NOMEM = -6,       /* allocation failed or would exceed a limit */
+    DSV4_ERR_CUDA = -7,        /* a CUDA / cuBLAS / NCCL call failed */
+    DSV4_ERR_USAGE = -8,       /* bad arguments from the caller or the command line */
+    DSV4_ERR_UNSUPPORTED = -9, /* valid input this build or path cannot handle */
+    DSV4_ERR_MISMATCH = -10,   /* inputs that cannot be compared (different weights, no common probes) */
+};
+
+/* Record an error; returns `code` so callers can `return dsv4_error(DSV4_ERR_IO, "%s: ...", path)`. */
+int dsv4_error(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The last recorded message ("" if none). Valid until the next dsv4_error on this thread. */
+const char *dsv4_last_error(void);
+/* Short name of a code, e.g. "format error". */
+const char *dsv4_err_name(int code);
+
+/* Invariant check for internal use: records the message and returns DSV4_ERR_USAGE from the caller. */
+#define DSV4_CHECK(cond, ...)                                                                                    \
+    do {                                                                                                         \
+        if (!(cond)) return dsv4_error(DSV4_ERR_USAGE, __VA_ARGS__);                                             \
+    } while (0)
+
+/* ---------------------------------------------------------------------------------------------------------
+ * dtypes as safetensors names them.
+ */
+typedef enum dsv4_dtype {
+    DSV4_DTYPE_F32,
+    DSV4_DTYPE_F16,
+    DSV4_DTYPE_BF16,
+    DSV4_DTYPE_F8_E4M3,
+    DSV4_DTYPE_F8_E8M0, /* block scales: value = 2^(byte-127) */
+    DSV4_DTYPE_I8,      /* on disk: FP4 e2m1 packed two per byte for routed experts */
+    DSV4_DTYPE_U8,
+    DSV4_DTYPE_I32,
+    DSV4_DTYPE_I64,
+    DSV4_DTYPE_F64,
+    DSV4_DTYPE_COUNT
+} dsv4_dtype;
+
+const char *dsv4_dtype_name(dsv4_dtype t);     /* "F32", "BF16", "F8_E4M3", ... */
+int dsv4_dtype_from_name(const char *name);    /* a dsv4_dtype, or -1 if unknown */
+size_t dsv4_dtype_size(dsv4_dtype t);          /* bytes per element */
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Config (model-spec §1). Plain value type: no pointers, copyable.
+ */
+#define DSV4_MAX_LAYERS 128
+
+typedef enum dsv4_attn_type { DSV4_ATTN_SLIDING, DSV4_ATTN_CSA, DSV4_ATTN_HCA } dsv4_attn_type;
+typedef enum dsv4_mlp_type { DSV4_MLP_HASH_MOE, DSV4_MLP_MOE } dsv4_mlp_type;
+
+typedef struct dsv4_rope_params {
+    double theta;                 /* base */
+    int yarn;                     /* 1: YaRN ramp applied (compress table), 0: plain */
+    double factor;                /* YaRN s */
+    int64_t original_max_position_embeddings; /* YaRN L0 */
+    double beta_fast, beta_slow;
+} dsv4_rope_params;
+
+typedef struct dsv4_config {
+    int vocab_size;
+    int hidden_size;            /* D */
+    int num_hidden_layers;
+    int num_attention_heads;    /* H */
+    int num_key_value_heads;    /* must be 1 */
+    int head_dim;               /* d */
+    int qk_rope_head_dim;       /* trailing RoPE channels of every head (main and indexer) */
+    int q_lora_rank;
+    int o_groups;
+    int o_lora_rank;
+    int sliding_window;         /* n_win, includes the current token */
+    int index_n_heads;
+    int index_head_dim;
+    int index_topk;
+    int n_routed_experts;
+    int n_shared_experts;
+    int num_experts_per_tok;
+    int moe_intermediate_size;
+    int num_hash_layers;
+    int norm_topk_prob;
+    double routed_scaling_factor;
+    double swiglu_limit;
+    int hc_mult;
+    int hc_sinkhorn_iters;
+    double hc_eps;
+    double rms_norm_eps;
+    int64_t max_position_embeddings;
+    int tie_word_embeddings;
+    int bos_token_id, eos_token_id;
+    char scoring_func[32];      /* "sqrtsoftplus" */
+    int compress_rate_csa;      /* default 4 */
+    int compress_rate_hca;      /* default 128 */
+    dsv4_rope_params rope_main;     /* sliding layers */
+    dsv4_rope_params rope_compress; /* CSA/HCA layers */
+    dsv4_attn_type attn_type[DSV4_MAX_LAYERS];
+    dsv4_mlp_type mlp_type[DSV4_MAX_LAYERS];
+    int compress_ratio[DSV4_MAX_LAYERS]; /* derived: 0 sliding, compress_rate_csa, compress_rate_hca */
+    int fp8_block_quant;        /* quantization_config says fp8 e4m3 block weights */
+    char expert_dtype[16];      /* "fp4", "fp8", "" */
+} dsv4_config;
+
+/* Parse a config.json file / string. Errors name the file and the key. */
+int dsv4_config_load(const char *path, dsv4_config *cfg);
+int dsv4_config_parse(const char *json_text, const char *origin /* for messages */, dsv4_config *cfg);
+const char *dsv4_attn_type_name(dsv4_attn_type t); /* "sliding", "csa", "hca" (dump-format names) */
+const char *dsv4_mlp_type_name(dsv4_mlp_type t);   /* "hash_moe", "moe" */
+
+/* ---------------------------------------------------------------------------------------------------------
+ * The weight loader.
+ */
+typedef struct dsv4_model dsv4_model; /* opaque: config, mmapped files, tensor index */
+
+/* One tensor as it is on disk, under its canonical name. `data` points into the mmap (read-only).
+ * For a fused transformers tensor (experts.gate_up_proj) the canonical per-expert tensor is a view:
+ * data/nbytes/shape describe the slice. `scale` is the sibling block-scale tensor or NULL. */
+typedef struct dsv4_tensor {
+    const char *name;        /* canonical name */
+    const char *disk_name;   /* name in the file */
+    const char *file;        /* path of the file holding it */
+    dsv4_dtype dtype;
+    int ndim;
+    int64_t shape[4];
+    const void *data;
+    size_t nbytes;
+    const struct dsv4_tensor *scale; /* F8_E8M0 or F32 block scales, or NULL */
+} dsv4_tensor;
+
+/* Open a model folder. Validates every header (offsets, sizes, dtypes) and the config; does not read
+ * tensor data. Missing/mis-shaped tensors are NOT an error here (inspect reports them); paths fail when
+ * they ask for a tensor that is missing. */
+int dsv4_model_open(const char *dir, dsv4_model **out);
+void dsv4_model_free(dsv4_model *m);
+const dsv4_config *dsv4_model_config(const dsv4_model *m);
+const char *dsv4_model_dir(const dsv4_model *m);
+const char *dsv4_model_config_json(const dsv4_model *m); /* config.json verbatim */
+
+/* Lookup by canonical name; DSV4_ERR_MISSING (with the name and folder) if absent. */
+int dsv4_model_tensor(const dsv4_model *m, const char *name, const dsv4_tensor **out);
+int dsv4_model_tensor_count(const dsv4_model *m);
+const dsv4_tensor *dsv4_model_tensor_at(const dsv4_model *m, int i);
+
+/* The weight as f32, dequantised. Owned by the model (valid until dsv4_model_free), computed once and
+ * cached; an aligned F32 tensor is returned straight from the mmap. `expect_numel` must match. */
+int dsv4_model_f32(dsv4_model *m, const char *name, size_t expect_numel, const float **out);
+/* Dequantise into a caller buffer of exactly `numel` elements, f32 or bf16 (uint16 bits, RNE). */
+int dsv4_model_read_f32(const dsv4_model *m, const char *name, float *dst, size_t numel);
+int dsv4_model_read_bf16(const dsv4_model *m, const char *name, uint16_t *dst, size_t numel);
+/* Integer tensors (tid2eid: I64 or I32 on disk) as int32. */
+int dsv4_model_read_i32(const dsv4_model *m, const char *name, int32_t *dst, size_t numel);
+
+/* SHA-256 of the weight bytes as dump-format.md defines weights_digest (lowercase hex, 65 bytes). */
+int dsv4_model_weights_digest(const dsv4_model *m, char out[65]);
+
+/* The tensors the config says must exist, with their expected shapes. Used by inspect and the paths. */
+typedef struct dsv4_expected_tensor {
+    char name[96];
+    int ndim;
+    int64_t shape[4];  /* logical (dequantised) shape */
+} dsv4_expected_tensor;
+/* Fills *out with a malloc'd array (caller frees with free()). */
+int dsv4_config_expected_tensors(const dsv4_config *cfg, dsv4_expected_tensor **out, int *n);
+
+/* Problems of a model against its config (for `dsv4 inspect`): each line names the tensor and the
+ * problem. Returns the number of problems (>= 0) or a negative error. Lines go to `report`. */
+typedef void (*dsv4_report_fn)(void *ctx, const char *line);
+int dsv4_model_check(const dsv4_model *m, dsv4_report_fn report, void *ctx);
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Scalar conversions (exact, shared by every path; model-spec §2/§3).
+ */
+float dsv4_bf16_to_f32(uint16_t b);
+uint16_t dsv4_f32_to_bf16(float f); /* round to nearest even, NaN kept NaN */
+float dsv4_f16_to_f32(uint16_t h);
+float dsv4_e4m3_to_f32(uint8_t b);  /* F8_E4M3 (fn: no inf, 0x7f/0xff = NaN) */
+float dsv4_e8m0_to_f32(uint8_t b);  /* 2^(b-127); 0xff = NaN */
+float dsv4_e2m1_to_f32(uint8_t nibble); /* FP4 code 0..15 */
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DSV4_H */

@@ -1,0 +1,102 @@
+/* dsv4_test.c - shared test helpers (see dsv4_test.h). */
+#define _POSIX_C_SOURCE 200809L
+#include "dsv4_test.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#ifdef DSV4_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+const char *dsv4_test_source_path(const char *rel)
+{
+    static char buf[4096];
+    const char *root = getenv("DSV4_SOURCE_DIR");
+    snprintf(buf, sizeof buf, "%s/%s", root ? root : ".", rel);
+    return buf;
+}
+
+const char *dsv4_test_bin(void)
+{
+    const char *bin = getenv("DSV4_BIN");
+    return bin ? bin : "dsv4";
+}
+
+char *dsv4_test_mkdtemp(const char *tag)
+{
+    const char *tmp = getenv("TMPDIR");
+    char *dir = malloc(4096);
+    if (!dir) return NULL;
+    snprintf(dir, 4096, "%s/dsv4-%s-XXXXXX", tmp ? tmp : "/tmp", tag);
+    if (!mkdtemp(dir)) {
+        free(dir);
+        return NULL;
+    }
+    return dir;
+}
+
+void dsv4_test_rmtree(char *dir)
+{
+    if (!dir) return;
+    char cmd[4200];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", dir);
+    free(dir);
+}
+
+int dsv4_test_run(const char *cmd, char **output)
+{
+    char full[8192];
+    snprintf(full, sizeof full, "( %s ) 2>&1", cmd);
+    FILE *f = popen(full, "r");
+    if (!f) return -1;
+    size_t cap = 4096, len = 0;
+    char *buf = malloc(cap);
+    size_t got;
+    while (buf && (got = fread(buf + len, 1, cap - len - 1, f)) > 0) {
+        len += got;
+        if (cap - len < 2) {
+            char *nb = realloc(buf, cap * 2);
+            if (!nb) break;
+            buf = nb;
+            cap *= 2;
+        }
+    }
+    if (buf) buf[len] = 0;
+    int st = pclose(f);
+    if (output) *output = buf;
+    else free(buf);
+    return (st >= 0 && (st & 0x7f) == 0) ? ((st >> 8) & 0xff) : -1;
+}
+
+void dsv4_test_poison_f32(float *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++) p[i] = NAN;
+}
+
+void dsv4_test_require_gpu(void)
+{
+#ifdef DSV4_HAVE_CUDA
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+        printf("no CUDA device: skipped\n");
+        exit(77);
+    }
+#else
+    printf("built without CUDA: skipped\n");
+    exit(77);
+#endif
+}
+
+int dsv4_test_main(Suite *s)
+{
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? 0 : 1;
+}

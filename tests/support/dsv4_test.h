@@ -1,0 +1,29 @@
+/* dsv4_test.h - what every Check test of dsv4 shares: paths, temp dirs, the suite runner, GPU skip.
+ *
+ * Tests find the source tree (golden data) and the build tree through the environment set by ctest
+ * (DSV4_SOURCE_DIR, DSV4_BINARY_DIR, DSV4_BIN = the dsv4 command). A GPU test calls
+ * dsv4_test_require_gpu() first: without a CUDA device it exits 77, which ctest reports as skipped.
+ */
+#ifndef DSV4_TEST_H
+#define DSV4_TEST_H
+
+#include <check.h>
+#include <stddef.h>
+
+/* $DSV4_SOURCE_DIR/rel (static buffer, overwritten by the next call). */
+const char *dsv4_test_source_path(const char *rel);
+/* The dsv4 binary ($DSV4_BIN). */
+const char *dsv4_test_bin(void);
+/* A fresh empty directory under $TMPDIR (or /tmp), unique per call; removed by dsv4_test_rmtree. */
+char *dsv4_test_mkdtemp(const char *tag);
+void dsv4_test_rmtree(char *dir); /* frees dir */
+/* Run a shell command, capture stdout+stderr into a malloc'd string; returns the exit status. */
+int dsv4_test_run(const char *cmd, char **output);
+/* Fill n floats with NaN so unwritten outputs fail comparisons. */
+void dsv4_test_poison_f32(float *p, size_t n);
+/* Exits 77 (ctest: skipped) when no CUDA device is present. */
+void dsv4_test_require_gpu(void);
+/* Run a suite in CK_NOFORK-aware normal mode; returns the process exit status (0 = all passed). */
+int dsv4_test_main(Suite *s);
+
+#endif
