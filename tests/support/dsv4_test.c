@@ -78,8 +78,12 @@ void dsv4_test_poison_f32(float *p, size_t n)
     for (size_t i = 0; i < n; i++) p[i] = NAN;
 }
 
+/* CUDA cannot be used in a child forked after the parent initialised it: GPU tests run unforked. */
+static int dsv4_test_no_fork;
+
 void dsv4_test_require_gpu(void)
 {
+    dsv4_test_no_fork = 1;
 #ifdef DSV4_HAVE_CUDA
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
@@ -95,6 +99,7 @@ void dsv4_test_require_gpu(void)
 int dsv4_test_main(Suite *s)
 {
     SRunner *sr = srunner_create(s);
+    if (dsv4_test_no_fork) srunner_set_fork_status(sr, CK_NOFORK);
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);

@@ -21,7 +21,7 @@ void dsv4_test_rmtree(char *dir); /* frees dir */
 int dsv4_test_run(const char *cmd, char **output);
 /* Fill n floats with NaN so unwritten outputs fail comparisons. */
 void dsv4_test_poison_f32(float *p, size_t n);
-/* Exits 77 (ctest: skipped) when no CUDA device is present. */
+/* Exits 77 (ctest: skipped) when no CUDA device is present; otherwise the suite runs unforked (CUDA and fork do not mix). */
 void dsv4_test_require_gpu(void);
 /* Run a suite in CK_NOFORK-aware normal mode; returns the process exit status (0 = all passed). */
 int dsv4_test_main(Suite *s);

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# deps.sh - install what dsv4 needs to build on Debian 12 / Ubuntu 24.04, with apt-get, only if missing.
+# Sourced by setup.sh; safe to run twice. CUDA: nvcc is used when present (/usr/local/cuda or PATH);
+# without it the CPU paths are built and the GPU ones report that the build has no CUDA.
+set -euo pipefail
+
+dsv4_packages=(cmake make gcc pkg-config libhdf5-dev libopenblas-dev check libsubunit-dev libjansson-dev libssl-dev
+               python3)
+missing=()
+for p in "${dsv4_packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+    echo "dsv4: installing ${missing[*]}" >&2
+    sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
