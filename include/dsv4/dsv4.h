@@ -165,6 +165,8 @@ void dsv4_model_free(dsv4_model *m);
 const dsv4_config *dsv4_model_config(const dsv4_model *m);
 const char *dsv4_model_dir(const dsv4_model *m);
 const char *dsv4_model_config_json(const dsv4_model *m); /* config.json verbatim */
+/* The on-disk naming detected: "official", "transformers", "save_pretrained", or a '+'-joined mix. */
+const char *dsv4_model_naming(const dsv4_model *m);
 
 /* Lookup by canonical name; DSV4_ERR_MISSING (with the name and folder) if absent. */
 int dsv4_model_tensor(const dsv4_model *m, const char *name, const dsv4_tensor **out);
