@@ -1,0 +1,38 @@
+/* ref_attention.c - the attention core of the reference (model-spec §6.5-§6.8, §9): sink attention of one
+ * query over a gathered list of key=value rows, and the grouped output projection.
+ *
+ * Quiet traps:
+ * - K = V: the same 512-d row (rope'd trailing channels included) is the key and the value; the caller
+ *   de-rotates the output's rope channels afterwards (inverse RoPE at the query position).
+ * - The sink is a per-head logit in the denominator only; it has no value row.
+ * - Heads are grouped CONTIGUOUSLY for the output projection: group g = heads g·H/G .. (g+1)·H/G − 1, and it
+ *   uses rows g·o_r .. (g+1)·o_r − 1 of wo_a.
+ */
+#include <cblas.h>
+#include <math.h>
+
+#include "ref_ops.h"
+
+void dsv4_ref_sink_attention(float *o, const float *q, const float *kv, int m, const float *sinks, int H, int d,
+                             float *scores)
+{
+    float scale = 1.0f / sqrtf((float)d);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, H, m, d, 1.0f, q, d, kv, d, 0.0f, scores, m);
+    for (int h = 0; h < H; h++) {
+        float *s = scores + (size_t)h * m;
+        for (int j = 0; j < m; j++) s[j] *= scale;
+        dsv4_ref_sink_softmax(s, s, m, sinks[h]);
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, H, d, m, 1.0f, scores, m, kv, d, 0.0f, o, d);
+}
+
+void dsv4_ref_grouped_out(float *out, float *z, const float *o, const float *wo_a, const float *wo_b, int S, int H,
+                          int d, int G, int o_r, int D)
+{
+    int gin = H * d / G;
+    for (int g = 0; g < G; g++) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, S, o_r, gin, 1.0f, o + (size_t)g * gin, H * d,
+                    wo_a + (size_t)g * o_r * gin, gin, 0.0f, z + (size_t)g * o_r, G * o_r);
+    }
+    dsv4_ref_linear(out, z, wo_b, S, G * o_r, D);
+}

@@ -1,0 +1,288 @@
+/* ref_forward.c - one forward call of the CPU reference over n tokens at positions p0..p0+n-1 (model-spec §4,
+ * §6-§10, §12.2): prefill (n = prompt) and the decode step (n = 1) are the same code, with the linears batched
+ * over the call's tokens, the compressors driven token by token through their state machines, and attention
+ * one query at a time over its gathered key list. Probes are emitted for every stored position.
+ *
+ * Invariants that fail quietly:
+ * - Window keys of query p are positions max(0, p−W+1)..p; those of the current call come from the call's kv
+ *   rows, older ones from the ring (slot pos mod W). The ring is written after the call's attention.
+ * - Compressed entries are emitted while the call's tokens are pushed, before any attention of the call:
+ *   query p then sees HCA entries w < (p+1) div r, and CSA picks of the indexer (−1 = none).
+ * - The indexer scores the whole pool known after the call (k = min(index_topk, pool)); in decode that pool
+ *   is exactly the visible set.
+ * - Sliding layers use the main RoPE table; CSA/HCA layers use the compress table for q, window kv,
+ *   compressed entries and the indexer.
+ * - The MoE reads token ids (hash layers) from the call's tokens, not from positions.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "ref_model.h"
+
+#define PROBE(name, pos, buf, n)                                                                                 \
+    do {                                                                                                         \
+        int rc_ = dsv4_probe(probe, L, name, pos, buf, n);                                                       \
+        if (rc_) return rc_;                                                                                     \
+    } while (0)
+#define PROBE_I32(name, pos, buf, n)                                                                             \
+    do {                                                                                                         \
+        int rc_ = dsv4_probe_i32(probe, L, name, pos, buf, n);                                                   \
+        if (rc_) return rc_;                                                                                     \
+    } while (0)
+
+/* mHC pre of every token of the call, then the site's RMSNorm; probes <site>_hc_* and <site>_in. */
+static int mhc_pre_all(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int L, const dsv4_ref_hc_params *hp,
+                       const float *norm_w, int p0, int S, int attn_site, dsv4_probe_sink *probe)
+{
+    const dsv4_config *f = &c->cfg;
+    int n = f->hc_mult, D = f->hidden_size;
+    for (int s = 0; s < S; s++) {
+        float *pre = sc->pre + (size_t)s * n, *post = sc->post + (size_t)s * n;
+        float *comb = sc->comb + (size_t)s * n * n, *xa = sc->xa + (size_t)s * D;
+        dsv4_ref_hc_pre(hp, sc->X + (size_t)s * n * D, n, D, f->hc_sinkhorn_iters, (float)f->hc_eps,
+                        (float)f->rms_norm_eps, pre, post, comb, xa, sc->vn, sc->mix);
+        dsv4_ref_rmsnorm(sc->xn + (size_t)s * D, xa, norm_w, D, (float)f->rms_norm_eps);
+        int p = p0 + s;
+        if (!dsv4_probe_wants(probe, p)) continue;
+        PROBE(attn_site ? "attn_hc_pre" : "ffn_hc_pre", p, pre, n);
+        PROBE(attn_site ? "attn_hc_post" : "ffn_hc_post", p, post, n);
+        PROBE(attn_site ? "attn_hc_comb" : "ffn_hc_comb", p, comb, (size_t)n * n);
+        PROBE(attn_site ? "attn_in" : "ffn_in", p, xa, D);
+    }
+    return 0;
+}
+
+/* mHC post of every token: X ← post ⊗ out + combᵀ X (through the double buffer). */
+static void mhc_post_all(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, const float *out, int S)
+{
+    int n = c->cfg.hc_mult, D = c->cfg.hidden_size;
+    for (int s = 0; s < S; s++)
+        dsv4_ref_hc_post(sc->X2 + (size_t)s * n * D, sc->X + (size_t)s * n * D, out + (size_t)s * D,
+                         sc->post + (size_t)s * n, sc->comb + (size_t)s * n * n, n, D);
+    float *t = sc->X;
+    sc->X = sc->X2;
+    sc->X2 = t;
+}
+
+/* Push the call's tokens through one compressor; finished entries (norm + RoPE at r·w) go to pool. */
+static int compress_all(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, dsv4_ref_compressor *cmp, const float *kvp,
+                        const float *gp, const float *ape, const float *norm_w, float *pool, int *n_entries,
+                        int cap, int p0, int S)
+{
+    int dc = cmp->d_c, width = cmp->width, r = cmp->ratio;
+    for (int s = 0; s < S; s++) {
+        int64_t p = p0 + s;
+        if (!dsv4_ref_compressor_push(cmp, p, kvp + (size_t)s * width, gp + (size_t)s * width, ape, sc->entry))
+            continue;
+        int w = (int)(p / r);
+        if (w != *n_entries || w >= cap)
+            return dsv4_error(DSV4_ERR_USAGE, "reference: compressed entry %d out of order or past capacity %d "
+                              "(have %d)", w, cap, *n_entries);
+        dsv4_ref_rope_cos_sin(c->inv_cmp, c->n_pairs, (int64_t)r * w, sc->cos_e, sc->sin_e);
+        dsv4_ref_compressor_finish(sc->entry, dc, norm_w, (float)c->cfg.rms_norm_eps, c->n_pairs, sc->cos_e,
+                                   sc->sin_e);
+        memcpy(pool + (size_t)w * dc, sc->entry, (size_t)dc * sizeof(float));
+        *n_entries = w + 1;
+    }
+    return 0;
+}
+
+/* The lightning indexer of a CSA layer: keys, queries, head weights, scores and picks of every token. */
+static int indexer_all(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int L, int p0, int S, dsv4_probe_sink *probe)
+{
+    const dsv4_config *f = &c->cfg;
+    const dsv4_ref_layer_w *w = &c->lw[L];
+    dsv4_ref_layer_state *st = &c->ls[L];
+    int D = f->hidden_size, HI = f->index_n_heads, dI = f->index_head_dim, qr = f->q_lora_rank;
+    int np = c->n_pairs, topk = f->index_topk > 0 ? f->index_topk : 1;
+    dsv4_ref_linear(sc->ikv, sc->xn, w->idx_wkv, S, D, 2 * dI);
+    dsv4_ref_linear(sc->ig, sc->xn, w->idx_wgate, S, D, 2 * dI);
+    int rc = compress_all(c, sc, &st->icmp, sc->ikv, sc->ig, w->idx_ape, w->idx_norm, st->ipool, &st->n_ientries,
+                          st->pool_cap, p0, S);
+    if (rc) return rc;
+    dsv4_ref_linear(sc->qI, sc->qr, w->idx_wq_b, S, qr, HI * dI);
+    for (int s = 0; s < S; s++)
+        for (int h = 0; h < HI; h++)
+            dsv4_ref_rope_apply(sc->qI + ((size_t)s * HI + h) * dI, dI, np, sc->cos_c + (size_t)s * np,
+                                sc->sin_c + (size_t)s * np, 0);
+    dsv4_ref_linear(sc->wI, sc->xn, w->idx_wproj, S, D, HI);
+    int n_pool = st->n_ientries;
+    for (int s = 0; s < S; s++) {
+        int p = p0 + s;
+        int n_vis = (p + 1) / w->ratio;
+        int32_t *idx = sc->topk + (size_t)s * topk;
+        dsv4_ref_index_scores(sc->iscore, sc->qI + (size_t)s * HI * dI, st->ipool, n_pool, sc->wI + (size_t)s * HI,
+                              HI, dI, sc->idots);
+        sc->n_topk[s] = dsv4_ref_index_select(sc->iscore, n_pool, n_vis, f->index_topk, idx);
+        if (!dsv4_probe_wants(probe, p)) continue;
+        /* the visible entries only: the sink pads the invisible rest with -inf */
+        PROBE("indexer_scores", p, sc->iscore, (size_t)n_vis);
+        PROBE_I32("topk_idx", p, idx, (size_t)sc->n_topk[s]);
+    }
+    return 0;
+}
+
+/* Attention block of layer L (after the mHC pre): q, kv, compressors, indexer, sink attention, output. */
+static int attention_all(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int L, int p0, int S, dsv4_probe_sink *probe)
+{
+    const dsv4_config *f = &c->cfg;
+    const dsv4_ref_layer_w *w = &c->lw[L];
+    dsv4_ref_layer_state *st = &c->ls[L];
+    int D = f->hidden_size, H = f->num_attention_heads, d = f->head_dim, qr = f->q_lora_rank;
+    int np = c->n_pairs, Wn = f->sliding_window, topk = f->index_topk > 0 ? f->index_topk : 1;
+    float eps = (float)f->rms_norm_eps;
+    int sliding = w->attn == DSV4_ATTN_SLIDING;
+    const float *cosv = sliding ? sc->cos_m : sc->cos_c, *sinv = sliding ? sc->sin_m : sc->sin_c;
+    int rc;
+
+    /* low-rank query with per-head unweighted norm and RoPE; q_res also feeds the indexer */
+    dsv4_ref_linear(sc->qr, sc->xn, w->wq_a, S, D, qr);
+    for (int s = 0; s < S; s++) dsv4_ref_rmsnorm(sc->qr + (size_t)s * qr, sc->qr + (size_t)s * qr, w->q_norm, qr, eps);
+    dsv4_ref_linear(sc->q, sc->qr, w->wq_b, S, qr, H * d);
+    for (int s = 0; s < S; s++)
+        for (int h = 0; h < H; h++) {
+            float *qh = sc->q + ((size_t)s * H + h) * d;
+            dsv4_ref_rmsnorm(qh, qh, NULL, d, eps);
+            dsv4_ref_rope_apply(qh, d, np, cosv + (size_t)s * np, sinv + (size_t)s * np, 0);
+        }
+
+    /* the one shared key=value vector of each token */
+    dsv4_ref_linear(sc->kv, sc->xn, w->wkv, S, D, d);
+    for (int s = 0; s < S; s++) {
+        float *kv = sc->kv + (size_t)s * d;
+        dsv4_ref_rmsnorm(kv, kv, w->kv_norm, d, eps);
+        dsv4_ref_rope_apply(kv, d, np, cosv + (size_t)s * np, sinv + (size_t)s * np, 0);
+        if (dsv4_probe_wants(probe, p0 + s)) PROBE("kv", p0 + s, kv, d);
+    }
+
+    if (w->ratio > 0) {
+        int width = st->cmp.width;
+        dsv4_ref_linear(sc->ckv, sc->xn, w->cmp_wkv, S, D, width);
+        dsv4_ref_linear(sc->cg, sc->xn, w->cmp_wgate, S, D, width);
+        rc = compress_all(c, sc, &st->cmp, sc->ckv, sc->cg, w->cmp_ape, w->cmp_norm, st->pool, &st->n_entries,
+                          st->pool_cap, p0, S);
+        if (rc) return rc;
+    }
+    if (w->attn == DSV4_ATTN_CSA && (rc = indexer_all(c, sc, L, p0, S, probe))) return rc;
+
+    for (int s = 0; s < S; s++) {
+        int p = p0 + s, m = 0;
+        int lo = p - Wn + 1 > 0 ? p - Wn + 1 : 0;
+        for (int t = lo; t <= p; t++, m++) {
+            const float *src = t >= p0 ? sc->kv + (size_t)(t - p0) * d : st->win + (size_t)(t % Wn) * d;
+            memcpy(sc->gather + (size_t)m * d, src, (size_t)d * sizeof(float));
+        }
+        if (w->attn == DSV4_ATTN_HCA) {
+            int nv = (p + 1) / w->ratio;
+            memcpy(sc->gather + (size_t)m * d, st->pool, (size_t)nv * d * sizeof(float));
+            m += nv;
+        } else if (w->attn == DSV4_ATTN_CSA) {
+            const int32_t *idx = sc->topk + (size_t)s * topk;
+            for (int i = 0; i < sc->n_topk[s]; i++) {
+                if (idx[i] < 0) continue;
+                memcpy(sc->gather + (size_t)m * d, st->pool + (size_t)idx[i] * d, (size_t)d * sizeof(float));
+                m++;
+            }
+        }
+        float *o = sc->o + (size_t)s * H * d;
+        dsv4_ref_sink_attention(o, sc->q + (size_t)s * H * d, sc->gather, m, w->sinks, H, d, sc->scores);
+        for (int h = 0; h < H; h++)
+            dsv4_ref_rope_apply(o + (size_t)h * d, d, np, cosv + (size_t)s * np, sinv + (size_t)s * np, 1);
+    }
+    for (int s = S - Wn > 0 ? S - Wn : 0; s < S; s++)
+        memcpy(st->win + (size_t)((p0 + s) % Wn) * d, sc->kv + (size_t)s * d, (size_t)d * sizeof(float));
+
+    dsv4_ref_grouped_out(sc->aout, sc->z, sc->o, w->wo_a, w->wo_b, S, H, d, f->o_groups, f->o_lora_rank, D);
+    for (int s = 0; s < S; s++)
+        if (dsv4_probe_wants(probe, p0 + s)) PROBE("attn_out", p0 + s, sc->aout + (size_t)s * D, D);
+    return 0;
+}
+
+/* MoE block of layer L (after the mHC pre): router, routed experts, shared expert. Output in sc->fout. */
+static int moe_all(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int L, int p0, const int32_t *tokens, int S,
+                   dsv4_probe_sink *probe)
+{
+    const dsv4_config *f = &c->cfg;
+    const dsv4_ref_layer_w *w = &c->lw[L];
+    int D = f->hidden_size, E = f->n_routed_experts, k = f->num_experts_per_tok, NI = f->moe_intermediate_size;
+    float limit = (float)f->swiglu_limit;
+    dsv4_ref_linear(sc->rlogits, sc->xn, w->gate_w, S, D, E);
+    for (int s = 0; s < S; s++) {
+        const int32_t *hash = w->tid2eid ? w->tid2eid + (size_t)tokens[s] * k : NULL;
+        dsv4_ref_route(sc->rlogits + (size_t)s * E, E, k, w->tid2eid ? NULL : w->gate_bias, hash,
+                       (float)f->routed_scaling_factor, sc->rids + (size_t)s * k, sc->rw + (size_t)s * k, sc->rs);
+        if (!dsv4_probe_wants(probe, p0 + s)) continue;
+        PROBE_I32("router_ids", p0 + s, sc->rids + (size_t)s * k, k);
+        PROBE("router_weights", p0 + s, sc->rw + (size_t)s * k, k);
+    }
+    /* shared expert over all tokens at once, into fout */
+    dsv4_ref_expert(sc->fout, sc->xn, w->sh_w1, w->sh_w3, w->sh_w2, S, D, NI, limit, sc->eg,
+                    sc->eu);
+    /* routed experts token by token; the routed sum (aout, free after the attention's mHC post) is formed
+     * first and the shared output added last, as transformers does */
+    for (int s = 0; s < S; s++) {
+        float *racc = sc->aout + (size_t)s * D, *fo = sc->fout + (size_t)s * D;
+        const float *x = sc->xn + (size_t)s * D;
+        memset(racc, 0, (size_t)D * sizeof(float));
+        for (int j = 0; j < k; j++) {
+            int e = sc->rids[(size_t)s * k + j];
+            float wt = sc->rw[(size_t)s * k + j];
+            dsv4_ref_expert(sc->ey, x, w->w1[e], w->w3[e], w->w2[e], 1, D, NI, limit, sc->eg, sc->eu);
+            for (int i = 0; i < D; i++) racc[i] += sc->ey[i] * wt;
+        }
+        for (int i = 0; i < D; i++) fo[i] = racc[i] + fo[i];
+        if (dsv4_probe_wants(probe, p0 + s)) PROBE("ffn_out", p0 + s, fo, D);
+    }
+    return 0;
+}
+
+static int layer_forward(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int L, int p0, const int32_t *tokens, int S,
+                         dsv4_probe_sink *probe)
+{
+    const dsv4_ref_layer_w *w = &c->lw[L];
+    int n = c->cfg.hc_mult, D = c->cfg.hidden_size;
+    int rc = mhc_pre_all(c, sc, L, &w->hc_attn, w->attn_norm, p0, S, 1, probe);
+    if (rc || (rc = attention_all(c, sc, L, p0, S, probe))) return rc;
+    mhc_post_all(c, sc, sc->aout, S);
+    if ((rc = mhc_pre_all(c, sc, L, &w->hc_ffn, w->ffn_norm, p0, S, 0, probe))) return rc;
+    if ((rc = moe_all(c, sc, L, p0, tokens, S, probe))) return rc;
+    mhc_post_all(c, sc, sc->fout, S);
+    for (int s = 0; s < S; s++)
+        if (dsv4_probe_wants(probe, p0 + s)) PROBE("out", p0 + s, sc->X + (size_t)s * n * D, (size_t)n * D);
+    return 0;
+}
+
+int dsv4_ref_cpu_forward_scratch(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int p0, const int32_t *tokens, int S,
+                                 dsv4_probe_sink *probe, float *logits_last)
+{
+    const dsv4_config *f = &c->cfg;
+    int n = f->hc_mult, D = f->hidden_size, V = f->vocab_size, np = c->n_pairs;
+    DSV4_CHECK(S >= 1 && S <= sc->S, "reference: %d tokens for a scratch of %d", S, sc->S);
+    for (int s = 0; s < S; s++)
+        DSV4_CHECK(tokens[s] >= 0 && tokens[s] < V, "reference: token %d at position %d outside [0, %d)", tokens[s],
+                   p0 + s, V);
+    for (int s = 0; s < S; s++) {
+        for (int j = 0; j < n; j++)
+            memcpy(sc->X + ((size_t)s * n + j) * D, c->embed + (size_t)tokens[s] * D, (size_t)D * sizeof(float));
+        dsv4_ref_rope_cos_sin(c->inv_main, np, p0 + s, sc->cos_m + (size_t)s * np, sc->sin_m + (size_t)s * np);
+        dsv4_ref_rope_cos_sin(c->inv_cmp, np, p0 + s, sc->cos_c + (size_t)s * np, sc->sin_c + (size_t)s * np);
+    }
+    for (int L = 0; L < f->num_hidden_layers; L++) {
+        int rc = layer_forward(c, sc, L, p0, tokens, S, probe);
+        if (rc) return rc;
+    }
+    const int L = -1; /* the PROBE macros' layer: /final */
+    for (int s = 0; s < S; s++) {
+        int p = p0 + s, want = dsv4_probe_wants(probe, p), last = s == S - 1 && logits_last;
+        if (!want && !last) continue;
+        dsv4_ref_hc_head(c->hc_head_fn, c->hc_head_base, c->hc_head_scale, sc->X + (size_t)s * n * D, n, D,
+                         (float)f->hc_eps, (float)f->rms_norm_eps, sc->y, sc->vn);
+        if (want) PROBE("hc_head", p, sc->y, D);
+        dsv4_ref_rmsnorm(sc->y, sc->y, c->norm, D, (float)f->rms_norm_eps);
+        if (want) PROBE("norm", p, sc->y, D);
+        dsv4_ref_linear(sc->logits, sc->y, c->head, 1, D, V);
+        if (want) PROBE("logits", p, sc->logits, V);
+        if (last) memcpy(logits_last, sc->logits, (size_t)V * sizeof(float));
+    }
+    return 0;
+}

@@ -1,0 +1,425 @@
+/* ref_model.c - the reference object (model-spec §4, §12): binding the weights of every layer by their
+ * canonical names, the decode state (window rings, compressor states, compressed pools, indexer key pools)
+ * sized by max_tokens, the preallocated decode scratch, and the device-neutral public API of dsv4_ref.h.
+ *
+ * Invariants that fail quietly:
+ * - The state is sized by max_tokens (given at init), never by max_position_embeddings: a ring of
+ *   sliding_window rows, max_tokens div r entries per compressed pool.
+ * - All weights are bound at init, so the decode step never asks the loader for anything (the loader
+ *   allocates when it dequantises) and allocates nothing itself.
+ * - prefill is only valid as the first call; decode may also start at position 0 (token-by-token prompt).
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ref_model.h"
+
+/* ------------------------------------------------------------------------------------- allocation */
+static long dsv4_ref_allocs;
+
+void *dsv4_ref_alloc(size_t nbytes, const char *what)
+{
+    void *p = calloc(1, nbytes ? nbytes : 1);
+    if (!p) {
+        dsv4_error(DSV4_ERR_NOMEM, "reference: cannot allocate %zu bytes for %s", nbytes, what);
+        return NULL;
+    }
+    __atomic_add_fetch(&dsv4_ref_allocs, 1, __ATOMIC_RELAXED);
+    return p;
+}
+
+void dsv4_ref_release(void *p) { free(p); }
+
+long dsv4_ref_alloc_count(void) { return __atomic_load_n(&dsv4_ref_allocs, __ATOMIC_RELAXED); }
+
+/* ----------------------------------------------------------------------------------- weight binding */
+/* f32 view of the canonical tensor `fmt...` with exactly `numel` elements. */
+static int bind(dsv4_model *m, const float **out, size_t numel, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int bind(dsv4_model *m, const float **out, size_t numel, const char *fmt, ...)
+{
+    char name[160];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    return dsv4_model_f32(m, name, numel, out);
+}
+
+#define BIND(dst, numel, ...)                                                                                    \
+    do {                                                                                                         \
+        int rc_ = bind(m, &(dst), (size_t)(numel), __VA_ARGS__);                                                 \
+        if (rc_) return rc_;                                                                                     \
+    } while (0)
+
+static int bind_hc(dsv4_model *m, dsv4_ref_hc_params *hp, int L, const char *site, int n, int D)
+{
+    size_t mix = (size_t)(2 + n) * n;
+    BIND(hp->fn, mix * n * D, "layers.%d.hc_%s_fn", L, site);
+    BIND(hp->base, mix, "layers.%d.hc_%s_base", L, site);
+    BIND(hp->scale, 3, "layers.%d.hc_%s_scale", L, site);
+    return 0;
+}
+
+static int bind_layer(dsv4_ref_cpu *c, int L)
+{
+    dsv4_model *m = c->model;
+    const dsv4_config *f = &c->cfg;
+    dsv4_ref_layer_w *w = &c->lw[L];
+    size_t D = f->hidden_size, H = f->num_attention_heads, d = f->head_dim, qr = f->q_lora_rank;
+    size_t G = f->o_groups, o_r = f->o_lora_rank, HI = f->index_n_heads, dI = f->index_head_dim;
+    size_t E = f->n_routed_experts, NI = f->moe_intermediate_size, k = f->num_experts_per_tok;
+    int rc;
+    w->attn = f->attn_type[L];
+    w->mlp = f->mlp_type[L];
+    w->ratio = w->attn == DSV4_ATTN_SLIDING ? 0 : f->compress_ratio[L];
+    if (w->attn != DSV4_ATTN_SLIDING && w->ratio <= 0)
+        return dsv4_error(DSV4_ERR_CONFIG, "layer %d: %s attention with compress ratio %d", L,
+                          dsv4_attn_type_name(w->attn), w->ratio);
+    if ((rc = bind_hc(m, &w->hc_attn, L, "attn", f->hc_mult, (int)D))) return rc;
+    if ((rc = bind_hc(m, &w->hc_ffn, L, "ffn", f->hc_mult, (int)D))) return rc;
+    BIND(w->attn_norm, D, "layers.%d.attn_norm.weight", L);
+    BIND(w->ffn_norm, D, "layers.%d.ffn_norm.weight", L);
+    BIND(w->wq_a, qr * D, "layers.%d.attn.wq_a.weight", L);
+    BIND(w->q_norm, qr, "layers.%d.attn.q_norm.weight", L);
+    BIND(w->wq_b, H * d * qr, "layers.%d.attn.wq_b.weight", L);
+    BIND(w->wkv, d * D, "layers.%d.attn.wkv.weight", L);
+    BIND(w->kv_norm, d, "layers.%d.attn.kv_norm.weight", L);
+    BIND(w->wo_a, G * o_r * (H * d / G), "layers.%d.attn.wo_a.weight", L);
+    BIND(w->wo_b, D * G * o_r, "layers.%d.attn.wo_b.weight", L);
+    BIND(w->sinks, H, "layers.%d.attn.attn_sink", L);
+    if (w->ratio > 0) {
+        size_t width = (w->attn == DSV4_ATTN_CSA ? 2 : 1) * d;
+        BIND(w->cmp_wkv, width * D, "layers.%d.attn.compressor.wkv.weight", L);
+        BIND(w->cmp_wgate, width * D, "layers.%d.attn.compressor.wgate.weight", L);
+        BIND(w->cmp_ape, (size_t)w->ratio * width, "layers.%d.attn.compressor.ape", L);
+        BIND(w->cmp_norm, d, "layers.%d.attn.compressor.norm.weight", L);
+    }
+    if (w->attn == DSV4_ATTN_CSA) {
+        BIND(w->idx_wq_b, HI * dI * qr, "layers.%d.attn.indexer.wq_b.weight", L);
+        BIND(w->idx_wproj, HI * D, "layers.%d.attn.indexer.weights_proj.weight", L);
+        BIND(w->idx_wkv, 2 * dI * D, "layers.%d.attn.indexer.compressor.wkv.weight", L);
+        BIND(w->idx_wgate, 2 * dI * D, "layers.%d.attn.indexer.compressor.wgate.weight", L);
+        BIND(w->idx_ape, (size_t)w->ratio * 2 * dI, "layers.%d.attn.indexer.compressor.ape", L);
+        BIND(w->idx_norm, dI, "layers.%d.attn.indexer.compressor.norm.weight", L);
+    }
+    BIND(w->gate_w, E * D, "layers.%d.ffn.gate.weight", L);
+    if (w->mlp == DSV4_MLP_HASH_MOE) {
+        size_t V = f->vocab_size;
+        w->tid2eid = dsv4_ref_alloc(V * k * sizeof(int32_t), "tid2eid");
+        if (!w->tid2eid) return DSV4_ERR_NOMEM;
+        char name[96];
+        snprintf(name, sizeof name, "layers.%d.ffn.gate.tid2eid", L);
+        if ((rc = dsv4_model_read_i32(m, name, w->tid2eid, V * k))) return rc;
+        for (size_t i = 0; i < V * k; i++)
+            if (w->tid2eid[i] < 0 || (size_t)w->tid2eid[i] >= E)
+                return dsv4_error(DSV4_ERR_FORMAT, "%s: token %zu maps to expert %d, outside [0, %zu)", name,
+                                  i / k, w->tid2eid[i], E);
+    } else {
+        BIND(w->gate_bias, E, "layers.%d.ffn.gate.bias", L);
+    }
+    w->w1 = dsv4_ref_alloc(3 * E * sizeof(float *), "expert table");
+    if (!w->w1) return DSV4_ERR_NOMEM;
+    w->w3 = w->w1 + E;
+    w->w2 = w->w1 + 2 * E;
+    for (size_t e = 0; e < E; e++) {
+        BIND(w->w1[e], NI * D, "layers.%d.ffn.experts.%zu.w1.weight", L, e);
+        BIND(w->w3[e], NI * D, "layers.%d.ffn.experts.%zu.w3.weight", L, e);
+        BIND(w->w2[e], D * NI, "layers.%d.ffn.experts.%zu.w2.weight", L, e);
+    }
+    BIND(w->sh_w1, NI * D, "layers.%d.ffn.shared_experts.w1.weight", L);
+    BIND(w->sh_w3, NI * D, "layers.%d.ffn.shared_experts.w3.weight", L);
+    BIND(w->sh_w2, D * NI, "layers.%d.ffn.shared_experts.w2.weight", L);
+    return 0;
+}
+
+/* Shapes the reference relies on; everything else is checked tensor by tensor when bound. */
+static int check_config(const dsv4_config *f, int max_tokens)
+{
+    DSV4_CHECK(max_tokens >= 1, "reference: max_tokens %d must be >= 1", max_tokens);
+    if (f->num_key_value_heads != 1)
+        return dsv4_error(DSV4_ERR_UNSUPPORTED, "reference: num_key_value_heads %d (only 1, shared K=V)",
+                          f->num_key_value_heads);
+    if (f->num_hidden_layers < 1 || f->num_hidden_layers > DSV4_MAX_LAYERS)
+        return dsv4_error(DSV4_ERR_CONFIG, "reference: num_hidden_layers %d", f->num_hidden_layers);
+    if (f->hc_mult < 1 || f->hc_mult > 16)
+        return dsv4_error(DSV4_ERR_UNSUPPORTED, "reference: hc_mult %d outside [1, 16]", f->hc_mult);
+    if (f->o_groups < 1 || f->num_attention_heads % f->o_groups)
+        return dsv4_error(DSV4_ERR_CONFIG, "reference: %d heads not divisible by o_groups %d",
+                          f->num_attention_heads, f->o_groups);
+    int rd = f->qk_rope_head_dim;
+    if (rd < 0 || rd % 2 || rd > f->head_dim || rd > f->index_head_dim)
+        return dsv4_error(DSV4_ERR_CONFIG, "reference: qk_rope_head_dim %d must be even and <= head_dim %d and "
+                          "index_head_dim %d", rd, f->head_dim, f->index_head_dim);
+    if (f->sliding_window < 1)
+        return dsv4_error(DSV4_ERR_CONFIG, "reference: sliding_window %d", f->sliding_window);
+    if (f->num_experts_per_tok < 1 || f->num_experts_per_tok > f->n_routed_experts)
+        return dsv4_error(DSV4_ERR_CONFIG, "reference: num_experts_per_tok %d of %d experts",
+                          f->num_experts_per_tok, f->n_routed_experts);
+    if (strcmp(f->scoring_func, "sqrtsoftplus") != 0)
+        return dsv4_error(DSV4_ERR_UNSUPPORTED, "reference: scoring_func '%s' (only sqrtsoftplus)",
+                          f->scoring_func);
+    return 0;
+}
+
+/* Carve every layer's state from one arena (mem == NULL: count only). */
+static size_t layout_state(dsv4_ref_cpu *c, int max_tokens, float *mem)
+{
+    const dsv4_config *f = &c->cfg;
+    size_t off = 0, d = f->head_dim, dI = f->index_head_dim;
+    c->m_max = f->sliding_window;
+    c->pool_cap_max = 1;
+    for (int L = 0; L < f->num_hidden_layers; L++) {
+        dsv4_ref_layer_state *s = &c->ls[L];
+        const dsv4_ref_layer_w *w = &c->lw[L];
+        int csa = w->attn == DSV4_ATTN_CSA;
+        if (mem) s->win = mem + off;
+        off += (size_t)f->sliding_window * d;
+        if (w->ratio <= 0) continue;
+        s->pool_cap = max_tokens / w->ratio;
+        if (mem) s->pool = mem + off;
+        off += (size_t)s->pool_cap * d;
+        size_t n = dsv4_ref_compressor_state_floats(w->ratio, (int)d, csa);
+        if (mem) dsv4_ref_compressor_init(&s->cmp, w->ratio, (int)d, csa, mem + off);
+        off += n;
+        int extra = csa ? (f->index_topk < s->pool_cap ? f->index_topk : s->pool_cap) : s->pool_cap;
+        if (f->sliding_window + extra > c->m_max) c->m_max = f->sliding_window + extra;
+        if (!csa) continue;
+        if (s->pool_cap > c->pool_cap_max) c->pool_cap_max = s->pool_cap;
+        if (mem) s->ipool = mem + off;
+        off += (size_t)s->pool_cap * dI;
+        n = dsv4_ref_compressor_state_floats(w->ratio, (int)dI, 1);
+        if (mem) dsv4_ref_compressor_init(&s->icmp, w->ratio, (int)dI, 1, mem + off);
+        off += n;
+    }
+    return off;
+}
+
+size_t dsv4_ref_scratch_layout(const dsv4_ref_cpu *c, int S, dsv4_ref_scratch *sc, float *mem)
+{
+    const dsv4_config *f = &c->cfg;
+    size_t off = 0;
+    size_t n = f->hc_mult, D = f->hidden_size, H = f->num_attention_heads, d = f->head_dim;
+    size_t HI = f->index_n_heads, dI = f->index_head_dim, E = f->n_routed_experts, k = f->num_experts_per_tok;
+    size_t NI = f->moe_intermediate_size, np = c->n_pairs, s = (size_t)S;
+    size_t topk = f->index_topk > 0 ? f->index_topk : 1;
+#define CARVE(field, count)                                                                                      \
+    do {                                                                                                         \
+        if (mem) sc->field = (void *)(mem + off);                                                                \
+        off += (size_t)(count);                                                                                  \
+        off = (off + 15) & ~(size_t)15; /* 64-byte aligned views */                                              \
+    } while (0)
+    CARVE(X, s * n * D);
+    CARVE(X2, s * n * D);
+    CARVE(pre, s * n);
+    CARVE(post, s * n);
+    CARVE(comb, s * n * n);
+    CARVE(xa, s * D);
+    CARVE(xn, s * D);
+    CARVE(qr, s * f->q_lora_rank);
+    CARVE(q, s * H * d);
+    CARVE(kv, s * d);
+    CARVE(ckv, s * 2 * d);
+    CARVE(cg, s * 2 * d);
+    CARVE(ikv, s * 2 * dI);
+    CARVE(ig, s * 2 * dI);
+    CARVE(qI, s * HI * dI);
+    CARVE(wI, s * HI);
+    CARVE(o, s * H * d);
+    CARVE(z, s * f->o_groups * f->o_lora_rank);
+    CARVE(aout, s * D);
+    CARVE(cos_m, s * np);
+    CARVE(sin_m, s * np);
+    CARVE(cos_c, s * np);
+    CARVE(sin_c, s * np);
+    CARVE(cos_e, np);
+    CARVE(sin_e, np);
+    CARVE(entry, d > dI ? d : dI);
+    CARVE(gather, (size_t)c->m_max * d);
+    CARVE(scores, H * c->m_max);
+    CARVE(iscore, c->pool_cap_max);
+    CARVE(idots, HI * c->pool_cap_max);
+    CARVE(topk, s * topk);
+    CARVE(n_topk, s);
+    CARVE(rlogits, s * E);
+    CARVE(rids, s * k);
+    CARVE(rw, s * k);
+    CARVE(rs, E);
+    CARVE(eg, s * NI);
+    CARVE(eu, s * NI);
+    CARVE(ey, D);
+    CARVE(fout, s * D);
+    CARVE(vn, n * D);
+    CARVE(mix, (2 + n) * n);
+    CARVE(y, D);
+    CARVE(logits, f->vocab_size);
+#undef CARVE
+    if (mem) sc->S = S;
+    return off;
+}
+
+/* ------------------------------------------------------------------------------------ cpu vtable */
+static void cpu_free(void *impl)
+{
+    dsv4_ref_cpu *c = impl;
+    if (!c) return;
+    if (c->lw) {
+        for (int L = 0; L < c->cfg.num_hidden_layers; L++) {
+            dsv4_ref_release(c->lw[L].tid2eid);
+            dsv4_ref_release((void *)c->lw[L].w1);
+        }
+    }
+    dsv4_ref_release(c->lw);
+    dsv4_ref_release(c->ls);
+    dsv4_ref_release(c->inv_main);
+    dsv4_ref_release(c->state_mem);
+    dsv4_ref_release(c->step_mem);
+    dsv4_ref_release(c);
+}
+
+static int cpu_forward(dsv4_ref *r, const int32_t *tokens, int n, dsv4_probe_sink *probe, float *logits_last)
+{
+    dsv4_ref_cpu *c = r->impl;
+    if (n == 1) return dsv4_ref_cpu_forward_scratch(c, &c->step, r->pos, tokens, n, probe, logits_last);
+    dsv4_ref_scratch sc;
+    size_t need = dsv4_ref_scratch_layout(c, n, &sc, NULL);
+    float *mem = dsv4_ref_alloc(need * sizeof(float), "prefill scratch");
+    if (!mem) return DSV4_ERR_NOMEM;
+    dsv4_ref_scratch_layout(c, n, &sc, mem);
+    int rc = dsv4_ref_cpu_forward_scratch(c, &sc, r->pos, tokens, n, probe, logits_last);
+    dsv4_ref_release(mem);
+    return rc;
+}
+
+static int cpu_dump_entries(dsv4_ref *r, dsv4_probe_sink *probe)
+{
+    dsv4_ref_cpu *c = r->impl;
+    for (int L = 0; L < c->cfg.num_hidden_layers; L++) {
+        const dsv4_ref_layer_state *s = &c->ls[L];
+        if (c->lw[L].ratio <= 0 || s->n_entries == 0) continue;
+        int rc = dsv4_probe_entries(probe, L, "compressed_kv", s->pool, s->n_entries, c->cfg.head_dim);
+        if (rc) return rc;
+        if (c->lw[L].attn != DSV4_ATTN_CSA || s->n_ientries == 0) continue;
+        rc = dsv4_probe_entries(probe, L, "indexer_kv", s->ipool, s->n_ientries, c->cfg.index_head_dim);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+static const dsv4_ref_vtable dsv4_ref_cpu_vtable = {
+    .producer = "dsv4 " DSV4_VERSION " reference cpu fp32",
+    .forward = cpu_forward,
+    .dump_entries = cpu_dump_entries,
+    .free_impl = cpu_free,
+};
+
+static int cpu_init(dsv4_model *m, int max_tokens, dsv4_ref_cpu *c)
+{
+    const dsv4_config *cfg = dsv4_model_config(m);
+    int rc;
+    c->model = m;
+    c->cfg = *cfg;
+    const dsv4_config *f = &c->cfg;
+    if ((rc = check_config(f, max_tokens))) return rc;
+    size_t D = f->hidden_size, V = f->vocab_size, n = f->hc_mult;
+    int nl = f->num_hidden_layers;
+    c->n_pairs = f->qk_rope_head_dim / 2;
+    c->inv_main = dsv4_ref_alloc(2 * (size_t)(c->n_pairs + 1) * sizeof(float), "rope tables");
+    if (!c->inv_main) return DSV4_ERR_NOMEM;
+    c->inv_cmp = c->inv_main + c->n_pairs + 1;
+    dsv4_ref_rope_inv_freq(&f->rope_main, f->qk_rope_head_dim, c->inv_main);
+    dsv4_ref_rope_inv_freq(&f->rope_compress, f->qk_rope_head_dim, c->inv_cmp);
+
+    BIND(c->embed, V * D, "embed.weight");
+    if (f->tie_word_embeddings) c->head = c->embed;
+    else BIND(c->head, V * D, "head.weight");
+    BIND(c->norm, D, "norm.weight");
+    BIND(c->hc_head_fn, n * n * D, "hc_head_fn");
+    BIND(c->hc_head_base, n, "hc_head_base");
+    BIND(c->hc_head_scale, 1, "hc_head_scale");
+
+    c->lw = dsv4_ref_alloc((size_t)nl * sizeof *c->lw, "layer weights");
+    c->ls = dsv4_ref_alloc((size_t)nl * sizeof *c->ls, "layer state");
+    if (!c->lw || !c->ls) return DSV4_ERR_NOMEM;
+    for (int L = 0; L < nl; L++)
+        if ((rc = bind_layer(c, L))) return rc;
+
+    size_t state = layout_state(c, max_tokens, NULL);
+    c->state_mem = dsv4_ref_alloc(state * sizeof(float), "decode state");
+    if (!c->state_mem) return DSV4_ERR_NOMEM;
+    layout_state(c, max_tokens, c->state_mem);
+
+    size_t step = dsv4_ref_scratch_layout(c, 1, &c->step, NULL);
+    c->step_mem = dsv4_ref_alloc(step * sizeof(float), "decode scratch");
+    if (!c->step_mem) return DSV4_ERR_NOMEM;
+    dsv4_ref_scratch_layout(c, 1, &c->step, c->step_mem);
+    return 0;
+}
+#undef BIND
+
+int dsv4_ref_cpu_init(dsv4_model *m, int max_tokens, dsv4_ref **out)
+{
+    DSV4_CHECK(m && out, "dsv4_ref_cpu_init: NULL argument");
+    *out = NULL;
+    dsv4_ref *r = dsv4_ref_alloc(sizeof *r, "reference");
+    dsv4_ref_cpu *c = dsv4_ref_alloc(sizeof *c, "reference cpu");
+    if (!r || !c) {
+        dsv4_ref_release(r);
+        dsv4_ref_release(c);
+        return DSV4_ERR_NOMEM;
+    }
+    r->vt = &dsv4_ref_cpu_vtable;
+    r->impl = c;
+    r->max_tokens = max_tokens;
+    int rc = cpu_init(m, max_tokens, c);
+    if (rc) {
+        dsv4_ref_free(r);
+        return rc;
+    }
+    *out = r;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------ device-neutral API */
+void dsv4_ref_free(dsv4_ref *r)
+{
+    if (!r) return;
+    if (r->vt && r->vt->free_impl) r->vt->free_impl(r->impl);
+    dsv4_ref_release(r);
+}
+
+int dsv4_ref_prefill(dsv4_ref *r, const int32_t *tokens, int n, dsv4_probe_sink *probe, float *logits_last)
+{
+    DSV4_CHECK(r && tokens, "dsv4_ref_prefill: NULL argument");
+    DSV4_CHECK(r->pos == 0, "dsv4_ref_prefill: only valid as the first call (position is %d)", r->pos);
+    DSV4_CHECK(n >= 1 && n <= r->max_tokens, "dsv4_ref_prefill: %d tokens, capacity %d (max_tokens)", n,
+               r->max_tokens);
+    int rc = r->vt->forward(r, tokens, n, probe, logits_last);
+    if (rc) return rc;
+    r->pos += n;
+    return 0;
+}
+
+int dsv4_ref_decode(dsv4_ref *r, int32_t token, dsv4_probe_sink *probe, float *logits)
+{
+    DSV4_CHECK(r, "dsv4_ref_decode: NULL argument");
+    DSV4_CHECK(r->pos < r->max_tokens, "dsv4_ref_decode: position %d is past max_tokens %d", r->pos,
+               r->max_tokens);
+    int rc = r->vt->forward(r, &token, 1, probe, logits);
+    if (rc) return rc;
+    r->pos += 1;
+    return 0;
+}
+
+int dsv4_ref_position(const dsv4_ref *r) { return r ? r->pos : 0; }
+
+int dsv4_ref_dump_entries(dsv4_ref *r, dsv4_probe_sink *probe)
+{
+    DSV4_CHECK(r, "dsv4_ref_dump_entries: NULL argument");
+    if (!probe) return 0;
+    return r->vt->dump_entries(r, probe);
+}
+
+const char *dsv4_ref_producer(const dsv4_ref *r) { return r && r->vt ? r->vt->producer : "dsv4 reference"; }

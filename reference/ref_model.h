@@ -1,0 +1,148 @@
+/* ref_model.h - internals of the reference path shared by its CPU files (ref_model.c, ref_forward.c) and the
+ * GPU implementation: the dsv4_ref object with its per-device vtable, the allocation counter, and the CPU
+ * weights / decode state / scratch.
+ *
+ * Invariants:
+ * - dsv4_ref_prefill/decode are device-neutral: they check positions and capacity, then call vt->forward.
+ * - Every allocation of the reference goes through dsv4_ref_alloc so that a test can prove the decode step
+ *   allocates nothing (style rule 10).
+ * - The decode state is sized by max_tokens at init (window ring of sliding_window rows, compressed pools of
+ *   max_tokens div r entries, compressor states); never by max_position_embeddings.
+ */
+#ifndef DSV4_REF_MODEL_H
+#define DSV4_REF_MODEL_H
+
+#include <stdint.h>
+
+#include "dsv4/dsv4_ref.h"
+#include "ref_ops.h"
+
+/* ------------------------------------------------------------------------------------ device-neutral */
+typedef struct dsv4_ref_vtable {
+    const char *producer; /* "dsv4 0.1 reference cpu fp32" */
+    /* n tokens at positions r->pos .. r->pos+n-1; logits_last [vocab] or NULL. Does not advance r->pos. */
+    int (*forward)(dsv4_ref *r, const int32_t *tokens, int n, dsv4_probe_sink *probe, float *logits_last);
+    int (*dump_entries)(dsv4_ref *r, dsv4_probe_sink *probe);
+    void (*free_impl)(void *impl);
+} dsv4_ref_vtable;
+
+struct dsv4_ref {
+    const dsv4_ref_vtable *vt;
+    void *impl;     /* owned: released by vt->free_impl */
+    int pos;        /* positions consumed */
+    int max_tokens; /* capacity given at init */
+};
+
+/* Counted allocation (zeroed). NULL on failure (with the error recorded). */
+void *dsv4_ref_alloc(size_t nbytes, const char *what);
+void dsv4_ref_release(void *p);
+/* Allocations made by the reference since the process started. */
+long dsv4_ref_alloc_count(void);
+
+/* ------------------------------------------------------------------------------------------- cpu */
+/* Weights of one layer, borrowed from the model (f32, dequantised once by the loader). Shapes per model-spec §2. */
+typedef struct dsv4_ref_layer_w {
+    dsv4_attn_type attn;
+    dsv4_mlp_type mlp;
+    int ratio;                    /* 0, compress_rate_csa, compress_rate_hca */
+    dsv4_ref_hc_params hc_attn, hc_ffn;
+    const float *attn_norm, *ffn_norm; /* [D] */
+    const float *wq_a;   /* [q_r, D] */
+    const float *q_norm; /* [q_r] */
+    const float *wq_b;   /* [H·d, q_r] */
+    const float *wkv;    /* [d, D] */
+    const float *kv_norm;/* [d] */
+    const float *wo_a;   /* [G·o_r, H·d/G] */
+    const float *wo_b;   /* [D, G·o_r] */
+    const float *sinks;  /* [H] */
+    /* compressor (ratio > 0): width = (csa ? 2 : 1)·d */
+    const float *cmp_wkv, *cmp_wgate; /* [width, D] */
+    const float *cmp_ape;             /* [ratio, width] */
+    const float *cmp_norm;            /* [d] */
+    /* indexer (csa) */
+    const float *idx_wq_b;            /* [H_I·d_I, q_r] */
+    const float *idx_wproj;           /* [H_I, D] */
+    const float *idx_wkv, *idx_wgate; /* [2·d_I, D] */
+    const float *idx_ape;             /* [ratio, 2·d_I] */
+    const float *idx_norm;            /* [d_I] */
+    /* moe */
+    const float *gate_w;    /* [E, D] */
+    const float *gate_bias; /* [E], learned layers; NULL on hash layers */
+    int32_t *tid2eid;       /* [vocab, k] owned (hash layers), else NULL */
+    const float **w1, **w3, **w2; /* [E] pointers, array owned: [I, D], [I, D], [D, I] */
+    const float *sh_w1, *sh_w3, *sh_w2;
+} dsv4_ref_layer_w;
+
+/* Decode state of one layer (model-spec §12.1). */
+typedef struct dsv4_ref_layer_state {
+    float *win;        /* [sliding_window, d] ring, slot = pos mod sliding_window */
+    float *pool;       /* [pool_cap, d] compressed entries after norm + RoPE (ratio > 0) */
+    int n_entries;
+    int pool_cap;
+    dsv4_ref_compressor cmp;
+    float *ipool;      /* [pool_cap, d_I] indexer keys (csa) */
+    int n_ientries;
+    dsv4_ref_compressor icmp;
+} dsv4_ref_layer_state;
+
+/* Scratch of one forward call over up to S tokens, carved from one allocation. */
+typedef struct dsv4_ref_scratch {
+    int S;          /* capacity in tokens */
+    float *X, *X2;  /* [S, n, D] residual streams (double buffer) */
+    float *pre, *post, *comb; /* [S, n], [S, n], [S, n, n] */
+    float *xa, *xn; /* [S, D] collapsed input, normed input */
+    float *qr;      /* [S, q_r] */
+    float *q;       /* [S, H·d] */
+    float *kv;      /* [S, d] */
+    float *ckv, *cg;/* [S, 2·d] compressor projections */
+    float *ikv, *ig;/* [S, 2·d_I] indexer compressor projections */
+    float *qI;      /* [S, H_I·d_I] */
+    float *wI;      /* [S, H_I] */
+    float *o;       /* [S, H·d] */
+    float *z;       /* [S, G·o_r] */
+    float *aout;    /* [S, D] */
+    float *cos_m, *sin_m, *cos_c, *sin_c; /* [S, n_pairs] main / compress tables at the call's positions */
+    float *cos_e, *sin_e; /* [n_pairs] for a compressed entry */
+    float *entry;   /* [max(d, d_I)] */
+    float *gather;  /* [m_max, d] key=value rows of one query */
+    float *scores;  /* [H, m_max] */
+    float *iscore;  /* [pool_cap_max] */
+    float *idots;   /* [H_I, pool_cap_max] */
+    int32_t *topk;  /* [S, index_topk] */
+    int *n_topk;    /* [S] */
+    float *rlogits; /* [S, E] */
+    int32_t *rids;  /* [S, k] */
+    float *rw;      /* [S, k] */
+    float *rs;      /* [E] */
+    float *eg, *eu; /* [S, I] */
+    float *ey;      /* [D] */
+    float *fout;    /* [S, D] */
+    float *vn;      /* [n·D] */
+    float *mix;     /* [(2+n)·n] */
+    float *y;       /* [D] */
+    float *logits;  /* [vocab] */
+} dsv4_ref_scratch;
+
+typedef struct dsv4_ref_cpu {
+    dsv4_model *model; /* borrowed */
+    dsv4_config cfg;
+    int n_pairs;       /* qk_rope_head_dim / 2 */
+    float *inv_main, *inv_cmp; /* [n_pairs] */
+    const float *embed, *head, *norm; /* [V, D], [V, D], [D] */
+    const float *hc_head_fn, *hc_head_base, *hc_head_scale;
+    dsv4_ref_layer_w *lw;     /* [L] owned */
+    dsv4_ref_layer_state *ls; /* [L] owned */
+    float *state_mem;         /* owned: every layer's ring, pools and compressor states */
+    int m_max;                /* largest key list of one query */
+    int pool_cap_max;
+    dsv4_ref_scratch step;    /* S = 1, preallocated: the decode step */
+    float *step_mem;          /* owned */
+} dsv4_ref_cpu;
+
+/* Carve a scratch for S tokens: returns the float count needed when mem == NULL. */
+size_t dsv4_ref_scratch_layout(const dsv4_ref_cpu *c, int S, dsv4_ref_scratch *sc, float *mem);
+/* One forward over n tokens at positions p0.. (ref_forward.c). */
+int dsv4_ref_cpu_forward_scratch(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int p0, const int32_t *tokens, int n,
+                                 dsv4_probe_sink *probe, float *logits_last);
+
+#endif /* DSV4_REF_MODEL_H */

@@ -1,0 +1,152 @@
+/* ref_ops.c - fp32 primitives of the reference (model-spec §3): linear, RMSNorm, RoPE tables (plain and YaRN)
+ * and their application, sink softmax, clamped SwiGLU, sqrtsoftplus, top-k.
+ *
+ * Quiet traps:
+ * - RoPE rotates interleaved PAIRS (c, c+1) of the TRAILING rope channels, not halves and not the leading
+ *   channels (transformers' docstring says "first"; its code takes the trailing slice).
+ * - The angle is pos·θ_i formed in fp32 as transformers does; θ comes from fp32 pow like torch.
+ * - YaRN: lo/hi are floor/ceil of the correction dims computed with original_max_position_embeddings; no
+ *   magnitude (mscale) factor multiplies cos/sin.
+ * - SwiGLU clamps the gate from above only and the up projection on both sides.
+ * - The sink enlarges the softmax denominator and has no value row.
+ */
+#include <cblas.h>
+#include <math.h>
+#include <string.h>
+
+#include "ref_ops.h"
+
+void dsv4_ref_linear(float *y, const float *x, const float *w, int S, int n_in, int n_out)
+{
+    if (S == 1)
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, n_out, n_in, 1.0f, w, n_in, x, 1, 0.0f, y, 1);
+    else
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, S, n_out, n_in, 1.0f, x, n_in, w, n_in, 0.0f, y,
+                    n_out);
+}
+
+void dsv4_ref_rmsnorm(float *y, const float *x, const float *w, int n, float eps)
+{
+    double ss = 0.0;
+    for (int i = 0; i < n; i++) ss += (double)x[i] * (double)x[i];
+    float var = (float)(ss / n);
+    float r = 1.0f / sqrtf(var + eps);
+    for (int i = 0; i < n; i++) {
+        float v = x[i] * r;
+        y[i] = w ? w[i] * v : v;
+    }
+}
+
+/* transformers' find_correction_dim: the rotary dimension whose wavelength fits n_rot turns in L0. */
+static double rope_correction_dim(double n_rot, int dim, double base, double l0)
+{
+    return (dim * log(l0 / (n_rot * 2.0 * 3.14159265358979323846))) / (2.0 * log(base));
+}
+
+void dsv4_ref_rope_yarn_range(const dsv4_rope_params *rp, int rope_dim, int *lo, int *hi)
+{
+    *lo = 0;
+    *hi = 0;
+    if (!rp->yarn) return;
+    double l0 = (double)rp->original_max_position_embeddings;
+    double beta_fast = rp->beta_fast > 0 ? rp->beta_fast : 32.0;
+    double beta_slow = rp->beta_slow > 0 ? rp->beta_slow : 1.0;
+    int l = (int)floor(rope_correction_dim(beta_fast, rope_dim, rp->theta, l0));
+    int h = (int)ceil(rope_correction_dim(beta_slow, rope_dim, rp->theta, l0));
+    *lo = l < 0 ? 0 : l;
+    *hi = h > rope_dim - 1 ? rope_dim - 1 : h;
+}
+
+void dsv4_ref_rope_inv_freq(const dsv4_rope_params *rp, int rope_dim, float *inv_freq)
+{
+    int n_pairs = rope_dim / 2;
+    int lo, hi;
+    dsv4_ref_rope_yarn_range(rp, rope_dim, &lo, &hi);
+    float span = (float)(hi - lo);
+    if (lo == hi) span = (float)((double)hi + 0.001 - lo); /* transformers' singularity guard */
+    for (int i = 0; i < n_pairs; i++) {
+        float e = (float)(2 * i) / (float)rope_dim;
+        float pos_freq = powf((float)rp->theta, e);
+        float extra = 1.0f / pos_freq;
+        if (!rp->yarn) {
+            inv_freq[i] = extra;
+            continue;
+        }
+        float inter = 1.0f / ((float)rp->factor * pos_freq);
+        float ramp = ((float)i - (float)lo) / span;
+        ramp = ramp < 0.0f ? 0.0f : (ramp > 1.0f ? 1.0f : ramp);
+        float extra_factor = 1.0f - ramp;
+        inv_freq[i] = inter * (1.0f - extra_factor) + extra * extra_factor;
+    }
+}
+
+void dsv4_ref_rope_cos_sin(const float *inv_freq, int n_pairs, int64_t pos, float *cos_out, float *sin_out)
+{
+    float p = (float)pos;
+    for (int i = 0; i < n_pairs; i++) {
+        float a = inv_freq[i] * p;
+        cos_out[i] = (float)cos((double)a);
+        sin_out[i] = (float)sin((double)a);
+    }
+}
+
+void dsv4_ref_rope_apply(float *x, int dim, int n_pairs, const float *cos_v, const float *sin_v, int inverse)
+{
+    float *r = x + dim - 2 * n_pairs;
+    for (int i = 0; i < n_pairs; i++) {
+        float c = cos_v[i], s = inverse ? -sin_v[i] : sin_v[i];
+        float x0 = r[2 * i], x1 = r[2 * i + 1];
+        r[2 * i] = x0 * c + (-x1) * s;
+        r[2 * i + 1] = x1 * c + x0 * s;
+    }
+}
+
+void dsv4_ref_sink_softmax(float *p, const float *s, int m, float sink)
+{
+    float mx = sink;
+    for (int j = 0; j < m; j++)
+        if (s[j] > mx) mx = s[j];
+    double sum = exp((double)(sink - mx));
+    for (int j = 0; j < m; j++) {
+        float e = expf(s[j] - mx);
+        p[j] = e;
+        sum += e;
+    }
+    float inv = (float)(1.0 / sum);
+    for (int j = 0; j < m; j++) p[j] *= inv;
+}
+
+void dsv4_ref_swiglu(float *h, const float *g, const float *u, int n, float limit)
+{
+    for (int i = 0; i < n; i++) {
+        float gi = g[i] > limit ? limit : g[i];
+        float ui = u[i] > limit ? limit : (u[i] < -limit ? -limit : u[i]);
+        float silu = gi / (1.0f + expf(-gi));
+        h[i] = silu * ui;
+    }
+}
+
+float dsv4_ref_sqrtsoftplus(float z)
+{
+    float sp = z > 20.0f ? z : log1pf(expf(z));
+    return sqrtf(sp);
+}
+
+/* NaN ranks last, below -inf; never above a real score. */
+static float topk_key(float s) { return s != s ? -INFINITY : s; }
+
+void dsv4_ref_topk(const float *score, int n, int k, int32_t *idx)
+{
+    int have = 0;
+    for (int i = 0; i < n; i++) {
+        float s = topk_key(score[i]);
+        /* strictly greater only: an equal score arriving later (higher index) stays behind */
+        if (have == k && !(s > topk_key(score[idx[k - 1]]))) continue;
+        int j = have < k ? have++ : k - 1;
+        while (j > 0 && s > topk_key(score[idx[j - 1]])) {
+            idx[j] = idx[j - 1];
+            j--;
+        }
+        idx[j] = i;
+    }
+}
