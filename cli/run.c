@@ -1,11 +1,409 @@
-/* run.c - placeholder while the subcommand is being written (replaced by its owner). */
+/* run.c - `dsv4 run`: run a path (ref-cpu, ref-gpu) over a prompt and its decode steps, forced or greedy, and
+ * write the probes to an HDF5 dump (dump-format.md).
+ *
+ * Tokens come from a golden dump (--tokens-from: /tokens, prompt_len, n_decode, mode and /positions, so the
+ * new dump lines up with the golden row for row) or from a file of whitespace-separated ids (--prompt-tokens,
+ * greedy decoding). The prompt is one prefill by default; --decode-from K prefills 0..K-1 and feeds every
+ * later position as a one-token decode step (K = 0: token by token from position 0). Greedy feeds the argmax
+ * of the previous position's logits (ties -> lowest id).
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
 #include "commands.h"
+#include "dsv4/dsv4.h"
+#include "dsv4/dsv4_dump.h"
+#include "dsv4/dsv4_ref.h"
+
+static void run_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: dsv4 run --model DIR [--path ref-cpu|ref-gpu] (--tokens-from GOLDEN.h5 | --prompt-tokens FILE)\n"
+            "                [--decode N] [--greedy | --forced] [--decode-from K]\n"
+            "                [--dump-positions LIST|all|decode] [--dump OUT.h5]\n\n"
+            "Runs the model over a prompt (one prefill) and N one-token decode steps, and writes every probe of\n"
+            "dump-format.md for the chosen positions to OUT.h5.\n\n"
+            "  --model DIR            model folder: config.json + *.safetensors\n"
+            "  --path P               ref-cpu (fp32 CPU reference, default) or ref-gpu (fp32 GPU reference)\n"
+            "  --tokens-from G.h5     take /tokens, prompt_len, n_decode, mode and /positions from a dump\n"
+            "  --prompt-tokens FILE   prompt token ids, whitespace separated (decoding is greedy)\n"
+            "  --decode N             decode steps after the prompt (default: the dump's n_decode, else 0)\n"
+            "  --greedy               feed each step the argmax of the previous logits (ties: lowest id)\n"
+            "  --forced               feed the dump's own tokens (default for a forced dump)\n"
+            "  --decode-from K        prefill positions 0..K-1, then one-token decode steps from K\n"
+            "                         (default: the prompt length; 0 = the whole prompt token by token)\n"
+            "  --dump-positions L     positions to store: comma list of ids and ranges (3,7,10-20), 'all',\n"
+            "                         or 'decode' (the last prompt position and every decode position);\n"
+            "                         default: the dump's /positions with --tokens-from, else all\n"
+            "  --dump OUT.h5          write the dump (written to a temporary name, renamed when complete)\n\n"
+            "The dump's prompt_len is the prompt length whatever --decode-from says (its root attribute\n"
+            "'prefill_len' records K), so dumps of one prompt line up. A progress line (tokens/s, ETA) goes to\n"
+            "stderr on runs longer than a few seconds. Exit status: 0 ok, 1 the run failed, 2 bad usage or\n"
+            "unreadable input.\n");
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Whitespace/comma separated token ids of a file; *out malloc'd. */
+static int read_token_file(const char *path, int32_t **out, int *n)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) return dsv4_error(DSV4_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    int cap = 256, len = 0;
+    int32_t *t = malloc((size_t)cap * sizeof *t);
+    char word[64];
+    int rc = 0;
+    while (t && fscanf(f, " %63[^ \t\r\n,]", word) == 1) {
+        char *end;
+        errno = 0;
+        long v = strtol(word, &end, 10);
+        if (*end || errno || v < 0 || v > INT32_MAX) {
+            rc = dsv4_error(DSV4_ERR_FORMAT, "%s: token %d: '%s' is not a token id", path, len, word);
+            break;
+        }
+        if (len == cap) {
+            int32_t *nt = realloc(t, (size_t)cap * 2 * sizeof *t);
+            if (!nt) break;
+            t = nt;
+            cap *= 2;
+        }
+        t[len++] = (int32_t)v;
+        int c;
+        while ((c = fgetc(f)) == ',' || c == ' ' || c == '\t' || c == '\r' || c == '\n') {}
+        if (c != EOF) ungetc(c, f);
+    }
+    fclose(f);
+    if (!t) return dsv4_error(DSV4_ERR_NOMEM, "%s: out of memory", path);
+    if (!rc && len == 0) rc = dsv4_error(DSV4_ERR_FORMAT, "%s: no token ids", path);
+    if (rc) {
+        free(t);
+        return rc;
+    }
+    *out = t;
+    *n = len;
+    return 0;
+}
+
+/* --dump-positions: "all", "decode" or a comma list of ids and a-b ranges; *out ascending, unique. */
+static int parse_positions(const char *spec, int T, int P, int32_t **out, int *n)
+{
+    char *mark = calloc((size_t)T + 1, 1);
+    if (!mark) return dsv4_error(DSV4_ERR_NOMEM, "out of memory");
+    if (!strcmp(spec, "all")) {
+        memset(mark, 1, (size_t)T);
+    } else if (!strcmp(spec, "decode")) {
+        for (int p = P > 0 ? P - 1 : 0; p < T; p++) mark[p] = 1;
+    } else {
+        const char *s = spec;
+        while (*s) {
+            char *end;
+            long a = strtol(s, &end, 10), b = a;
+            if (end == s) goto bad;
+            if (*end == '-') {
+                const char *s2 = end + 1;
+                b = strtol(s2, &end, 10);
+                if (end == s2) goto bad;
+            }
+            if (a < 0 || b < a || b >= T) {
+                free(mark);
+                return dsv4_error(DSV4_ERR_USAGE, "--dump-positions: %ld-%ld outside [0, %d)", a, b, T);
+            }
+            for (long p = a; p <= b; p++) mark[p] = 1;
+            if (*end == ',') end++;
+            else if (*end) goto bad;
+            s = end;
+        }
+    }
+    int cnt = 0;
+    for (int p = 0; p < T; p++) cnt += mark[p];
+    *out = malloc(((size_t)cnt + 1) * sizeof **out);
+    if (!*out) {
+        free(mark);
+        return dsv4_error(DSV4_ERR_NOMEM, "out of memory");
+    }
+    *n = 0;
+    for (int p = 0; p < T; p++)
+        if (mark[p]) (*out)[(*n)++] = p;
+    free(mark);
+    return 0;
+bad:
+    free(mark);
+    return dsv4_error(DSV4_ERR_USAGE, "--dump-positions: cannot parse '%s' (want all, decode or e.g. 0,5,8-12)",
+                      spec);
+}
+
+static int32_t argmax_lowest(const float *v, int n)
+{
+    int32_t best = 0;
+    for (int i = 1; i < n; i++)
+        if (v[i] > v[best]) best = i;
+    return best;
+}
+
+/* The progress line: in place on a terminal, one line every ~5 s otherwise; only after 3 s of running. */
+typedef struct run_progress {
+    double t0, last;
+    int tty, shown;
+} run_progress;
+
+static void progress_update(run_progress *pr, int done, int total, double t_steps0, int steps_done)
+{
+    double t = now_s();
+    if (t - pr->t0 < 3.0 || t - pr->last < (pr->tty ? 0.25 : 5.0)) return;
+    pr->last = t;
+    double rate = steps_done > 0 ? steps_done / (t - t_steps0) : 0.0;
+    double eta = rate > 0 ? (total - done) / rate : 0.0;
+    fprintf(stderr, "%sdsv4 run: position %d/%d, %.2f tokens/s, ETA %.0f s%s", pr->tty ? "\r" : "", done, total,
+            rate, eta, pr->tty ? "   " : "\n");
+    fflush(stderr);
+    pr->shown = 1;
+}
+
+typedef struct run_args {
+    const char *model, *path, *tokens_from, *prompt_tokens, *positions, *dump;
+    int decode, greedy, forced, decode_from;
+} run_args;
+
+static int parse_args(int argc, char **argv, run_args *a)
+{
+    memset(a, 0, sizeof *a);
+    a->path = "ref-cpu";
+    a->decode = -1;
+    a->decode_from = -1;
+    for (int i = 1; i < argc; i++) {
+        const char *o = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define TAKE(field)                                                                                              \
+    do {                                                                                                         \
+        if (!v) return dsv4_error(DSV4_ERR_USAGE, "%s needs a value", o);                                        \
+        a->field = v;                                                                                            \
+        i++;                                                                                                     \
+    } while (0)
+        if (!strcmp(o, "--help") || !strcmp(o, "-h")) return 1;
+        else if (!strcmp(o, "--model")) TAKE(model);
+        else if (!strcmp(o, "--path")) TAKE(path);
+        else if (!strcmp(o, "--tokens-from")) TAKE(tokens_from);
+        else if (!strcmp(o, "--prompt-tokens")) TAKE(prompt_tokens);
+        else if (!strcmp(o, "--dump-positions")) TAKE(positions);
+        else if (!strcmp(o, "--dump")) TAKE(dump);
+        else if (!strcmp(o, "--greedy")) a->greedy = 1;
+        else if (!strcmp(o, "--forced")) a->forced = 1;
+        else if (!strcmp(o, "--decode") || !strcmp(o, "--decode-from")) {
+            char *end;
+            if (!v) return dsv4_error(DSV4_ERR_USAGE, "%s needs a value", o);
+            long n = strtol(v, &end, 10);
+            if (*end || n < 0 || n > 100000000)
+                return dsv4_error(DSV4_ERR_USAGE, "%s: '%s' is not a count", o, v);
+            if (!strcmp(o, "--decode")) a->decode = (int)n;
+            else a->decode_from = (int)n;
+            i++;
+        } else return dsv4_error(DSV4_ERR_USAGE, "unknown option '%s' (see dsv4 run --help)", o);
+#undef TAKE
+    }
+    if (!a->model) return dsv4_error(DSV4_ERR_USAGE, "--model DIR is required (see dsv4 run --help)");
+    if (!!a->tokens_from == !!a->prompt_tokens)
+        return dsv4_error(DSV4_ERR_USAGE, "give exactly one of --tokens-from and --prompt-tokens");
+    if (a->greedy && a->forced) return dsv4_error(DSV4_ERR_USAGE, "--greedy and --forced exclude each other");
+    if (strcmp(a->path, "ref-cpu") && strcmp(a->path, "ref-gpu"))
+        return dsv4_error(DSV4_ERR_USAGE, "--path '%s': want ref-cpu or ref-gpu", a->path);
+    return 0;
+}
+
+/* Tokens, prompt length, mode and default positions from the arguments (golden dump or token file). */
+typedef struct run_plan {
+    int32_t *tokens; /* [T] (greedy decode positions filled as they are produced) */
+    int T, P;
+    int greedy;
+    int32_t *gold_pos; /* golden /positions (copy) or NULL */
+    int n_gold_pos;
+} run_plan;
+
+static int make_plan(const run_args *a, run_plan *pl)
+{
+    memset(pl, 0, sizeof *pl);
+    int32_t *src = NULL;
+    int n_src = 0, P = 0, n_dec = 0, rc = 0;
+    if (a->tokens_from) {
+        dsv4_dump *g = NULL;
+        if ((rc = dsv4_dump_open(a->tokens_from, &g))) return rc;
+        int n;
+        const int32_t *t = dsv4_dump_tokens(g, &n);
+        const int32_t *pos = dsv4_dump_positions(g, &pl->n_gold_pos);
+        const char *mode = dsv4_dump_attr(g, "mode");
+        P = dsv4_dump_prompt_len(g);
+        n_dec = dsv4_dump_n_decode(g);
+        pl->greedy = a->greedy || (!a->forced && mode && !strcmp(mode, "greedy"));
+        src = malloc(((size_t)n + 1) * sizeof *src);
+        pl->gold_pos = malloc(((size_t)pl->n_gold_pos + 1) * sizeof *pl->gold_pos);
+        if (src && pl->gold_pos) {
+            memcpy(src, t, (size_t)n * sizeof *src);
+            memcpy(pl->gold_pos, pos, (size_t)pl->n_gold_pos * sizeof *pos);
+        } else rc = dsv4_error(DSV4_ERR_NOMEM, "out of memory");
+        n_src = n;
+        dsv4_dump_free(g);
+        if (rc) goto fail;
+        if (P < 1 || P > n_src) {
+            rc = dsv4_error(DSV4_ERR_FORMAT, "%s: prompt_len %d with %d tokens", a->tokens_from, P, n_src);
+            goto fail;
+        }
+        if (a->decode >= 0) {
+            if (!pl->greedy && P + a->decode > n_src) {
+                rc = dsv4_error(DSV4_ERR_USAGE, "--decode %d: the dump has only %d forced tokens after the prompt",
+                                a->decode, n_src - P);
+                goto fail;
+            }
+            n_dec = a->decode;
+        }
+    } else {
+        if ((rc = read_token_file(a->prompt_tokens, &src, &n_src))) return rc;
+        P = n_src;
+        n_dec = a->decode > 0 ? a->decode : 0;
+        if (a->forced && n_dec > 0) {
+            rc = dsv4_error(DSV4_ERR_USAGE, "--forced decoding needs --tokens-from (a file holds only a prompt)");
+            goto fail;
+        }
+        pl->greedy = 1;
+    }
+    pl->P = P;
+    pl->T = P + n_dec;
+    pl->tokens = malloc(((size_t)pl->T + 1) * sizeof *pl->tokens);
+    if (!pl->tokens) {
+        rc = dsv4_error(DSV4_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    for (int p = 0; p < pl->T; p++) pl->tokens[p] = (p < P || !pl->greedy) ? src[p] : -1;
+    free(src);
+    return 0;
+fail:
+    free(src);
+    free(pl->gold_pos);
+    pl->gold_pos = NULL;
+    return rc;
+}
+
+static int exit_code(int rc) { return rc == DSV4_ERR_USAGE || rc == DSV4_ERR_IO || rc == DSV4_ERR_FORMAT ||
+                                      rc == DSV4_ERR_CONFIG || rc == DSV4_ERR_MISSING || rc == DSV4_ERR_SHAPE ||
+                                      rc == DSV4_ERR_UNSUPPORTED ? 2 : 1; }
 
 int dsv4_cmd_run(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "dsv4 run: not available in this build yet\n");
-    return 2;
+    run_args a;
+    int rc = parse_args(argc, argv, &a);
+    if (rc == 1) {
+        run_usage(stdout);
+        return 0;
+    }
+    if (rc) {
+        fprintf(stderr, "dsv4 run: %s\n", dsv4_last_error());
+        return 2;
+    }
+    run_plan pl;
+    dsv4_model *m = NULL;
+    dsv4_ref *ref = NULL;
+    dsv4_dump_writer *w = NULL;
+    dsv4_probe_sink *sink = NULL;
+    int32_t *positions = NULL;
+    float *logits = NULL;
+    int n_pos = 0;
+    if ((rc = make_plan(&a, &pl))) {
+        fprintf(stderr, "dsv4 run: %s\n", dsv4_last_error());
+        return exit_code(rc);
+    }
+    int K = a.decode_from >= 0 ? a.decode_from : pl.P;
+    if (K > pl.P) K = pl.P;
+
+    if ((rc = dsv4_model_open(a.model, &m))) goto out;
+    const dsv4_config *cfg = dsv4_model_config(m);
+    if (!strcmp(a.path, "ref-cpu")) rc = dsv4_ref_cpu_init(m, pl.T, &ref);
+    else rc = dsv4_ref_gpu_init(m, pl.T, &ref);
+    if (rc) goto out;
+
+    if (a.positions) rc = parse_positions(a.positions, pl.T, pl.P, &positions, &n_pos);
+    else if (pl.gold_pos) {
+        positions = malloc(((size_t)pl.n_gold_pos + 1) * sizeof *positions);
+        if (!positions) rc = dsv4_error(DSV4_ERR_NOMEM, "out of memory");
+        for (int i = 0; positions && i < pl.n_gold_pos; i++)
+            if (pl.gold_pos[i] < pl.T) positions[n_pos++] = pl.gold_pos[i];
+    } else rc = parse_positions("all", pl.T, pl.P, &positions, &n_pos);
+    if (rc) goto out;
+
+    if (a.dump) {
+        char digest[65];
+        if ((rc = dsv4_model_weights_digest(m, digest))) goto out;
+        dsv4_dump_meta meta = {
+            .producer = dsv4_ref_producer(ref),
+            .config_json = dsv4_model_config_json(m),
+            .weights_digest = digest,
+            .prompt_len = pl.P,
+            .n_decode = pl.T - pl.P,
+            .mode = pl.greedy ? "greedy" : "forced",
+        };
+        if ((rc = dsv4_dump_writer_open(a.dump, &meta, cfg, pl.tokens, pl.T, positions, n_pos, &w))) goto out;
+        char kbuf[32];
+        snprintf(kbuf, sizeof kbuf, "%d", K);
+        if ((rc = dsv4_dump_writer_attr(w, "prefill_len", kbuf))) goto out;
+        if ((rc = dsv4_probe_sink_init(w, cfg, positions, n_pos, pl.T, &sink))) goto out;
+    }
+
+    logits = malloc((size_t)cfg->vocab_size * sizeof *logits);
+    if (!logits) {
+        rc = dsv4_error(DSV4_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    run_progress pr = {.t0 = now_s(), .tty = isatty(2)};
+    double t_pre0 = now_s(), t_pre = 0.0;
+    if (K > 0) {
+        if ((rc = dsv4_ref_prefill(ref, pl.tokens, K, sink, logits))) goto out;
+        t_pre = now_s() - t_pre0;
+    }
+    double t_dec0 = now_s();
+    for (int p = K; p < pl.T; p++) {
+        if (pl.tokens[p] < 0) pl.tokens[p] = argmax_lowest(logits, cfg->vocab_size); /* greedy: p >= P >= 1 */
+        if ((rc = dsv4_ref_decode(ref, pl.tokens[p], sink, logits))) goto out;
+        progress_update(&pr, p + 1, pl.T, t_dec0, p + 1 - K);
+    }
+    double t_dec = now_s() - t_dec0;
+    if (pr.shown && pr.tty) fputc('\n', stderr);
+
+    if (w) {
+        if ((rc = dsv4_ref_dump_entries(ref, sink))) goto out;
+        if (pl.greedy && (rc = dsv4_dump_writer_set_tokens(w, pl.tokens, pl.T))) goto out;
+        dsv4_probe_sink_free(sink);
+        sink = NULL;
+        rc = dsv4_dump_writer_commit(w);
+        w = NULL;
+        if (rc) goto out;
+    }
+    int n_steps = pl.T - K;
+    printf("dsv4 run: %s, %d prompt tokens (prefill %d in %.3f s), %d decode steps in %.3f s (%.2f tokens/s), "
+           "mode %s\n",
+           dsv4_ref_producer(ref), pl.P, K, t_pre, n_steps, t_dec, n_steps > 0 ? n_steps / t_dec : 0.0,
+           pl.greedy ? "greedy" : "forced");
+    if (pl.T > pl.P) {
+        printf("tokens after the prompt:");
+        for (int p = pl.P; p < pl.T; p++) printf(" %d", pl.tokens[p]);
+        printf("\n");
+    }
+    if (a.dump) printf("dump: %s (%d positions)\n", a.dump, n_pos);
+out:
+    if (rc) fprintf(stderr, "dsv4 run: %s\n", dsv4_last_error());
+    dsv4_probe_sink_free(sink);
+    dsv4_dump_writer_abort(w);
+    dsv4_ref_free(ref);
+    dsv4_model_free(m);
+    free(logits);
+    free(positions);
+    free(pl.tokens);
+    free(pl.gold_pos);
+    return rc ? exit_code(rc) : 0;
 }
