@@ -61,11 +61,6 @@ int dsv4_probe_def_rank(int final, const char *name);
  * indexer_scores). Returns 0, or DSV4_ERR_USAGE if the probe does not exist on that layer's attention type. */
 int dsv4_probe_def_row_shape(const dsv4_probe_def *def, const dsv4_config *cfg, int layer, int64_t last_pos,
                              int64_t shape[2]);
-/* "sliding" | "csa" | "hca" and "hash_moe" | "moe": the dump-format spellings. */
-const char *dsv4_dump_attn_name(dsv4_attn_type t);
-const char *dsv4_dump_mlp_name(dsv4_mlp_type t);
-/* "f32" | "i32" (the dump's two dtypes), "?" otherwise. */
-const char *dsv4_dump_dtype_name(dsv4_dtype t);
 
 /* ------------------------------------------------------------------------------------------------- HDF5 */
 

@@ -103,7 +103,7 @@ static int dsv4_probe_find(const dsv4_probe_sink *p, int layer, const char *name
                layer == -1 ? "final" : "layer", name);
     DSV4_CHECK(def->per_entry == per_entry, "%s: probe %s is %s: use %s", path, name,
                def->per_entry ? "per entry" : "per position", def->per_entry ? "dsv4_probe_entries" : "dsv4_probe");
-    DSV4_CHECK(def->dtype == dtype, "%s: probe %s is %s: use %s", path, name, dsv4_dump_dtype_name(def->dtype),
+    DSV4_CHECK(def->dtype == dtype, "%s: probe %s is %s: use %s", path, name, dsv4_dtype_name(def->dtype),
                def->dtype == DSV4_DTYPE_I32 ? "dsv4_probe_i32" : "dsv4_probe");
     *out = def;
     return 0;

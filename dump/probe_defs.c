@@ -66,28 +66,6 @@ int dsv4_probe_def_rank(int final, const char *name)
     return def ? (int)(def - dsv4_probe_defs) : DSV4_PROBE_DEF_COUNT;
 }
 
-static const char *const dsv4_dump_attn_names[] = {"sliding", "csa", "hca"};
-static_assert(sizeof dsv4_dump_attn_names / sizeof dsv4_dump_attn_names[0] == DSV4_ATTN_HCA + 1,
-              "one name per dsv4_attn_type");
-static const char *const dsv4_dump_mlp_names[] = {"hash_moe", "moe"};
-static_assert(sizeof dsv4_dump_mlp_names / sizeof dsv4_dump_mlp_names[0] == DSV4_MLP_MOE + 1,
-              "one name per dsv4_mlp_type");
-
-const char *dsv4_dump_attn_name(dsv4_attn_type t)
-{
-    return (unsigned)t <= DSV4_ATTN_HCA ? dsv4_dump_attn_names[t] : "?";
-}
-
-const char *dsv4_dump_mlp_name(dsv4_mlp_type t)
-{
-    return (unsigned)t <= DSV4_MLP_MOE ? dsv4_dump_mlp_names[t] : "?";
-}
-
-const char *dsv4_dump_dtype_name(dsv4_dtype t)
-{
-    return t == DSV4_DTYPE_F32 ? "f32" : t == DSV4_DTYPE_I32 ? "i32" : "?";
-}
-
 int dsv4_probe_def_row_shape(const dsv4_probe_def *def, const dsv4_config *cfg, int layer, int64_t last_pos,
                              int64_t shape[2])
 {
@@ -97,7 +75,7 @@ int dsv4_probe_def_row_shape(const dsv4_probe_def *def, const dsv4_config *cfg, 
                    "probe %s: layer %d out of range [0, %d)", def->name, layer, cfg->num_hidden_layers);
         dsv4_attn_type at = cfg->attn_type[layer];
         DSV4_CHECK((def->on >> at) & 1u, "probe %s does not exist on layer %d (attention %s)", def->name, layer,
-                   dsv4_dump_attn_name(at));
+                   dsv4_attn_type_name(at));
         ratio = cfg->compress_ratio[layer];
     }
     for (int i = 0; i < def->row_ndim; i++) {

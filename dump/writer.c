@@ -164,8 +164,8 @@ static int dsv4_dump_writer_layout(dsv4_dump_writer *w, const dsv4_dump_meta *me
         char name[16];
         snprintf(name, sizeof name, "%d", l);
         hid_t g = H5Gcreate2(layers, name, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
-        int bad = g < 0 || dsv4_h5_write_str_attr(g, "attention", dsv4_dump_attn_name(cfg->attn_type[l])) < 0 ||
-                  dsv4_h5_write_str_attr(g, "mlp", dsv4_dump_mlp_name(cfg->mlp_type[l])) < 0;
+        int bad = g < 0 || dsv4_h5_write_str_attr(g, "attention", dsv4_attn_type_name(cfg->attn_type[l])) < 0 ||
+                  dsv4_h5_write_str_attr(g, "mlp", dsv4_mlp_type_name(cfg->mlp_type[l])) < 0;
         if (g >= 0) H5Gclose(g);
         if (bad) {
             H5Gclose(layers);
@@ -276,7 +276,7 @@ static int dsv4_dump_check_shape(const dsv4_dump_writer *w, const char *name, ds
 {
     DSV4_CHECK(name && *name && name[0] != '/', "%s: dataset name must be relative (\"layers/3/attn_out\")", w->path);
     DSV4_CHECK(dtype == DSV4_DTYPE_F32 || dtype == DSV4_DTYPE_I32, "%s: %s: dtype must be F32 or I32, got %s",
-               w->path, name, dsv4_dump_dtype_name(dtype));
+               w->path, name, dsv4_dtype_name(dtype));
     DSV4_CHECK(ndim >= 0 && ndim <= max_ndim && (shape || ndim == 0), "%s: %s: %d dims (at most %d)", w->path,
                name, ndim, max_ndim);
     for (int i = 0; i < ndim; i++)
@@ -319,7 +319,7 @@ int dsv4_dump_writer_row(dsv4_dump_writer *w, const char *name, int row, dsv4_dt
             o = 0;
             for (int i = 0; i < row_ndim; i++) o += snprintf(got + o, sizeof got - o, "%s%lld", i ? "," : "", (long long)row_shape[i]);
             return dsv4_error(DSV4_ERR_SHAPE, "%s: %s: row is %s [%s], the dataset holds %s [%s]", w->path, name,
-                              dsv4_dump_dtype_name(dtype), got, dsv4_dump_dtype_name(e->dtype), want);
+                              dsv4_dtype_name(dtype), got, dsv4_dtype_name(e->dtype), want);
         }
     }
     size_t row_elems = 1;
