@@ -109,7 +109,7 @@ static int indexer_all(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int L, int p0, int
     int n_pool = st->n_ientries;
     for (int s = 0; s < S; s++) {
         int p = p0 + s;
-        int n_vis = (p + 1) / w->ratio;
+        int n_vis = dsv4_ref_entries_visible(p, w->ratio);
         int32_t *idx = sc->topk + (size_t)s * topk;
         dsv4_ref_index_scores(sc->iscore, sc->qI + (size_t)s * HI * dI, st->ipool, n_pool, sc->wI + (size_t)s * HI,
                               HI, dI, sc->idots);
@@ -173,7 +173,7 @@ static int attention_all(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int L, int p0, i
             memcpy(sc->gather + (size_t)m * d, src, (size_t)d * sizeof(float));
         }
         if (w->attn == DSV4_ATTN_HCA) {
-            int nv = (p + 1) / w->ratio;
+            int nv = dsv4_ref_entries_visible(p, w->ratio);
             memcpy(sc->gather + (size_t)m * d, st->pool, (size_t)nv * d * sizeof(float));
             m += nv;
         } else if (w->attn == DSV4_ATTN_CSA) {

@@ -92,6 +92,10 @@ typedef struct dsv4_ref_compressor {
     float *score;/* [rows, width] */
 } dsv4_ref_compressor;
 
+/* Compressed entries visible to the query at position p (§7.4): w < (p+1) div r; the token closing a
+ * window already sees its entry, a partial window is never visible. */
+static inline int dsv4_ref_entries_visible(int64_t p, int r) { return (int)((p + 1) / r); }
+
 /* Number of floats of state (kv + score) for these dimensions. */
 size_t dsv4_ref_compressor_state_floats(int ratio, int d_c, int overlap);
 /* Bind the state to `mem` [dsv4_ref_compressor_state_floats] and reset it (kv 0, score −∞). */
