@@ -64,9 +64,10 @@ int dsv4_probe_def_row_shape(const dsv4_probe_def *def, const dsv4_config *cfg, 
 
 /* ------------------------------------------------------------------------------------------------- HDF5 */
 
-/* Turns off HDF5's automatic error printing (process-wide; HDF5 errors become our messages). */
+/* Replaces HDF5's automatic error printing (process-wide) by a silent handler that keeps the innermost
+ * message of the last failed call for dsv4_h5_errmsg: HDF5 never prints to stderr. */
 void dsv4_h5_quiet(void);
-/* The innermost message on HDF5's error stack ("" if none), copied into buf. Clears the stack. */
+/* The innermost HDF5 message of the last failed call, copied into buf (then forgotten). */
 const char *dsv4_h5_errmsg(char *buf, size_t size);
 /* Writes a variable-length UTF-8 string attribute (what h5py writes) on obj. Returns 0 or negative HDF5. */
 int dsv4_h5_write_str_attr(hid_t obj, const char *name, const char *value);

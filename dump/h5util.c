@@ -13,11 +13,6 @@
 
 #include "dump/dump_internal.h"
 
-void dsv4_h5_quiet(void)
-{
-    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
-}
-
 typedef struct dsv4_h5_walk {
     char *buf;
     size_t size;
@@ -34,13 +29,28 @@ static herr_t dsv4_h5_walk_cb(unsigned n, const H5E_error2_t *err, void *data)
     return 0;
 }
 
+/* HDF5's message of the last failed call. Kept by our own error handler at the moment the call fails:
+ * any later HDF5 call (even a successful H5Sclose on the cleanup path) clears the error stack. */
+static _Thread_local char dsv4_h5_last[512];
+
+static herr_t dsv4_h5_auto(hid_t estack, void *data)
+{
+    /* Upward: the innermost frame first, the most specific ("truncated file: eof = ...", "inflate() failed"). */
+    dsv4_h5_walk w = {dsv4_h5_last, sizeof dsv4_h5_last, 0};
+    dsv4_h5_last[0] = 0;
+    H5Ewalk2(estack, H5E_WALK_UPWARD, dsv4_h5_walk_cb, &w);
+    return 0;
+}
+
+void dsv4_h5_quiet(void)
+{
+    H5Eset_auto2(H5E_DEFAULT, dsv4_h5_auto, NULL);
+}
+
 const char *dsv4_h5_errmsg(char *buf, size_t size)
 {
-    dsv4_h5_walk w = {buf, size, 0};
-    if (size) buf[0] = 0;
-    /* Upward: the innermost frame first, which is the most specific ("truncated file", "bad symbol table"). */
-    H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, dsv4_h5_walk_cb, &w);
-    H5Eclear2(H5E_DEFAULT);
+    if (size) snprintf(buf, size, "%s", dsv4_h5_last[0] ? dsv4_h5_last : "HDF5 call failed");
+    dsv4_h5_last[0] = 0;
     return buf;
 }
 

@@ -8,7 +8,7 @@
  * A dataset's shape is checked against the config the first time it is asked for (dsv4_dump_info), and
  * the open handle is kept with a one-chunk cache, so reading a dataset row by row decompresses each chunk
  * once and never loads the whole dataset.
- * HDF5 never prints: its error stack is turned off and its innermost message is folded into ours.
+ * HDF5 never prints: a silent error handler keeps its innermost message, which is folded into ours.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
