@@ -49,7 +49,12 @@ void dsv4_h5_quiet(void)
 
 const char *dsv4_h5_errmsg(char *buf, size_t size)
 {
-    if (size) snprintf(buf, size, "%s", dsv4_h5_last[0] ? dsv4_h5_last : "HDF5 call failed");
+    const char *src = dsv4_h5_last[0] ? dsv4_h5_last : "HDF5 call failed";
+    if (size) {
+        size_t n = strlen(src) < size ? strlen(src) : size - 1; /* HDF5 messages can be long: cut, never overflow */
+        memcpy(buf, src, n);
+        buf[n] = 0;
+    }
     dsv4_h5_last[0] = 0;
     return buf;
 }
