@@ -312,6 +312,41 @@ START_TEST(test_tid2eid_i64_i32_and_range)
 }
 END_TEST
 
+START_TEST(test_tied_embeddings_alias_head)
+{
+    /* tie_word_embeddings: no head.weight on disk; the loader serves the embedding under that name */
+    char *dir = dsv4_test_mkdtemp("tied");
+    char cfg[8192], path[4200];
+    snprintf(cfg, sizeof cfg, "%s", dsv4_stw_tiny_config());
+    char *p = strstr(cfg, "\"tie_word_embeddings\": false");
+    ck_assert_ptr_nonnull(p);
+    memcpy(p, "\"tie_word_embeddings\":  true", strlen("\"tie_word_embeddings\": false"));
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    fputs(cfg, f);
+    fclose(f);
+    dsv4_stw *w = dsv4_stw_new();
+    float e[6] = {1, 2, 3, 4, 5, 6};
+    int64_t s[2] = {3, 2};
+    ck_assert_int_eq(dsv4_stw_add_f32(w, "model.embed_tokens.weight", 2, s, e), 0);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    ck_assert_int_eq(dsv4_stw_write(w, path, NULL), 0);
+    dsv4_stw_free(w);
+    dsv4_model *m;
+    ck_assert_int_eq(dsv4_model_open(dir, &m), 0);
+    ck_assert_int_eq(dsv4_model_config(m)->tie_word_embeddings, 1);
+    const dsv4_tensor *h, *em;
+    ck_assert_int_eq(dsv4_model_tensor(m, "head.weight", &h), 0);
+    ck_assert_int_eq(dsv4_model_tensor(m, "embed.weight", &em), 0);
+    ck_assert_ptr_eq(h->data, em->data);
+    float v[6];
+    ck_assert_int_eq(dsv4_model_read_f32(m, "head.weight", v, 6), 0);
+    ck_assert_float_eq(v[5], 6.0f);
+    dsv4_model_free(m);
+    dsv4_test_rmtree(dir);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("model_dequant");
@@ -327,6 +362,7 @@ int main(void)
     tcase_add_test(tc, test_fp4_nibble_order_and_scales);
     tcase_add_test(tc, test_f32_mmap_and_misaligned_copy);
     tcase_add_test(tc, test_tid2eid_i64_i32_and_range);
+    tcase_add_test(tc, test_tied_embeddings_alias_head);
     suite_add_tcase(s, tc);
     return dsv4_test_main(s);
 }
