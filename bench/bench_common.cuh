@@ -1,0 +1,191 @@
+/* bench_common.cuh - what the kernel micro-benchmarks share (style rule 15, METHOD.md): the two ceilings measured in
+ * the same run (device-to-device copy: bytes read + written per second; cuBLAS bf16 GEMM 8192^3 with fp32
+ * accumulation: FLOP/s), random device fills (never zeros), event timing with warm-up and the median of the reps,
+ * and one table line per measurement. Included by bench/bench_*.cu only (header-only, static functions).
+ */
+#ifndef DSV4_BENCH_COMMON_CUH
+#define DSV4_BENCH_COMMON_CUH
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "dsv4/dsv4.h"
+
+#define BENCH_CHECK(call)                                                                                        \
+    do {                                                                                                         \
+        cudaError_t e_ = (call);                                                                                 \
+        if (e_ != cudaSuccess) {                                                                                 \
+            fprintf(stderr, "%s: %s (%s:%d)\n", #call, cudaGetErrorString(e_), __FILE__, __LINE__);            \
+            exit(1);                                                                                             \
+        }                                                                                                        \
+    } while (0)
+#define BENCH_OK(call)                                                                                           \
+    do {                                                                                                         \
+        if ((call) != 0) {                                                                                       \
+            fprintf(stderr, "%s failed: %s (%s:%d)\n", #call, dsv4_last_error(), __FILE__, __LINE__);           \
+            exit(1);                                                                                             \
+        }                                                                                                        \
+    } while (0)
+
+enum { BENCH_WARMUP = 3, BENCH_REPS = 25 };
+#define BENCH_L2_BYTES ((size_t)60 << 20) /* H200; rotation pools are at least 3x this */
+
+typedef struct bench_ceilings {
+    double copy_gbs;  /* device-to-device copy, (read + written) bytes / s / 1e9 */
+    double gemm_tflops;
+} bench_ceilings;
+
+static __global__ void bench_fill_bf16_kernel(uint16_t *p, size_t n, uint64_t seed, float amp)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint64_t h = (i + 1) * 0x9E3779B97F4A7C15ull ^ seed;
+        h ^= h >> 31;
+        h *= 0xBF58476D1CE4E5B9ull;
+        h ^= h >> 29;
+        float u = (float)(h >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f;
+        __nv_bfloat16 b = __float2bfloat16_rn(u * amp);
+        p[i] = *reinterpret_cast<uint16_t *>(&b);
+    }
+}
+static __global__ void bench_fill_f32_kernel(float *p, size_t n, uint64_t seed, float amp)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint64_t h = (i + 1) * 0x9E3779B97F4A7C15ull ^ seed;
+        h ^= h >> 31;
+        h *= 0xBF58476D1CE4E5B9ull;
+        h ^= h >> 29;
+        p[i] = ((float)(h >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f) * amp;
+    }
+}
+static void bench_fill_bf16(void *p, size_t n, uint64_t seed, float amp)
+{
+    bench_fill_bf16_kernel<<<1024, 256>>>((uint16_t *)p, n, seed, amp);
+    BENCH_CHECK(cudaGetLastError());
+}
+static void bench_fill_f32(void *p, size_t n, uint64_t seed, float amp)
+{
+    bench_fill_f32_kernel<<<1024, 256>>>((float *)p, n, seed, amp);
+    BENCH_CHECK(cudaGetLastError());
+}
+
+static int bench_cmp_float(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Median over BENCH_REPS of one call of fn(ctx, rep), each timed with its own events, after BENCH_WARMUP calls.
+ * Before every timed call (outside the events) a 3 x L2 memset evicts the inputs: the numbers are cold-cache ones,
+ * the conservative case (in a decode step some inputs were just written and may still be in L2). */
+typedef void (*bench_fn)(void *ctx, int rep);
+static void *bench_flush_buf;
+static double bench_median_us(bench_fn fn, void *ctx)
+{
+    if (!bench_flush_buf) BENCH_CHECK(cudaMalloc(&bench_flush_buf, 3 * BENCH_L2_BYTES));
+    cudaEvent_t e0, e1;
+    BENCH_CHECK(cudaEventCreate(&e0));
+    BENCH_CHECK(cudaEventCreate(&e1));
+    for (int i = 0; i < BENCH_WARMUP; i++) fn(ctx, i);
+    BENCH_CHECK(cudaDeviceSynchronize());
+    float t[BENCH_REPS];
+    for (int i = 0; i < BENCH_REPS; i++) {
+        BENCH_CHECK(cudaMemsetAsync(bench_flush_buf, i & 0xff, 3 * BENCH_L2_BYTES));
+        BENCH_CHECK(cudaEventRecord(e0));
+        fn(ctx, BENCH_WARMUP + i);
+        BENCH_CHECK(cudaEventRecord(e1));
+        BENCH_CHECK(cudaEventSynchronize(e1));
+        BENCH_CHECK(cudaEventElapsedTime(&t[i], e0, e1));
+    }
+    BENCH_CHECK(cudaGetLastError());
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    qsort(t, BENCH_REPS, sizeof(float), bench_cmp_float);
+    return 1000.0 * t[BENCH_REPS / 2];
+}
+
+typedef struct bench_copy_ctx {
+    void *a, *b;
+    size_t n;
+} bench_copy_ctx;
+static void bench_copy_fn(void *ctx, int rep)
+{
+    bench_copy_ctx *c = (bench_copy_ctx *)ctx;
+    BENCH_CHECK(cudaMemcpyAsync(rep & 1 ? c->a : c->b, rep & 1 ? c->b : c->a, c->n, cudaMemcpyDeviceToDevice));
+}
+
+typedef struct bench_gemm_ctx {
+    cublasHandle_t h;
+    void *a, *b, *c;
+    int n;
+} bench_gemm_ctx;
+static void bench_gemm_fn(void *ctx, int rep)
+{
+    bench_gemm_ctx *g = (bench_gemm_ctx *)ctx;
+    const float one = 1.0f, zero = 0.0f;
+    cublasStatus_t s = cublasGemmEx(g->h, CUBLAS_OP_T, CUBLAS_OP_N, g->n, g->n, g->n, &one, g->a, CUDA_R_16BF, g->n,
+                                    g->b, CUDA_R_16BF, g->n, &zero, g->c, CUDA_R_16BF, g->n, CUBLAS_COMPUTE_32F,
+                                    CUBLAS_GEMM_DEFAULT);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        fprintf(stderr, "cublasGemmEx: status %d\n", (int)s);
+        exit(1);
+    }
+}
+
+/* Both ceilings, printed. 2 GiB of copy (1 GiB each way), 8192^3 bf16 GEMM on random data. */
+static bench_ceilings bench_measure_ceilings(void)
+{
+    bench_ceilings r;
+    struct cudaDeviceProp prop;
+    BENCH_CHECK(cudaGetDeviceProperties(&prop, 0));
+    bench_copy_ctx cc;
+    cc.n = (size_t)1 << 30;
+    BENCH_CHECK(cudaMalloc(&cc.a, cc.n));
+    BENCH_CHECK(cudaMalloc(&cc.b, cc.n));
+    bench_fill_f32(cc.a, cc.n / 4, 1, 1.0f);
+    double us = bench_median_us(bench_copy_fn, &cc);
+    r.copy_gbs = 2.0 * cc.n / (us * 1e3);
+    cudaFree(cc.a);
+    cudaFree(cc.b);
+
+    bench_gemm_ctx g;
+    g.n = 8192;
+    size_t nel = (size_t)g.n * g.n;
+    if (cublasCreate(&g.h) != CUBLAS_STATUS_SUCCESS) {
+        fprintf(stderr, "cublasCreate failed\n");
+        exit(1);
+    }
+    BENCH_CHECK(cudaMalloc(&g.a, nel * 2));
+    BENCH_CHECK(cudaMalloc(&g.b, nel * 2));
+    BENCH_CHECK(cudaMalloc(&g.c, nel * 2));
+    bench_fill_bf16(g.a, nel, 2, 1.0f);
+    bench_fill_bf16(g.b, nel, 3, 1.0f);
+    us = bench_median_us(bench_gemm_fn, &g);
+    r.gemm_tflops = 2.0 * g.n * (double)g.n * g.n / (us * 1e6);
+    cublasDestroy(g.h);
+    cudaFree(g.a);
+    cudaFree(g.b);
+    cudaFree(g.c);
+    printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
+    printf("ceilings (measured now): copy %.0f GB/s (read+write), cuBLAS bf16 GEMM 8192^3 %.0f TFLOP/s\n", r.copy_gbs,
+           r.gemm_tflops);
+    return r;
+}
+
+static void bench_header(void)
+{
+    printf("%-12s %-5s %-5s %4s %-26s %10s %9s %7s %9s %7s\n", "kernel", "var", "ctx", "C", "shape", "us", "GB/s",
+           "%copy", "TFLOP/s", "%gemm");
+}
+static void bench_row(const bench_ceilings *cl, const char *kernel, const char *var, const char *ctx, int C,
+                      const char *shape, double us, double bytes, double flops)
+{
+    double gbs = bytes / (us * 1e3), tf = flops / (us * 1e6);
+    printf("%-12s %-5s %-5s %4d %-26s %10.1f %9.0f %6.1f%% %9.1f %6.1f%%\n", kernel, var, ctx, C, shape, us, gbs,
+           100.0 * gbs / cl->copy_gbs, tf, 100.0 * tf / cl->gemm_tflops);
+}
+
+#endif /* DSV4_BENCH_COMMON_CUH */

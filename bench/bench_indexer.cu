@@ -1,0 +1,94 @@
+/* bench_indexer.cu - micro-benchmark of kernels/indexer.cu, both variants of `indexer` and both positions of
+ * `index_context`, Flash shapes: 64 heads x 128, live entries 1K (4K context) and 8K (32K context), maximum
+ * 262144 entries (1M context / 4), C = 1, 16, 64.
+ *   run: build/bench_indexer
+ * Bytes counted (the fewest): the keys of the computed entries (live, or all 262144 for `max`) and q read once,
+ * the scores written once; the fp32 variant's scratch traffic is not counted (it is what that variant wastes).
+ * FLOPs: 2*H*d per computed entry. Live runs rotate the key window per rep through a 64 MB-per-sequence pool so
+ * the keys come from HBM.
+ */
+#include <string.h>
+
+#include "../kernels/indexer.cuh"
+#include "bench_common.cuh"
+
+enum { H = 64, D = 128, N_MAX = 262144 };
+
+typedef struct idx_bench {
+    dsv4_indexer_params p;
+    const uint16_t *keys0;
+    int n_offsets, live;
+} idx_bench;
+
+static void idx_fn(void *ctx, int rep)
+{
+    idx_bench *b = (idx_bench *)ctx;
+    b->p.keys = b->keys0 + (size_t)(rep % b->n_offsets) * b->live * D;
+    BENCH_OK(dsv4_opt_indexer_scores(&b->p));
+}
+
+int main(void)
+{
+    bench_ceilings cl = bench_measure_ceilings();
+    bench_header();
+    const int Cs[3] = {1, 16, 64}, lives[2] = {1024, 8192};
+    for (int ci = 0; ci < 3; ci++) {
+        const int C = Cs[ci];
+        void *q, *keys, *w, *nl, *sc, *scr = NULL;
+        BENCH_CHECK(cudaMalloc(&q, (size_t)C * H * D * 2));
+        BENCH_CHECK(cudaMalloc(&keys, (size_t)C * N_MAX * D * 2));
+        BENCH_CHECK(cudaMalloc(&w, (size_t)C * H * 4));
+        BENCH_CHECK(cudaMalloc(&nl, (size_t)C * 4));
+        BENCH_CHECK(cudaMalloc(&sc, (size_t)C * N_MAX * 4));
+        bench_fill_bf16(q, (size_t)C * H * D, 21, 1.0f);
+        bench_fill_bf16(keys, (size_t)C * N_MAX * D, 22, 1.0f);
+        bench_fill_f32(w, (size_t)C * H, 23, 0.011f);
+        size_t scr_max = (size_t)C * H * N_MAX * 4;
+        BENCH_CHECK(cudaMalloc(&scr, scr_max));
+        for (int li = 0; li < 2; li++) {
+            const int live = lives[li];
+            int32_t *hl = (int32_t *)malloc((size_t)C * 4);
+            for (int c = 0; c < C; c++) hl[c] = live;
+            BENCH_CHECK(cudaMemcpy(nl, hl, (size_t)C * 4, cudaMemcpyHostToDevice));
+            free(hl);
+            for (int ctx = 0; ctx < 2; ctx++)
+                for (int v = 0; v < 2; v++) {
+                    idx_bench b;
+                    memset(&b, 0, sizeof(b));
+                    dsv4_indexer_params *p = &b.p;
+                    p->n_seq = C;
+                    p->n_heads = H;
+                    p->head_dim = D;
+                    p->context = ctx == 0 ? DSV4_INDEX_CONTEXT_LIVE : DSV4_INDEX_CONTEXT_MAX;
+                    p->kernel = v == 0 ? DSV4_INDEXER_KERNEL_BF16 : DSV4_INDEXER_KERNEL_F32;
+                    p->n_work = ctx == 0 ? live : N_MAX;
+                    p->q = (const uint16_t *)q;
+                    p->key_seq_stride = (int64_t)N_MAX * D;
+                    p->weights = (const float *)w;
+                    p->n_live = (const int32_t *)nl;
+                    p->scores = (float *)sc;
+                    p->score_stride = N_MAX;
+                    p->scratch = (float *)scr;
+                    p->scratch_bytes = scr_max;
+                    b.keys0 = (const uint16_t *)keys;
+                    b.live = live;
+                    b.n_offsets = ctx == 0 ? N_MAX / live - 1 : 1;
+                    double us = bench_median_us(idx_fn, &b);
+                    double n = p->n_work;
+                    double bytes = (double)C * (n * D * 2 + H * D * 2 + n * 4);
+                    double flops = (double)C * 2.0 * H * D * n;
+                    char shape[64];
+                    snprintf(shape, sizeof(shape), "64x128 live=%d work=%d", live, p->n_work);
+                    bench_row(&cl, "indexer", v == 0 ? "bf16" : "f32", ctx == 0 ? "live" : "max", C, shape, us, bytes,
+                              flops);
+                }
+        }
+        cudaFree(q);
+        cudaFree(keys);
+        cudaFree(w);
+        cudaFree(nl);
+        cudaFree(sc);
+        cudaFree(scr);
+    }
+    return 0;
+}

@@ -1,0 +1,109 @@
+/* bench_sparse_attn.cu - micro-benchmark of kernels/sparse_attn.cu, both variants of `attn`, Flash shapes:
+ * 64 heads x 512, 128 window + 512 selected entries, bf16 output, C = 1, 16, 64 sequences.
+ *   run: build/bench_sparse_attn
+ * Bytes counted (the fewest a step must move): the 640 gathered KV rows and q of each sequence, read once, and the
+ * bf16 output, written once. FLOPs: 2*H*d*n (Q.K^T) + 2*H*d*n (P.V) per sequence. Each rep gathers a different
+ * random entry set out of a KV pool of >= 256 MB, so the rows come from HBM, not L2 (60 MB).
+ */
+#include <math.h>
+#include <string.h>
+
+#include "../kernels/sparse_attn.cuh"
+#include "bench_common.cuh"
+
+enum { H = 64, D = 512, ROPE = 64, N_IDX = 640 };
+
+typedef struct attn_bench {
+    dsv4_sparse_attn_params p;
+    int32_t *idx_sets; /* [n_sets][C, N_IDX] */
+    int n_sets;
+} attn_bench;
+
+static void attn_fn(void *ctx, int rep)
+{
+    attn_bench *b = (attn_bench *)ctx;
+    b->p.idx = b->idx_sets + (size_t)(rep % b->n_sets) * b->p.n_seq * N_IDX;
+    BENCH_OK(dsv4_opt_sparse_attn(&b->p));
+}
+
+int main(void)
+{
+    bench_ceilings cl = bench_measure_ceilings();
+    bench_header();
+    const int Cs[3] = {1, 16, 64};
+    for (int ci = 0; ci < 3; ci++) {
+        const int C = Cs[ci];
+        const int n_slots = C >= 256 ? 1024 : 262144 / C; /* C * n_slots * 1 KB = 256 MB of KV */
+        const double set_bytes = (double)C * N_IDX * D * 2;
+        int n_sets = (int)ceil(3.0 * BENCH_L2_BYTES / set_bytes);
+        if (n_sets < 4) n_sets = 4;
+        if (n_sets > BENCH_WARMUP + BENCH_REPS) n_sets = BENCH_WARMUP + BENCH_REPS;
+
+        attn_bench b;
+        memset(&b, 0, sizeof(b));
+        void *q, *kv, *sink, *cs, *sn, *out;
+        BENCH_CHECK(cudaMalloc(&q, (size_t)C * H * D * 2));
+        BENCH_CHECK(cudaMalloc(&kv, (size_t)C * n_slots * D * 2));
+        BENCH_CHECK(cudaMalloc(&sink, H * 4));
+        BENCH_CHECK(cudaMalloc(&cs, (size_t)C * ROPE / 2 * 4));
+        BENCH_CHECK(cudaMalloc(&sn, (size_t)C * ROPE / 2 * 4));
+        BENCH_CHECK(cudaMalloc(&out, (size_t)C * H * D * 2));
+        BENCH_CHECK(cudaMalloc((void **)&b.idx_sets, (size_t)n_sets * C * N_IDX * 4));
+        bench_fill_bf16(q, (size_t)C * H * D, 11, 4.0f);
+        bench_fill_bf16(kv, (size_t)C * n_slots * D, 12, 1.0f);
+        bench_fill_f32(sink, H, 13, 1.0f);
+        bench_fill_f32(cs, (size_t)C * ROPE / 2, 14, 1.0f);
+        bench_fill_f32(sn, (size_t)C * ROPE / 2, 15, 1.0f);
+        int32_t *hidx = (int32_t *)malloc((size_t)n_sets * C * N_IDX * 4);
+        uint64_t st = 99;
+        for (size_t i = 0; i < (size_t)n_sets * C * N_IDX; i++) {
+            st = st * 6364136223846793005ull + 1442695040888963407ull;
+            hidx[i] = (int32_t)((st >> 33) % (uint64_t)n_slots);
+        }
+        BENCH_CHECK(cudaMemcpy(b.idx_sets, hidx, (size_t)n_sets * C * N_IDX * 4, cudaMemcpyHostToDevice));
+        free(hidx);
+        b.n_sets = n_sets;
+
+        dsv4_sparse_attn_params *p = &b.p;
+        p->n_seq = C;
+        p->n_heads = H;
+        p->head_dim = D;
+        p->rope_dim = ROPE;
+        p->n_idx = N_IDX;
+        p->n_slots = n_slots;
+        p->scale = 1.0f / sqrtf((float)D);
+        p->q = (const uint16_t *)q;
+        p->kv = (const uint16_t *)kv;
+        p->kv_seq_stride = (int64_t)n_slots * D;
+        p->idx = b.idx_sets;
+        p->sink = (const float *)sink;
+        p->rope_cos = (const float *)cs;
+        p->rope_sin = (const float *)sn;
+        p->out = out;
+        p->out_dtype = DSV4_OUT_BF16;
+        p->stream = 0;
+        void *ws = NULL;
+        const double bytes = (double)C * (N_IDX * D * 2 + H * D * 2 + H * D * 2);
+        const double flops = (double)C * 4.0 * H * D * N_IDX;
+        for (int v = 0; v < 2; v++) {
+            p->kernel = v == 0 ? DSV4_ATTN_KERNEL_MMA : DSV4_ATTN_KERNEL_SIMT;
+            p->workspace_bytes = dsv4_opt_sparse_attn_workspace_bytes(p);
+            if (p->workspace_bytes) BENCH_CHECK(cudaMalloc(&ws, p->workspace_bytes));
+            p->workspace = ws;
+            double us = bench_median_us(attn_fn, &b);
+            char shape[64];
+            snprintf(shape, sizeof(shape), "64x512 n=640 ws=%zuKB", p->workspace_bytes >> 10);
+            bench_row(&cl, "sparse_attn", v == 0 ? "mma" : "simt", "-", C, shape, us, bytes, flops);
+            cudaFree(ws);
+            ws = NULL;
+        }
+        cudaFree(q);
+        cudaFree(kv);
+        cudaFree(sink);
+        cudaFree(cs);
+        cudaFree(sn);
+        cudaFree(out);
+        cudaFree(b.idx_sets);
+    }
+    return 0;
+}
