@@ -4,4 +4,4 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=$(bash "$root/scripts/setup.sh" "$root/build" | tail -n 1)
-"$build/dsv4" inspect "$root/golden/tiny/model"
+"$build/dsv4" inspect "$root/golden/tiny"
