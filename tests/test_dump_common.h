@@ -8,6 +8,7 @@
 #ifndef TEST_DUMP_COMMON_H
 #define TEST_DUMP_COMMON_H
 
+#include <hdf5.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -132,6 +133,14 @@ static inline const char *test_dump_path(const char *dir, const char *name, int 
     static char buf[4][4096];
     snprintf(buf[slot & 3], sizeof buf[0], "%s/%s", dir, name);
     return buf[slot & 3];
+}
+
+/* Every HDF5 file the dump code opened is closed again (HDF5 frees what is left at exit, so a sanitizer
+ * would not see it). Files are opened with H5F_CLOSE_STRONG, so this also covers their datasets/groups. */
+static inline void test_dump_assert_no_open_handles(void)
+{
+    ssize_t n = H5Fget_obj_count(H5F_OBJ_ALL, H5F_OBJ_ALL);
+    ck_assert_msg(n == 0, "%zd HDF5 file objects still open", n);
 }
 
 #endif

@@ -173,6 +173,7 @@ START_TEST(test_h5py_style_vlen_strings_int64)
     const char *path = test_dump_path(dir, "h5py.h5", 0);
     write_foreign(path, STR_VLEN, H5T_STD_I64LE);
     check_foreign(path);
+    test_dump_assert_no_open_handles();
     dsv4_test_rmtree(dir);
 }
 END_TEST
@@ -187,6 +188,7 @@ START_TEST(test_fixed_length_strings_and_small_ints)
         write_foreign(path, kinds[i], ints[i]);
         check_foreign(path);
     }
+    test_dump_assert_no_open_handles();
     dsv4_test_rmtree(dir);
 }
 END_TEST
@@ -221,6 +223,7 @@ START_TEST(test_unparseable_config_json_opens_but_shapes_cannot_be_checked)
     ck_assert_ptr_nonnull(strstr(dsv4_last_error(), "final/norm"));
     ck_assert_int_eq(dsv4_dump_info(d, "final/extra", &info), 0); /* not a known probe: nothing to check */
     dsv4_dump_free(d);
+    test_dump_assert_no_open_handles();
     dsv4_test_rmtree(dir);
 }
 END_TEST

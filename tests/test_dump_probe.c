@@ -63,6 +63,7 @@ START_TEST(test_positions_not_stored_are_ignored_and_rows_follow_positions)
     test_dump_fill_f32(ref, 64, 519);
     ck_assert_mem_eq(got[2], ref, sizeof ref);
     dsv4_dump_free(d);
+    test_dump_assert_no_open_handles();
     dsv4_test_rmtree(dir);
 }
 END_TEST
@@ -103,6 +104,7 @@ START_TEST(test_indexer_scores_padded_with_minus_inf_to_last_position_entries)
     ck_assert(isnan(got[0][0]) && isnan(got[1][4])); /* never written: fill */
     for (int i = 0; i < 5; i++) ck_assert(isinf(got[2][i]));
     dsv4_dump_free(d);
+    test_dump_assert_no_open_handles();
     dsv4_test_rmtree(dir);
 }
 END_TEST
@@ -129,6 +131,7 @@ START_TEST(test_prefill_scores_wider_than_the_row_must_be_minus_inf_there)
     ck_assert_int_eq(dsv4_dump_read_rows(d, "layers/1/indexer_scores", 0, 1, got), 0);
     ck_assert(got[0] == 0.25f);
     dsv4_dump_free(d);
+    test_dump_assert_no_open_handles();
     dsv4_test_rmtree(dir);
 }
 END_TEST
@@ -155,6 +158,7 @@ START_TEST(test_topk_idx_padded_with_minus_one)
     const int32_t want[3][3] = {{0, -1, -1}, {-1, -1, -1}, {4, 0, 2}};
     ck_assert_mem_eq(got, want, sizeof want);
     dsv4_dump_free(d);
+    test_dump_assert_no_open_handles();
     dsv4_test_rmtree(dir);
 }
 END_TEST
@@ -195,6 +199,7 @@ START_TEST(test_unknown_or_misused_probes_are_usage_errors)
     ck_assert_int_eq(dsv4_dump_info(d, "layers/2/compressed_kv", &info), 0);
     ck_assert_int_eq(info.shape[0], 2);
     dsv4_dump_free(d);
+    test_dump_assert_no_open_handles();
     dsv4_test_rmtree(dir);
 }
 END_TEST
@@ -224,6 +229,7 @@ START_TEST(test_null_sink_is_a_no_op_and_positions_must_match_the_writer)
     ck_assert_int_eq(dsv4_probe_sink_init(w, &cfg, NULL, 0, 20, &p), DSV4_ERR_USAGE); /* all 20 != 3 stored */
     ck_assert_int_eq(dsv4_probe_sink_init(w, &cfg, stored, 2, 20, &p), DSV4_ERR_USAGE);
     dsv4_dump_writer_abort(w);
+    test_dump_assert_no_open_handles();
     dsv4_test_rmtree(dir);
 }
 END_TEST

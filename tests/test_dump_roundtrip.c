@@ -186,6 +186,7 @@ START_TEST(test_every_probe_round_trips_bit_exact)
     free(got);
     free(ref);
     dsv4_dump_free(d);
+    test_dump_assert_no_open_handles();
     dsv4_test_rmtree(dir);
 }
 END_TEST
@@ -250,6 +251,7 @@ START_TEST(test_out_of_order_rows_and_unwritten_rows_are_nan_or_minus_one)
     free(gb);
     free(b);
     dsv4_dump_free(d);
+    test_dump_assert_no_open_handles();
     dsv4_test_rmtree(dir);
 }
 END_TEST
@@ -269,6 +271,7 @@ START_TEST(test_file_appears_under_its_name_only_at_commit)
     ck_assert_int_eq(dsv4_dump_writer_commit(w), 0);
     ck_assert_msg(test_dump_exists(path), "%s missing after commit", path);
     ck_assert_msg(!test_dump_exists(tmp), "%s left behind after commit", tmp);
+    test_dump_assert_no_open_handles();
     dsv4_test_rmtree(dir);
 }
 END_TEST
@@ -288,6 +291,7 @@ START_TEST(test_abort_leaves_no_file)
     ck_assert_msg(!test_dump_exists(tmp), "abort left %s", tmp);
     ck_assert_msg(!test_dump_exists(path), "abort created %s", path);
     dsv4_dump_writer_abort(NULL);
+    test_dump_assert_no_open_handles();
     dsv4_test_rmtree(dir);
 }
 END_TEST
@@ -315,6 +319,7 @@ START_TEST(test_slice_read_returns_exactly_the_rows_asked_for)
     ck_assert_int_eq(dsv4_dump_read_rows(d, "layers/2/no_such", 0, 1, got), DSV4_ERR_MISSING);
     ck_assert_ptr_nonnull(strstr(dsv4_last_error(), "layers/2/no_such"));
     dsv4_dump_free(d);
+    test_dump_assert_no_open_handles();
     dsv4_test_rmtree(dir);
 }
 END_TEST
@@ -356,6 +361,7 @@ START_TEST(test_greedy_tokens_and_extra_attributes)
     ck_assert_str_eq(dsv4_dump_attr(d, "mode"), "greedy");
     ck_assert_ptr_null(dsv4_dump_attr(d, "nope"));
     dsv4_dump_free(d);
+    test_dump_assert_no_open_handles();
     dsv4_test_rmtree(dir);
 }
 END_TEST
@@ -377,6 +383,7 @@ START_TEST(test_writer_refuses_bad_arguments)
     ck_assert_int_eq(dsv4_dump_writer_open("/nonexistent-dir/x.h5", &meta, &cfg, tokens, 16, NULL, 0, &w), DSV4_ERR_IO);
     ck_assert_ptr_nonnull(strstr(dsv4_last_error(), "/nonexistent-dir/x.h5"));
     ck_assert(!test_dump_exists(path));
+    test_dump_assert_no_open_handles();
     dsv4_test_rmtree(dir);
 }
 END_TEST

@@ -123,6 +123,7 @@ START_TEST(test_write_and_read_50mb)
     free(all);
     free(buf);
     free(json);
+    test_dump_assert_no_open_handles();
     dsv4_test_rmtree(dir);
 }
 END_TEST
