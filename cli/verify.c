@@ -1,11 +1,165 @@
-/* verify.c - placeholder while the subcommand is being written (replaced by its owner). */
+/* verify.c - `dsv4 verify GOLDEN CANDIDATE [options]`: compare two dumps (verify/, docs/verify.md).
+ * Exit status: 0 within tolerance, 1 diverged, 2 could not compare or bad usage. */
+#define _POSIX_C_SOURCE 200809L
+#include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
 #include "commands.h"
+#include "dsv4/dsv4_verify.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: dsv4 verify GOLDEN.h5 CANDIDATE.h5 [options]\n\n"
+            "Compares two dsv4-dump/1 files probe by probe, layer by layer, at the positions both store, and\n"
+            "reports the first (position, layer, probe) in model order that breaks its tolerance.\n\n"
+            "options:\n"
+            "  --profile fp32|bf16|FILE   tolerance profile (default fp32; files in verify/profiles/)\n"
+            "  --tol PROBE=METRIC:VALUE   override one gate, repeatable; PROBE is a probe name (attn_out), a\n"
+            "                             dataset (layers/3/attn_out) or default; METRIC is a metric name,\n"
+            "                             tie_abs or tie_rel; VALUE a number or 'off'. e.g. --tol out=rel_l2:1e-3\n"
+            "  --json OUT                 write every number as JSON\n"
+            "  --html OUT                 write a self-contained HTML report with plots\n"
+            "  --probes GLOB[,GLOB...]    only datasets or probe names matching (e.g. 'attn_*,final/*')\n"
+            "  --layers A-B               only layers A..B (A-, -B open; final/ counts as layer L)\n"
+            "  --positions A-B            only positions A..B (per-entry rows by the position closing them)\n"
+            "  --allow-different-weights  compare dumps whose weights_digest differ\n"
+            "  --color / --no-color       ANSI colours (default: when stdout is a terminal)\n"
+            "  --quiet                    no terminal report (exit status and files only)\n"
+            "  -h, --help                 this text\n\n"
+            "metrics: max_abs (with coordinate), rel_l2, nmse, cosine, nonfinite; topk_idx: recall, jaccard,\n"
+            "accepted/strict (tie-aware with the golden indexer_scores); router_ids: mismatch; logits: argmax,\n"
+            "top5, kl. NaN/Inf and shape differences always fail. See docs/verify.md.\n\n"
+            "exit status: 0 within tolerance, 1 diverged, 2 could not compare (unreadable file, wrong schema,\n"
+            "different weights_digest, no common positions or probes) or bad usage.\n");
+}
+
+/* "A-B", "A", "A-", "-B" -> lo/hi (-1 open). */
+static int parse_range(const char *s, int *lo, int *hi)
+{
+    char *end;
+    *lo = *hi = -1;
+    const char *dash = strchr(s, '-');
+    if (!*s) return -1;
+    if (dash != s) {
+        long v = strtol(s, &end, 10);
+        if (end == s || v < 0 || v > INT_MAX || (end != dash && *end)) return -1;
+        *lo = (int)v;
+    }
+    if (!dash) {
+        *hi = *lo;
+        return 0;
+    }
+    if (dash[1]) {
+        long v = strtol(dash + 1, &end, 10);
+        if (end == dash + 1 || *end || v < 0 || v > INT_MAX) return -1;
+        *hi = (int)v;
+    }
+    if (*lo >= 0 && *hi >= 0 && *hi < *lo) return -1;
+    return 0;
+}
 
 int dsv4_cmd_verify(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "dsv4 verify: not available in this build yet\n");
-    return 2;
+    dsv4_verify_options o;
+    dsv4_verify_options_init(&o);
+    const char *paths[2] = {NULL, NULL}, *json = NULL, *html = NULL;
+    const char **tol = calloc((size_t)argc + 1, sizeof *tol);
+    int npaths = 0, color = isatty(STDOUT_FILENO), quiet = 0;
+    if (!tol) return 2;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        int has_val = i + 1 < argc;
+#define NEED_VALUE()                                                                                               \
+    do {                                                                                                           \
+        if (!has_val) {                                                                                            \
+            fprintf(stderr, "dsv4 verify: %s needs a value\n", a);                                                 \
+            free(tol);                                                                                             \
+            return 2;                                                                                              \
+        }                                                                                                          \
+    } while (0)
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            free(tol);
+            return 0;
+        } else if (!strcmp(a, "--profile")) {
+            NEED_VALUE();
+            o.profile = argv[++i];
+        } else if (!strcmp(a, "--tol")) {
+            NEED_VALUE();
+            tol[o.n_tol++] = argv[++i];
+        } else if (!strcmp(a, "--json")) {
+            NEED_VALUE();
+            json = argv[++i];
+        } else if (!strcmp(a, "--html")) {
+            NEED_VALUE();
+            html = argv[++i];
+        } else if (!strcmp(a, "--probes")) {
+            NEED_VALUE();
+            o.probes = argv[++i];
+        } else if (!strcmp(a, "--layers") || !strcmp(a, "--positions")) {
+            NEED_VALUE();
+            int lo, hi;
+            if (parse_range(argv[++i], &lo, &hi)) {
+                fprintf(stderr, "dsv4 verify: %s '%s': expected A-B, A, A- or -B with 0 <= A <= B\n", a, argv[i]);
+                free(tol);
+                return 2;
+            }
+            if (a[2] == 'l') {
+                o.layer_lo = lo;
+                o.layer_hi = hi;
+            } else {
+                o.pos_lo = lo;
+                o.pos_hi = hi;
+            }
+        } else if (!strcmp(a, "--allow-different-weights")) {
+            o.allow_different_weights = 1;
+        } else if (!strcmp(a, "--color")) {
+            color = 1;
+        } else if (!strcmp(a, "--no-color")) {
+            color = 0;
+        } else if (!strcmp(a, "--quiet")) {
+            quiet = 1;
+        } else if (a[0] == '-' && a[1]) {
+            fprintf(stderr, "dsv4 verify: unknown option '%s' (see dsv4 verify --help)\n", a);
+            free(tol);
+            return 2;
+        } else if (npaths < 2) {
+            paths[npaths++] = a;
+        } else {
+            fprintf(stderr, "dsv4 verify: one golden and one candidate dump, got a third argument '%s'\n", a);
+            free(tol);
+            return 2;
+        }
+#undef NEED_VALUE
+    }
+    if (npaths != 2) {
+        usage(stderr);
+        free(tol);
+        return 2;
+    }
+    o.tol = tol;
+    dsv4_verify_result *r;
+    int rc = dsv4_verify_run(paths[0], paths[1], &o, &r);
+    free(tol);
+    if (rc) {
+        fprintf(stderr, "dsv4 verify: %s\n", dsv4_last_error());
+        return 2;
+    }
+    if (!quiet) dsv4_verify_write_text(r, stdout, color);
+    else if (r->status == DSV4_VERIFY_ERROR) fprintf(stderr, "dsv4 verify: %s\n", r->error);
+    int status = r->status;
+    if (json && dsv4_verify_write_json(r, json)) {
+        fprintf(stderr, "dsv4 verify: %s\n", dsv4_last_error());
+        status = 2;
+    }
+    if (html && dsv4_verify_write_html(r, html)) {
+        fprintf(stderr, "dsv4 verify: %s\n", dsv4_last_error());
+        status = 2;
+    }
+    dsv4_verify_result_free(r);
+    return status;
 }

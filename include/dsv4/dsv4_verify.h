@@ -1,0 +1,209 @@
+/* dsv4_verify.h - compare two dsv4-dump/1 files (golden vs candidate) probe by probe, layer by layer.
+ *
+ * dsv4_verify_run() opens both dumps, checks they can be compared (schema, weights_digest, common positions and
+ * probes), streams every common probe in row slices and fills a dsv4_verify_result: per (probe, position) the
+ * numbers of docs/verify.md, judged against a tolerance profile (verify/profiles/<name>.json, overridable per
+ * probe). The result is plain data the caller reads directly; the writers turn it into the terminal report,
+ * JSON and a self-contained HTML page.
+ *
+ * Ordering that decides "first divergence" (model order, position-major): a failure at an earlier position
+ * comes first; within a position, layer 0..L-1 then final/; within a layer, the probe order of
+ * dump-format.md with the per-entry probes placed where they are computed (compressed_kv after kv, indexer_kv
+ * before indexer_scores). A per-entry row w belongs to the position that closes it, (w+1)*ratio - 1.
+ *
+ * Gates that no profile can turn off: a NaN/Inf in either file where the other is not the same non-finite
+ * value ("nonfinite"), and structural differences (row shape, missing entry rows: "structure").
+ */
+#ifndef DSV4_VERIFY_H
+#define DSV4_VERIFY_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "dsv4.h"
+#include "dsv4_dump.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DSV4_VERIFY_JSON_SCHEMA "dsv4-verify/1"
+
+/* Outcome; also the exit status of `dsv4 verify`. */
+enum dsv4_verify_status {
+    DSV4_VERIFY_PASS = 0,     /* every gated metric within tolerance */
+    DSV4_VERIFY_DIVERGED = 1, /* at least one gate broken (or the token streams differ after the prompt) */
+    DSV4_VERIFY_ERROR = 2,    /* could not compare: unreadable, wrong schema, other weights, nothing in common */
+};
+
+/* Every number the verifier computes for one row. "max" metrics pass when value <= tolerance, "min" metrics
+ * (marked) when value >= tolerance. A metric that does not apply to a row is NAN there. */
+typedef enum dsv4_verify_metric {
+    DSV4_METRIC_MAX_ABS,   /* max |c - g| over pairs where both are finite */
+    DSV4_METRIC_REL_L2,    /* ||c - g|| / ||g|| (finite pairs; inf if ||g|| = 0 < ||c - g||) */
+    DSV4_METRIC_NMSE,      /* mse(c, g) / mse(g, 0) = rel_l2^2 (ggml's test-backend-ops measure) */
+    DSV4_METRIC_COSINE,    /* min: <g,c> / (|g||c|) */
+    DSV4_METRIC_NONFINITE, /* elements where g and c are not both finite and not the same +-inf */
+    DSV4_METRIC_STRICT,    /* topk_idx: picks that break the tie rule, plus |size(C) - size(G)| */
+    DSV4_METRIC_ACCEPTED,  /* topk_idx: picks not in G but tie-acceptable (informative) */
+    DSV4_METRIC_RECALL,    /* min: topk_idx / router_ids: |G n C| / |G| */
+    DSV4_METRIC_JACCARD,   /* min: |G n C| / |G u C| */
+    DSV4_METRIC_MISMATCH,  /* router_ids: |G \ C| + size difference; other int probes: differing elements */
+    DSV4_METRIC_ARGMAX,    /* logits: 1 when argmax differs and is not within the tie tolerance, else 0 */
+    DSV4_METRIC_TOP5,      /* min: logits: |top5(g) n top5(c)| / 5 */
+    DSV4_METRIC_KL,        /* logits: KL(softmax g || softmax c) in nats, computed in double */
+    DSV4_METRIC_STRUCTURE, /* 1 when a row cannot be compared (shape differs, entry row missing) */
+    DSV4_METRIC_COUNT
+} dsv4_verify_metric;
+
+const char *dsv4_verify_metric_name(dsv4_verify_metric m); /* "rel_l2", ... (the names profiles use) */
+int dsv4_verify_metric_from_name(const char *name);        /* a dsv4_verify_metric or -1 */
+int dsv4_verify_metric_is_min(dsv4_verify_metric m);       /* 1 for min-type metrics (cosine, recall, ...) */
+
+/* How a probe is compared (chosen from its name and dtype). */
+typedef enum dsv4_verify_kind {
+    DSV4_VERIFY_KIND_DENSE,          /* f32 per-position probe */
+    DSV4_VERIFY_KIND_ENTRIES,        /* f32 per-entry probe (compressed_kv, indexer_kv), row = entry */
+    DSV4_VERIFY_KIND_TOPK,           /* topk_idx: sets, tie-aware with the golden indexer_scores */
+    DSV4_VERIFY_KIND_ROUTER_IDS,     /* router_ids: sets */
+    DSV4_VERIFY_KIND_ROUTER_WEIGHTS, /* router_weights: paired by expert id through router_ids */
+    DSV4_VERIFY_KIND_LOGITS,         /* final/logits: dense + argmax, top-5, KL */
+    DSV4_VERIFY_KIND_INT,            /* any other i32 probe: exact */
+    DSV4_VERIFY_KIND_COUNT
+} dsv4_verify_kind;
+
+typedef enum dsv4_verify_presence {
+    DSV4_VERIFY_IN_BOTH,
+    DSV4_VERIFY_ONLY_GOLDEN,
+    DSV4_VERIFY_ONLY_CANDIDATE,
+} dsv4_verify_presence;
+
+typedef struct dsv4_verify_gate {
+    dsv4_verify_metric metric;
+    double tol;
+} dsv4_verify_gate;
+
+#define DSV4_VERIFY_MAX_GATES 8
+
+/* One compared row: a position of a per-position probe, or an entry of a per-entry probe. */
+typedef struct dsv4_verify_row {
+    int position;          /* the position (per-entry: the position closing the entry; -1 unknown ratio) */
+    int entry;             /* per-entry row index, else -1 */
+    double v[DSV4_METRIC_COUNT];
+    int64_t max_abs_at;    /* flat index inside the row of the largest |c - g|, -1 none */
+    int64_t nonfinite_at;  /* flat index of the first non-finite mismatch, -1 none */
+    int argmax_g, argmax_c; /* logits only, else -1 */
+    unsigned failed;       /* bit m set: metric m broke its gate on this row */
+} dsv4_verify_row;
+
+typedef struct dsv4_verify_probe {
+    char dataset[96];  /* "layers/3/attn_out", "final/logits" */
+    char probe[48];    /* "attn_out", "logits" */
+    int layer;         /* decoder layer, or -1 for final/ */
+    int order;         /* rank inside its layer in model order (docs/verify.md) */
+    dsv4_verify_kind kind;
+    dsv4_verify_presence presence;
+    dsv4_dataset_info golden_info, candidate_info; /* zeroed for the missing side */
+    int n_gates;
+    dsv4_verify_gate gates[DSV4_VERIFY_MAX_GATES]; /* the profile's gates; gates[0] is the primary metric */
+    double tie_abs, tie_rel; /* tie tolerance (topk_idx, logits argmax): tie_abs + tie_rel * max|golden row| */
+    dsv4_verify_row *rows;   /* [n_rows], owned by the result */
+    int n_rows;
+    double worst[DSV4_METRIC_COUNT]; /* worst value over rows (max, or min for min-type); NAN if never set */
+    int worst_row[DSV4_METRIC_COUNT];/* row index of worst[m], -1 */
+    double mean[DSV4_METRIC_COUNT];  /* mean over rows where defined, NAN otherwise */
+    int n_failed_rows;
+    int first_failed_row;    /* in model order (rows are ascending), -1 none */
+    char note[320];          /* a remark for the reader, e.g. why every top-k mismatch is strict */
+} dsv4_verify_probe;
+
+/* The first (position, layer, probe) that breaks its tolerance. */
+typedef struct dsv4_verify_divergence {
+    int found;
+    int position;           /* -1 when not tied to a position */
+    int layer;              /* decoder layer, -1 final/ or tokens */
+    int entry;              /* per-entry row, else -1 */
+    int probe_index;        /* into result->probes, -1 for the token stream */
+    char dataset[96];       /* "layers/3/attn_out", or "tokens" */
+    dsv4_verify_metric metric;
+    double value, tolerance;
+    char detail[320];       /* e.g. "max |d| 1.2e-02 at [2,311]" */
+} dsv4_verify_divergence;
+
+typedef struct dsv4_verify_file {
+    char *path, *producer, *weights_digest, *mode; /* owned; "" when absent */
+    int prompt_len, n_decode, n_tokens, n_positions;
+} dsv4_verify_file;
+
+typedef struct dsv4_verify_result {
+    int status;                       /* enum dsv4_verify_status */
+    char error[512];                  /* why status is DSV4_VERIFY_ERROR */
+    dsv4_verify_file golden, candidate;
+    char profile_name[64];
+    char profile_source[512];         /* the file it was read from */
+    int digests_differ;               /* 1 when allowed by the option and they differ */
+    int n_layers;                     /* from golden config (or the datasets when the config cannot be read) */
+    char (*layer_attention)[12];      /* [n_layers] "sliding"/"csa"/"hca"/"?" */
+    char (*layer_mlp)[12];            /* [n_layers] "hash_moe"/"moe"/"?" */
+    int *positions;                   /* [n_positions] compared positions, ascending */
+    int n_positions;
+    int token_diff_position;          /* first position where /tokens differ, -1 none */
+    int token_golden, token_candidate;/* the tokens there */
+    int n_positions_not_compared;     /* common stored positions dropped because the inputs differ */
+    dsv4_verify_probe *probes;        /* [n_probes] in model order, both-file and one-file probes */
+    int n_probes;
+    int n_compared;                   /* probes present in both */
+    int n_only_golden, n_only_candidate;
+    long n_checks, n_failed_checks;   /* (row, gate) pairs evaluated / broken */
+    dsv4_verify_divergence first;
+    double seconds;                   /* wall time of the comparison */
+    long long bytes_read;             /* uncompressed bytes read from both files */
+} dsv4_verify_result;
+
+typedef struct dsv4_verify_options {
+    const char *profile;              /* "fp32", "bf16" or a JSON file; NULL = "fp32" */
+    const char *const *tol;           /* [n_tol] "PROBE=METRIC:VALUE" overrides, applied in order */
+    int n_tol;
+    const char *probes;               /* comma-separated fnmatch globs on the dataset or probe name; NULL = all */
+    int layer_lo, layer_hi;           /* inclusive; -1 = open. final/ counts as layer n_layers */
+    int pos_lo, pos_hi;               /* inclusive; -1 = open */
+    int allow_different_weights;
+} dsv4_verify_options;
+
+void dsv4_verify_options_init(dsv4_verify_options *o);
+
+/* Compare. Returns 0 and sets *out whenever a result exists (also for status DSV4_VERIFY_ERROR, with the
+ * reason in result->error); a negative DSV4_ERR_* only when no result could be built (bad options, memory).
+ * The caller frees *out with dsv4_verify_result_free. */
+int dsv4_verify_run(const char *golden_path, const char *candidate_path, const dsv4_verify_options *o,
+                    dsv4_verify_result **out);
+void dsv4_verify_result_free(dsv4_verify_result *r);
+
+/* Reports. text: one screen (verdict, first divergence, per-layer table, top-k, logits, one-file probes);
+ * color = 1 adds ANSI colours. json/html write a file (temporary name, renamed when complete). */
+int dsv4_verify_write_text(const dsv4_verify_result *r, FILE *f, int color);
+int dsv4_verify_write_json(const dsv4_verify_result *r, const char *path);
+int dsv4_verify_write_html(const dsv4_verify_result *r, const char *path);
+
+/* ------------------------------------------------------------------------------------------------ profiles */
+/* A tolerance profile: per probe name ("attn_out" = every layer, "layers/3/attn_out" = one layer,
+ * "final/logits", "default" = any probe not named) a list of gates and the tie tolerances. */
+typedef struct dsv4_verify_profile dsv4_verify_profile;
+
+/* name_or_path: "fp32" / "bf16" (verify/profiles/<name>.json, searched in $DSV4_PROFILE_DIR, next to the
+ * executable's source tree, then the source tree this library was built from) or a path to a JSON file. */
+int dsv4_verify_profile_load(const char *name_or_path, dsv4_verify_profile **out);
+void dsv4_verify_profile_free(dsv4_verify_profile *p);
+const char *dsv4_verify_profile_name(const dsv4_verify_profile *p);
+const char *dsv4_verify_profile_source(const dsv4_verify_profile *p);
+/* "PROBE=METRIC:VALUE": set (or add) a gate, or tie_abs/tie_rel, for PROBE (same keys as the file). */
+int dsv4_verify_profile_override(dsv4_verify_profile *p, const char *spec);
+/* The gates and tie tolerances that apply to a dataset (most specific key wins: dataset, probe, default). */
+int dsv4_verify_profile_lookup(const dsv4_verify_profile *p, const char *dataset, const char *probe,
+                               dsv4_verify_gate gates[DSV4_VERIFY_MAX_GATES], int *n_gates, double *tie_abs,
+                               double *tie_rel);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DSV4_VERIFY_H */

@@ -1,0 +1,342 @@
+/* test_verify_basic.c - dsv4 verify on synthetic pairs: identical files pass, noise from layer k is first
+ * seen at layer k, a NaN is found at its position, a missing probe is listed, a different digest or a wrong
+ * schema cannot be compared, parted token streams are a divergence at the first differing token. */
+#define _POSIX_C_SOURCE 200809L
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dsv4/dsv4_verify.h"
+#include "dsv4_test.h"
+#include "synth_dump.h"
+
+static char *g_dir;
+
+static const char *tmp_path(const char *name)
+{
+    static char buf[8][4200];
+    static int i;
+    i = (i + 1) % 8;
+    snprintf(buf[i], sizeof buf[i], "%s/%s", g_dir, name);
+    return buf[i];
+}
+
+/* Write golden.h5 and cand.h5 from spec s; returns the result of comparing them with the library. */
+static dsv4_verify_result *pair(const synth_spec *s, const dsv4_verify_options *o)
+{
+    ck_assert_int_eq(synth_write(tmp_path("golden.h5"), s, 0), 0);
+    ck_assert_int_eq(synth_write(tmp_path("cand.h5"), s, 1), 0);
+    dsv4_verify_result *r = NULL;
+    ck_assert_int_eq(dsv4_verify_run(tmp_path("golden.h5"), tmp_path("cand.h5"), o, &r), 0);
+    ck_assert_ptr_nonnull(r);
+    return r;
+}
+
+static int cli(const char *args, char **out)
+{
+    char cmd[9000];
+    snprintf(cmd, sizeof cmd, "'%s' verify --no-color %s/golden.h5 %s/cand.h5 %s", dsv4_test_bin(), g_dir, g_dir, args);
+    return dsv4_test_run(cmd, out);
+}
+
+START_TEST(identical_files_pass)
+{
+    synth_spec s;
+    synth_spec_init(&s);
+    dsv4_verify_result *r = pair(&s, NULL);
+    ck_assert_int_eq(r->status, DSV4_VERIFY_PASS);
+    ck_assert(!r->first.found);
+    ck_assert_int_eq(r->n_positions, 40);
+    ck_assert_int_eq(r->n_only_golden + r->n_only_candidate, 0);
+    ck_assert_int_gt(r->n_checks, 1000);
+    ck_assert_int_eq(r->n_failed_checks, 0);
+    dsv4_verify_result_free(r);
+    char *out = NULL;
+    int st = cli("", &out);
+    printf("%s", out);
+    ck_assert_int_eq(st, 0);
+    ck_assert_ptr_nonnull(strstr(out, "VERDICT: PASS"));
+    free(out);
+}
+END_TEST
+
+START_TEST(tiny_noise_below_tolerance_passes)
+{
+    /* 1e-6 relative noise everywhere is within the fp32 gate (1e-4) but not zero: the gate, not equality */
+    synth_spec s;
+    synth_spec_init(&s);
+    s.base_noise = 1e-6;
+    dsv4_verify_result *r = pair(&s, NULL);
+    ck_assert_int_eq(r->status, DSV4_VERIFY_PASS);
+    int probe = -1;
+    for (int i = 0; i < r->n_probes; i++)
+        if (!strcmp(r->probes[i].dataset, "layers/2/attn_out")) probe = i;
+    ck_assert_int_ge(probe, 0);
+    double rel = r->probes[probe].worst[DSV4_METRIC_REL_L2];
+    ck_assert_msg(rel > 3e-7 && rel < 3e-6, "rel_l2 %g for 1e-6 rms noise", rel);
+    dsv4_verify_result_free(r);
+}
+END_TEST
+
+START_TEST(noise_from_layer_k_first_diverges_at_k)
+{
+    for (int k = 1; k <= 3; k++) {
+        synth_spec s;
+        synth_spec_init(&s);
+        s.noise = 1e-3; /* 10x the fp32 gate */
+        s.noise_layer = k;
+        s.base_noise = 1e-7;
+        dsv4_verify_result *r = pair(&s, NULL);
+        ck_assert_int_eq(r->status, DSV4_VERIFY_DIVERGED);
+        ck_assert(r->first.found);
+        ck_assert_int_eq(r->first.layer, k);
+        ck_assert_int_eq(r->first.position, 0);
+        ck_assert_str_eq(r->first.dataset, k == 1 ? "layers/1/attn_hc_pre" : k == 2 ? "layers/2/attn_hc_pre" : "layers/3/attn_hc_pre");
+        ck_assert_int_eq(r->first.metric, DSV4_METRIC_REL_L2);
+        ck_assert(r->first.value > 1e-4 && r->first.tolerance == 1e-4);
+        /* nothing before layer k fails, at any position */
+        for (int i = 0; i < r->n_probes; i++)
+            if (r->probes[i].layer >= 0 && r->probes[i].layer < k) ck_assert_int_eq(r->probes[i].n_failed_rows, 0);
+        dsv4_verify_result_free(r);
+    }
+    char *out = NULL;
+    int st = cli("", &out);
+    printf("%s", out);
+    ck_assert_int_eq(st, 1);
+    ck_assert_ptr_nonnull(strstr(out, "first divergence: position 0, layer 3 (csa/moe), attn_hc_pre"));
+    free(out);
+}
+END_TEST
+
+START_TEST(noise_from_a_position_is_position_major)
+{
+    /* noise on layers >= 1 from position 30, plus layer 3 everywhere: the earlier position wins (layer 3, pos 0) */
+    synth_spec s;
+    synth_spec_init(&s);
+    s.noise = 1e-3;
+    s.noise_layer = 1;
+    s.noise_position = 30;
+    dsv4_verify_result *r = pair(&s, NULL);
+    ck_assert_int_eq(r->status, DSV4_VERIFY_DIVERGED);
+    ck_assert_int_eq(r->first.position, 30);
+    ck_assert_int_eq(r->first.layer, 1);
+    dsv4_verify_result_free(r);
+}
+END_TEST
+
+START_TEST(nan_found_at_its_position)
+{
+    synth_spec s;
+    synth_spec_init(&s);
+    s.nan_dataset = "layers/2/attn_out";
+    s.nan_position = 33;
+    s.nan_index = 17;
+    dsv4_verify_result *r = pair(&s, NULL);
+    ck_assert_int_eq(r->status, DSV4_VERIFY_DIVERGED);
+    ck_assert_int_eq(r->first.position, 33);
+    ck_assert_int_eq(r->first.layer, 2);
+    ck_assert_str_eq(r->first.dataset, "layers/2/attn_out");
+    ck_assert_int_eq(r->first.metric, DSV4_METRIC_NONFINITE);
+    ck_assert_ptr_nonnull(strstr(r->first.detail, "[17]"));
+    ck_assert_int_eq(r->probes[r->first.probe_index].n_failed_rows, 1);
+    dsv4_verify_result_free(r);
+    /* the same NaN in a per-entry probe: entry 5 of an HCA layer (ratio 8) closes at position 47 -> 5*8+7 */
+    synth_spec_init(&s);
+    s.nan_dataset = "layers/1/compressed_kv"; /* CSA, ratio 4: entry 5 closes at position 23 */
+    s.nan_position = 5;
+    r = pair(&s, NULL);
+    ck_assert_int_eq(r->status, DSV4_VERIFY_DIVERGED);
+    ck_assert_int_eq(r->first.entry, 5);
+    ck_assert_int_eq(r->first.position, 23);
+    ck_assert_int_eq(r->first.metric, DSV4_METRIC_NONFINITE);
+    dsv4_verify_result_free(r);
+}
+END_TEST
+
+START_TEST(missing_probe_is_listed)
+{
+    synth_spec s;
+    synth_spec_init(&s);
+    s.omit_dataset = "layers/2/kv";
+    s.omit_role = 1;
+    dsv4_verify_result *r = pair(&s, NULL);
+    ck_assert_int_eq(r->n_only_golden, 1);
+    ck_assert_int_eq(r->n_only_candidate, 0);
+    int found = 0;
+    for (int i = 0; i < r->n_probes; i++)
+        if (r->probes[i].presence == DSV4_VERIFY_ONLY_GOLDEN) found = !strcmp(r->probes[i].dataset, "layers/2/kv");
+    ck_assert(found);
+    ck_assert_int_eq(r->status, DSV4_VERIFY_PASS);
+    dsv4_verify_result_free(r);
+    char *out = NULL;
+    ck_assert_int_eq(cli("", &out), 0);
+    ck_assert_ptr_nonnull(strstr(out, "only in golden (1): layers/2/kv"));
+    free(out);
+    /* and the other way round */
+    s.omit_role = 0;
+    s.omit_dataset = "final/norm";
+    r = pair(&s, NULL);
+    ck_assert_int_eq(r->n_only_candidate, 1);
+    dsv4_verify_result_free(r);
+    ck_assert_int_eq(cli("", &out), 0);
+    ck_assert_ptr_nonnull(strstr(out, "only in candidate (1): final/norm"));
+    free(out);
+}
+END_TEST
+
+START_TEST(different_digest_exit_2_unless_allowed)
+{
+    synth_spec s;
+    synth_spec_init(&s);
+    ck_assert_int_eq(synth_write(tmp_path("golden.h5"), &s, 0), 0);
+    s.digest = "ffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff";
+    ck_assert_int_eq(synth_write(tmp_path("cand.h5"), &s, 1), 0);
+    char *out = NULL;
+    ck_assert_int_eq(cli("", &out), 2);
+    ck_assert_ptr_nonnull(strstr(out, "different weights"));
+    free(out);
+    ck_assert_int_eq(cli("--allow-different-weights", &out), 0);
+    ck_assert_ptr_nonnull(strstr(out, "WEIGHTS DIFFER"));
+    free(out);
+}
+END_TEST
+
+START_TEST(wrong_schema_exit_2)
+{
+    synth_spec s;
+    synth_spec_init(&s);
+    ck_assert_int_eq(synth_write(tmp_path("golden.h5"), &s, 0), 0);
+    ck_assert_int_eq(synth_write(tmp_path("cand.h5"), &s, 1), 0);
+    ck_assert_int_eq(synth_set_root_attr(tmp_path("cand.h5"), "schema", "dsv4-dump/0"), 0);
+    char *out = NULL;
+    ck_assert_int_eq(cli("", &out), 2);
+    printf("%s", out);
+    ck_assert_ptr_nonnull(strstr(out, "COULD NOT COMPARE"));
+    ck_assert_ptr_nonnull(strstr(out, "schema"));
+    free(out);
+    /* an unreadable file and a missing one */
+    FILE *f = fopen(tmp_path("cand.h5"), "w");
+    fputs("not hdf5", f);
+    fclose(f);
+    ck_assert_int_eq(cli("", &out), 2);
+    free(out);
+    char cmd[9000];
+    snprintf(cmd, sizeof cmd, "'%s' verify %s/golden.h5 %s/nope.h5", dsv4_test_bin(), g_dir, g_dir);
+    ck_assert_int_eq(dsv4_test_run(cmd, NULL), 2);
+}
+END_TEST
+
+START_TEST(no_common_positions_exit_2)
+{
+    synth_spec s;
+    synth_spec_init(&s);
+    int32_t a[3] = {1, 2, 3}, b[3] = {30, 31, 32};
+    s.positions = a;
+    s.n_positions = 3;
+    ck_assert_int_eq(synth_write(tmp_path("golden.h5"), &s, 0), 0);
+    s.positions = b;
+    ck_assert_int_eq(synth_write(tmp_path("cand.h5"), &s, 1), 0);
+    char *out = NULL;
+    ck_assert_int_eq(cli("", &out), 2);
+    ck_assert_ptr_nonnull(strstr(out, "no common positions"));
+    free(out);
+    /* --probes matching nothing: no common probes */
+    synth_spec_init(&s);
+    ck_assert_int_eq(synth_write(tmp_path("cand.h5"), &s, 1), 0);
+    ck_assert_int_eq(synth_write(tmp_path("golden.h5"), &s, 0), 0);
+    ck_assert_int_eq(cli("--probes 'no_such_*'", &out), 2);
+    ck_assert_ptr_nonnull(strstr(out, "no common probes"));
+    free(out);
+}
+END_TEST
+
+START_TEST(subset_positions_compared_where_both_store)
+{
+    synth_spec s;
+    synth_spec_init(&s);
+    int32_t a[6] = {0, 10, 23, 30, 35, 39}, b[4] = {10, 23, 35, 38};
+    s.positions = a;
+    s.n_positions = 6;
+    ck_assert_int_eq(synth_write(tmp_path("golden.h5"), &s, 0), 0);
+    s.positions = b;
+    s.n_positions = 4;
+    ck_assert_int_eq(synth_write(tmp_path("cand.h5"), &s, 1), 0);
+    dsv4_verify_result *r = NULL;
+    ck_assert_int_eq(dsv4_verify_run(tmp_path("golden.h5"), tmp_path("cand.h5"), NULL, &r), 0);
+    /* indexer_scores widths differ (N = 10 vs 9 entries): compared over the common columns, still exact */
+    ck_assert_int_eq(r->status, DSV4_VERIFY_PASS);
+    ck_assert_int_eq(r->n_positions, 3);
+    ck_assert_int_eq(r->positions[0], 10);
+    ck_assert_int_eq(r->positions[2], 35);
+    dsv4_verify_result_free(r);
+}
+END_TEST
+
+START_TEST(parted_tokens_are_reported)
+{
+    synth_spec s;
+    synth_spec_init(&s);
+    s.mode = "greedy";
+    s.token_diff_position = 30;
+    dsv4_verify_result *r = pair(&s, NULL);
+    ck_assert_int_eq(r->status, DSV4_VERIFY_DIVERGED);
+    ck_assert_int_eq(r->token_diff_position, 30);
+    ck_assert_int_eq(r->first.position, 30);
+    ck_assert_str_eq(r->first.dataset, "tokens");
+    ck_assert_int_eq(r->n_positions, 30);
+    ck_assert_int_eq(r->n_positions_not_compared, 10);
+    dsv4_verify_result_free(r);
+    char *out = NULL;
+    ck_assert_int_eq(cli("", &out), 1);
+    printf("%s", out);
+    ck_assert_ptr_nonnull(strstr(out, "tokens differ from position 30"));
+    free(out);
+    /* inside the prompt: different prompts, nothing comparable */
+    s.token_diff_position = 5;
+    dsv4_verify_result *r2 = pair(&s, NULL);
+    ck_assert_int_eq(r2->status, DSV4_VERIFY_ERROR);
+    ck_assert_ptr_nonnull(strstr(r2->error, "different prompts"));
+    dsv4_verify_result_free(r2);
+}
+END_TEST
+
+START_TEST(help_and_bad_usage)
+{
+    char cmd[4400], *out = NULL;
+    snprintf(cmd, sizeof cmd, "'%s' verify --help", dsv4_test_bin());
+    ck_assert_int_eq(dsv4_test_run(cmd, &out), 0);
+    ck_assert_ptr_nonnull(strstr(out, "--allow-different-weights"));
+    free(out);
+    snprintf(cmd, sizeof cmd, "'%s' verify only-one.h5", dsv4_test_bin());
+    ck_assert_int_eq(dsv4_test_run(cmd, NULL), 2);
+    snprintf(cmd, sizeof cmd, "'%s' verify a.h5 b.h5 --layers 5-2", dsv4_test_bin());
+    ck_assert_int_eq(dsv4_test_run(cmd, NULL), 2);
+    snprintf(cmd, sizeof cmd, "'%s' verify a.h5 b.h5 --bogus", dsv4_test_bin());
+    ck_assert_int_eq(dsv4_test_run(cmd, NULL), 2);
+}
+END_TEST
+
+int main(void)
+{
+    g_dir = dsv4_test_mkdtemp("verify-basic");
+    Suite *s = suite_create("verify_basic");
+    TCase *tc = tcase_create("core");
+    tcase_add_test(tc, identical_files_pass);
+    tcase_add_test(tc, tiny_noise_below_tolerance_passes);
+    tcase_add_test(tc, noise_from_layer_k_first_diverges_at_k);
+    tcase_add_test(tc, noise_from_a_position_is_position_major);
+    tcase_add_test(tc, nan_found_at_its_position);
+    tcase_add_test(tc, missing_probe_is_listed);
+    tcase_add_test(tc, different_digest_exit_2_unless_allowed);
+    tcase_add_test(tc, wrong_schema_exit_2);
+    tcase_add_test(tc, no_common_positions_exit_2);
+    tcase_add_test(tc, subset_positions_compared_where_both_store);
+    tcase_add_test(tc, parted_tokens_are_reported);
+    tcase_add_test(tc, help_and_bad_usage);
+    suite_add_tcase(s, tc);
+    int rc = dsv4_test_main(s);
+    dsv4_test_rmtree(g_dir);
+    return rc;
+}

@@ -1,0 +1,274 @@
+/* profile.c - tolerance profiles: JSON files under verify/profiles/ (docs/verify.md "Profiles").
+ *
+ * A profile maps probe keys to gates: {"probes": {"attn_out": {"rel_l2": 1e-4, "why": "..."}, ...}}.
+ * Keys: a probe name ("attn_out", every layer), a dataset ("layers/3/attn_out", one layer, wins over the
+ * probe name), or "default" (any probe not named). An entry REPLACES the default, it does not merge with it.
+ * Inside an entry: metric names (dsv4_verify_metric_name) are gates, in file order (the first is the probe's
+ * primary metric), "tie_abs"/"tie_rel" are tie tolerances, "why" is the rationale. Unknown keys are errors:
+ * a typo must not silently drop a gate.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <jansson.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "verify_internal.h"
+
+typedef struct dsv4_profile_entry {
+    char key[96];
+    int n_gates;
+    dsv4_verify_gate gates[DSV4_VERIFY_MAX_GATES];
+    double tie_abs, tie_rel;
+} dsv4_profile_entry;
+
+struct dsv4_verify_profile {
+    char name[64];
+    char source[512];
+    dsv4_profile_entry *e;
+    int n, cap;
+};
+
+static dsv4_profile_entry *profile_find(const dsv4_verify_profile *p, const char *key)
+{
+    for (int i = 0; i < p->n; i++)
+        if (!strcmp(p->e[i].key, key)) return &p->e[i];
+    return NULL;
+}
+
+static dsv4_profile_entry *profile_add(dsv4_verify_profile *p, const char *key)
+{
+    if (p->n == p->cap) {
+        int cap = p->cap ? 2 * p->cap : 32;
+        dsv4_profile_entry *e = realloc(p->e, (size_t)cap * sizeof *e);
+        if (!e) return NULL;
+        p->e = e;
+        p->cap = cap;
+    }
+    dsv4_profile_entry *e = &p->e[p->n++];
+    memset(e, 0, sizeof *e);
+    snprintf(e->key, sizeof e->key, "%s", key);
+    return e;
+}
+
+/* Set gate m of entry e to tol; NAN removes it. */
+static int entry_set(dsv4_profile_entry *e, dsv4_verify_metric m, double tol)
+{
+    for (int i = 0; i < e->n_gates; i++)
+        if (e->gates[i].metric == m) {
+            if (isnan(tol)) {
+                memmove(&e->gates[i], &e->gates[i + 1], (size_t)(e->n_gates - i - 1) * sizeof e->gates[0]);
+                e->n_gates--;
+            } else {
+                e->gates[i].tol = tol;
+            }
+            return 0;
+        }
+    if (isnan(tol)) return 0;
+    if (e->n_gates == DSV4_VERIFY_MAX_GATES)
+        return dsv4_error(DSV4_ERR_USAGE, "profile: too many gates for '%s' (at most %d)", e->key,
+                          DSV4_VERIFY_MAX_GATES);
+    e->gates[e->n_gates].metric = m;
+    e->gates[e->n_gates].tol = tol;
+    e->n_gates++;
+    return 0;
+}
+
+/* Apply "metric" = value to e. where: for messages. */
+static int entry_apply(dsv4_profile_entry *e, const char *metric, double value, const char *where)
+{
+    if (!strcmp(metric, "tie_abs")) e->tie_abs = value;
+    else if (!strcmp(metric, "tie_rel")) e->tie_rel = value;
+    else {
+        int m = dsv4_verify_metric_from_name(metric);
+        if (m < 0) {
+            char known[256];
+            size_t len = 0;
+            for (int i = 0; i < DSV4_METRIC_COUNT; i++)
+                len += (size_t)snprintf(known + len, sizeof known - len, "%s ", dsv4_verify_metric_name(i));
+            return dsv4_error(DSV4_ERR_USAGE, "%s: unknown metric '%s' (known: %stie_abs tie_rel)", where, metric,
+                              known);
+        }
+        return entry_set(e, (dsv4_verify_metric)m, value);
+    }
+    return 0;
+}
+
+/* Where the named profiles are looked for, in order. Each candidate is "<dir>/<name>.json". */
+static int profile_locate(const char *name, char *path, size_t n)
+{
+    char dirs[4][PATH_MAX];
+    int nd = 0;
+    const char *env = getenv("DSV4_PROFILE_DIR");
+    if (env && *env) snprintf(dirs[nd++], PATH_MAX, "%s", env);
+    /* a build directory inside the source tree: <tree>/<build>/dsv4 -> <tree>/verify/profiles */
+    char exe[PATH_MAX];
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (len > 0) {
+        exe[len] = 0;
+        char *slash = strrchr(exe, '/');
+        if (slash) {
+            *slash = 0;
+            snprintf(dirs[nd++], PATH_MAX, "%.*s/../verify/profiles", PATH_MAX - 32, exe);
+        }
+    }
+    /* the source tree this file was compiled from (CMake passes absolute source paths) */
+    char src[PATH_MAX];
+    snprintf(src, sizeof src, "%s", __FILE__);
+    char *slash = strrchr(src, '/');
+    if (slash) {
+        *slash = 0;
+        snprintf(dirs[nd++], PATH_MAX, "%.*s/profiles", PATH_MAX - 32, src);
+    }
+    char tried[2048];
+    size_t tl = 0;
+    tried[0] = 0;
+    for (int i = 0; i < nd; i++) {
+        snprintf(path, n, "%.400s/%.64s.json", dirs[i], name);
+        if (access(path, R_OK) == 0) return 0;
+        if (tl < sizeof tried) tl += (size_t)snprintf(tried + tl, sizeof tried - tl, "%s%s", i ? ", " : "", path);
+    }
+    return dsv4_error(DSV4_ERR_IO, "profile '%s' not found (looked for %s; set DSV4_PROFILE_DIR or give a file)",
+                      name, tried);
+}
+
+static int profile_parse(dsv4_verify_profile *p, json_t *root)
+{
+    if (!json_is_object(root)) return dsv4_error(DSV4_ERR_FORMAT, "%s: not a JSON object", p->source);
+    json_t *name = json_object_get(root, "profile");
+    if (json_is_string(name)) snprintf(p->name, sizeof p->name, "%s", json_string_value(name));
+    json_t *probes = json_object_get(root, "probes");
+    if (!json_is_object(probes)) return dsv4_error(DSV4_ERR_FORMAT, "%s: missing object \"probes\"", p->source);
+    const char *key;
+    json_t *val;
+    json_object_foreach(probes, key, val)
+    {
+        if (!json_is_object(val))
+            return dsv4_error(DSV4_ERR_FORMAT, "%s: probes.%s is not an object", p->source, key);
+        dsv4_profile_entry *e = profile_find(p, key);
+        if (!e && !(e = profile_add(p, key))) return dsv4_error(DSV4_ERR_NOMEM, "profile: out of memory");
+        const char *mk;
+        json_t *mv;
+        json_object_foreach(val, mk, mv)
+        {
+            if (!strcmp(mk, "why")) continue;
+            if (!json_is_number(mv))
+                return dsv4_error(DSV4_ERR_FORMAT, "%s: probes.%s.%s is not a number", p->source, key, mk);
+            char where[700];
+            snprintf(where, sizeof where, "%s: probes.%s", p->source, key);
+            int rc = entry_apply(e, mk, json_number_value(mv), where);
+            if (rc) return dsv4_error(DSV4_ERR_FORMAT, "%s", dsv4_last_error());
+        }
+    }
+    if (!profile_find(p, "default"))
+        return dsv4_error(DSV4_ERR_FORMAT, "%s: probes has no \"default\" entry (needed for probes not named)",
+                          p->source);
+    return 0;
+}
+
+int dsv4_verify_profile_load(const char *name_or_path, dsv4_verify_profile **out)
+{
+    *out = NULL;
+    if (!name_or_path || !*name_or_path) name_or_path = "fp32";
+    dsv4_verify_profile *p = calloc(1, sizeof *p);
+    if (!p) return dsv4_error(DSV4_ERR_NOMEM, "profile: out of memory");
+    int is_file = strchr(name_or_path, '/') || strstr(name_or_path, ".json") || access(name_or_path, R_OK) == 0;
+    int rc = 0;
+    if (is_file) snprintf(p->source, sizeof p->source, "%s", name_or_path);
+    else rc = profile_locate(name_or_path, p->source, sizeof p->source);
+    if (rc) {
+        free(p);
+        return rc;
+    }
+    json_error_t jerr;
+    json_t *root = json_load_file(p->source, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root) {
+        rc = dsv4_error(access(p->source, R_OK) ? DSV4_ERR_IO : DSV4_ERR_FORMAT, "%s:%d: %s", p->source,
+                        jerr.line, jerr.text);
+        free(p);
+        return rc;
+    }
+    const char *base = strrchr(name_or_path, '/');
+    snprintf(p->name, sizeof p->name, "%s", base ? base + 1 : name_or_path);
+    rc = profile_parse(p, root);
+    json_decref(root);
+    if (rc) {
+        dsv4_verify_profile_free(p);
+        return rc;
+    }
+    *out = p;
+    return 0;
+}
+
+void dsv4_verify_profile_free(dsv4_verify_profile *p)
+{
+    if (!p) return;
+    free(p->e);
+    free(p);
+}
+
+const char *dsv4_verify_profile_name(const dsv4_verify_profile *p) { return p->name; }
+const char *dsv4_verify_profile_source(const dsv4_verify_profile *p) { return p->source; }
+
+/* The entry that applies to (dataset, probe): dataset key, then probe key, then "default". */
+static const dsv4_profile_entry *profile_resolve(const dsv4_verify_profile *p, const char *dataset,
+                                                 const char *probe)
+{
+    const dsv4_profile_entry *e = dataset ? profile_find(p, dataset) : NULL;
+    if (!e && probe) e = profile_find(p, probe);
+    if (!e) e = profile_find(p, "default");
+    return e;
+}
+
+int dsv4_verify_profile_lookup(const dsv4_verify_profile *p, const char *dataset, const char *probe,
+                               dsv4_verify_gate gates[DSV4_VERIFY_MAX_GATES], int *n_gates, double *tie_abs,
+                               double *tie_rel)
+{
+    const dsv4_profile_entry *e = profile_resolve(p, dataset, probe);
+    if (!e) return dsv4_error(DSV4_ERR_MISSING, "profile %s: no entry for %s", p->name, dataset);
+    *n_gates = e->n_gates;
+    memcpy(gates, e->gates, (size_t)e->n_gates * sizeof gates[0]);
+    *tie_abs = e->tie_abs;
+    *tie_rel = e->tie_rel;
+    return 0;
+}
+
+int dsv4_verify_profile_override(dsv4_verify_profile *p, const char *spec)
+{
+    const char *eq = strchr(spec, '='), *colon = eq ? strchr(eq, ':') : NULL;
+    if (!eq || !colon || eq == spec || colon == eq + 1 || !colon[1])
+        return dsv4_error(DSV4_ERR_USAGE, "--tol '%s': expected PROBE=METRIC:VALUE (e.g. attn_out=rel_l2:1e-3)",
+                          spec);
+    char key[96], metric[32];
+    snprintf(key, sizeof key, "%.*s", (int)(eq - spec), spec);
+    snprintf(metric, sizeof metric, "%.*s", (int)(colon - eq - 1), eq + 1);
+    double value;
+    if (!strcmp(colon + 1, "off")) {
+        value = NAN;
+    } else {
+        char *end;
+        errno = 0;
+        value = strtod(colon + 1, &end);
+        if (errno || *end || !isfinite(value))
+            return dsv4_error(DSV4_ERR_USAGE, "--tol '%s': '%s' is not a number (or 'off')", spec, colon + 1);
+    }
+    dsv4_profile_entry *e = profile_find(p, key);
+    if (!e) {
+        /* start from what applies now, so "layers/3/attn_out=rel_l2:1e-3" keeps attn_out's other gates */
+        const char *slash = strrchr(key, '/');
+        const dsv4_profile_entry *from = profile_resolve(p, key, slash ? slash + 1 : key);
+        dsv4_profile_entry copy = *from;
+        if (!(e = profile_add(p, key))) return dsv4_error(DSV4_ERR_NOMEM, "profile: out of memory");
+        snprintf(copy.key, sizeof copy.key, "%s", key);
+        *e = copy;
+    }
+    char where[160];
+    snprintf(where, sizeof where, "--tol '%s'", spec);
+    if (isnan(value) && (!strcmp(metric, "tie_abs") || !strcmp(metric, "tie_rel")))
+        return dsv4_error(DSV4_ERR_USAGE, "%s: tie tolerances take a number", where);
+    return entry_apply(e, metric, value, where);
+}

@@ -1,0 +1,207 @@
+/* report_json.c - --json: every number of the result (schema dsv4-verify/1, docs/verify.md "JSON").
+ *
+ * JSON has no NaN or infinity: a metric that does not apply to a row is left out of that row, and an
+ * infinite value (rel_l2 of a zero golden row against a non-zero candidate) is written as the string "inf".
+ * The file is written under a temporary name and renamed, like the dumps.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "verify_internal.h"
+
+static json_t *num(double v)
+{
+    if (isnan(v)) return json_string("nan");
+    if (isinf(v)) return json_string(v > 0 ? "inf" : "-inf");
+    return json_real(v);
+}
+
+static json_t *coord(const dsv4_dataset_info *info, int64_t flat)
+{
+    json_t *a = json_array();
+    int nd = info->ndim > 1 ? info->ndim - 1 : 1;
+    int64_t idx[4] = {0, 0, 0, 0};
+    for (int d = nd - 1; d >= 0; d--) {
+        int64_t ext = info->ndim > 1 ? info->shape[d + 1] : 1;
+        if (d == 0 || ext <= 0) idx[d] = flat;
+        else {
+            idx[d] = flat % ext;
+            flat /= ext;
+        }
+    }
+    for (int d = 0; d < nd; d++) json_array_append_new(a, json_integer(idx[d]));
+    return a;
+}
+
+static json_t *file_obj(const dsv4_verify_file *f)
+{
+    return json_pack("{s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:i}", "path", f->path ? f->path : "", "producer",
+                     f->producer ? f->producer : "", "weights_digest", f->weights_digest ? f->weights_digest : "",
+                     "mode", f->mode ? f->mode : "", "prompt_len", f->prompt_len, "n_decode", f->n_decode, "n_tokens",
+                     f->n_tokens, "n_positions", f->n_positions);
+}
+
+static json_t *shape_obj(const dsv4_dataset_info *info)
+{
+    if (info->ndim == 0) return json_null();
+    json_t *a = json_array();
+    for (int d = 0; d < info->ndim; d++) json_array_append_new(a, json_integer(info->shape[d]));
+    return json_pack("{s:s, s:o}", "dtype", dsv4_dtype_name(info->dtype), "shape", a);
+}
+
+static const char *const kind_names[] = {"dense", "entries", "topk", "router_ids", "router_weights", "logits", "int"};
+_Static_assert(sizeof kind_names / sizeof kind_names[0] == DSV4_VERIFY_KIND_COUNT, "one name per kind");
+
+static json_t *row_obj(const dsv4_verify_probe *p, const dsv4_verify_row *row)
+{
+    json_t *o = json_object();
+    json_object_set_new(o, "position", json_integer(row->position));
+    if (row->entry >= 0) json_object_set_new(o, "entry", json_integer(row->entry));
+    for (int m = 0; m < DSV4_METRIC_COUNT; m++)
+        if (!isnan(row->v[m])) json_object_set_new(o, dsv4_verify_metric_name(m), num(row->v[m]));
+    if (row->max_abs_at >= 0)
+        json_object_set_new(o, p->kind == DSV4_VERIFY_KIND_INT ? "mismatch_at" : "max_abs_at",
+                            coord(&p->golden_info, row->max_abs_at));
+    if (row->nonfinite_at >= 0) json_object_set_new(o, "nonfinite_at", coord(&p->golden_info, row->nonfinite_at));
+    if (row->argmax_g >= 0) {
+        json_object_set_new(o, "argmax_golden", json_integer(row->argmax_g));
+        json_object_set_new(o, "argmax_candidate", json_integer(row->argmax_c));
+    }
+    json_object_set_new(o, "pass", json_boolean(!row->failed));
+    if (row->failed) {
+        json_t *fl = json_array();
+        for (int m = 0; m < DSV4_METRIC_COUNT; m++)
+            if (row->failed >> m & 1u) json_array_append_new(fl, json_string(dsv4_verify_metric_name(m)));
+        json_object_set_new(o, "failed", fl);
+    }
+    return o;
+}
+
+static json_t *probe_obj(const dsv4_verify_probe *p)
+{
+    static const char *const presence[] = {"both", "golden", "candidate"};
+    json_t *o = json_pack("{s:s, s:s, s:i, s:s, s:s}", "dataset", p->dataset, "probe", p->probe, "layer", p->layer,
+                          "kind", kind_names[p->kind], "in", presence[p->presence]);
+    json_object_set_new(o, "golden", shape_obj(&p->golden_info));
+    json_object_set_new(o, "candidate", shape_obj(&p->candidate_info));
+    json_t *gates = json_object();
+    for (int i = 0; i < p->n_gates; i++)
+        json_object_set_new(gates, dsv4_verify_metric_name(p->gates[i].metric), num(p->gates[i].tol));
+    json_object_set_new(o, "gates", gates);
+    if (p->kind == DSV4_VERIFY_KIND_TOPK || p->kind == DSV4_VERIFY_KIND_LOGITS) {
+        json_object_set_new(o, "tie_abs", num(p->tie_abs));
+        json_object_set_new(o, "tie_rel", num(p->tie_rel));
+    }
+    if (p->note[0]) json_object_set_new(o, "note", json_string(p->note));
+    if (p->presence != DSV4_VERIFY_IN_BOTH) return o;
+    json_t *worst = json_object(), *mean = json_object();
+    for (int m = 0; m < DSV4_METRIC_COUNT; m++) {
+        if (p->worst_row[m] < 0) continue;
+        const dsv4_verify_row *wr = &p->rows[p->worst_row[m]];
+        json_t *w = json_pack("{s:o, s:i}", "value", num(p->worst[m]), "position", wr->position);
+        if (wr->entry >= 0) json_object_set_new(w, "entry", json_integer(wr->entry));
+        json_object_set_new(worst, dsv4_verify_metric_name(m), w);
+        json_object_set_new(mean, dsv4_verify_metric_name(m), num(p->mean[m]));
+    }
+    json_object_set_new(o, "worst", worst);
+    json_object_set_new(o, "mean", mean);
+    json_object_set_new(o, "pass", json_boolean(p->n_failed_rows == 0));
+    json_object_set_new(o, "failed_rows", json_integer(p->n_failed_rows));
+    json_t *rows = json_array();
+    for (int i = 0; i < p->n_rows; i++) json_array_append_new(rows, row_obj(p, &p->rows[i]));
+    json_object_set_new(o, "rows", rows);
+    return o;
+}
+
+static json_t *result_obj(const dsv4_verify_result *r)
+{
+    static const char *const verdict[] = {"pass", "diverged", "error"};
+    json_t *o = json_pack("{s:s, s:s, s:i}", "schema", DSV4_VERIFY_JSON_SCHEMA, "verdict", verdict[r->status],
+                          "exit_status", r->status);
+    if (r->status == DSV4_VERIFY_ERROR) json_object_set_new(o, "error", json_string(r->error));
+    json_object_set_new(o, "golden", file_obj(&r->golden));
+    json_object_set_new(o, "candidate", file_obj(&r->candidate));
+    json_object_set_new(o, "profile", json_pack("{s:s, s:s}", "name", r->profile_name, "source", r->profile_source));
+    json_object_set_new(o, "weights_differ", json_boolean(r->digests_differ));
+    json_object_set_new(o, "seconds", json_real(r->seconds));
+    json_object_set_new(o, "bytes_read", json_integer(r->bytes_read));
+    json_t *layers = json_array();
+    for (int l = 0; l < r->n_layers; l++)
+        json_array_append_new(layers, json_pack("{s:i, s:s, s:s}", "layer", l, "attention", r->layer_attention[l], "mlp",
+                                                r->layer_mlp[l]));
+    json_object_set_new(o, "layers", layers);
+    json_t *pos = json_array();
+    for (int i = 0; i < r->n_positions; i++) json_array_append_new(pos, json_integer(r->positions[i]));
+    json_object_set_new(o, "positions", pos);
+    json_object_set_new(o, "positions_not_compared", json_integer(r->n_positions_not_compared));
+    json_t *tok = json_null();
+    if (r->token_diff_position >= 0)
+        tok = json_pack("{s:i, s:i, s:i}", "position", r->token_diff_position, "golden", r->token_golden, "candidate",
+                        r->token_candidate);
+    json_object_set_new(o, "tokens_differ", tok);
+    json_object_set_new(o, "checks", json_integer(r->n_checks));
+    json_object_set_new(o, "failed_checks", json_integer(r->n_failed_checks));
+    json_t *first = json_null();
+    if (r->first.found) {
+        const dsv4_verify_divergence *d = &r->first;
+        first = json_pack("{s:i, s:i, s:s, s:s, s:o, s:o, s:s}", "position", d->position, "layer", d->layer, "dataset",
+                          d->dataset, "metric", dsv4_verify_metric_name(d->metric), "value", num(d->value), "tolerance",
+                          num(d->tolerance), "detail", d->detail);
+        if (d->entry >= 0) json_object_set_new(first, "entry", json_integer(d->entry));
+        if (d->probe_index >= 0) json_object_set_new(first, "probe", json_string(r->probes[d->probe_index].probe));
+    }
+    json_object_set_new(o, "first_divergence", first);
+    json_t *og = json_array(), *oc = json_array(), *probes = json_array();
+    for (int i = 0; i < r->n_probes; i++) {
+        const dsv4_verify_probe *p = &r->probes[i];
+        if (p->presence == DSV4_VERIFY_ONLY_GOLDEN) json_array_append_new(og, json_string(p->dataset));
+        if (p->presence == DSV4_VERIFY_ONLY_CANDIDATE) json_array_append_new(oc, json_string(p->dataset));
+        json_array_append_new(probes, probe_obj(p));
+    }
+    json_object_set_new(o, "only_in_golden", og);
+    json_object_set_new(o, "only_in_candidate", oc);
+    json_t *topk = json_array();
+    for (int i = 0; i < r->n_probes; i++) {
+        if (r->probes[i].kind != DSV4_VERIFY_KIND_TOPK || r->probes[i].presence != DSV4_VERIFY_IN_BOTH) continue;
+        dsv4_verify_topk_summary s;
+        dsv4_verify_topk_summarise(r, i, &s);
+        json_array_append_new(topk, json_pack("{s:i, s:i, s:o, s:o, s:o, s:o, s:i, s:i, s:i}", "layer", s.layer, "rows",
+                                              s.n_rows, "recall_min", num(s.recall_min), "recall_mean", num(s.recall_mean),
+                                              "jaccard_min", num(s.jaccard_min), "jaccard_mean", num(s.jaccard_mean),
+                                              "rows_differ", s.rows_differ, "accepted", (int)s.accepted, "strict",
+                                              (int)s.strict));
+    }
+    json_object_set_new(o, "topk", topk);
+    dsv4_verify_logits_summary ls;
+    dsv4_verify_logits_summarise(r, &ls);
+    json_t *lo = json_null();
+    if (ls.probe >= 0)
+        lo = json_pack("{s:i, s:i, s:i, s:i, s:o, s:o, s:o, s:i, s:o, s:o, s:i}", "rows", ls.n_rows, "argmax_equal",
+                       ls.argmax_equal, "argmax_tie_accepted", ls.argmax_tie, "argmax_strict", ls.argmax_strict,
+                       "top5_min", num(ls.top5_min), "top5_mean", num(ls.top5_mean), "kl_max", num(ls.kl_max),
+                       "kl_max_position", ls.kl_max_position, "kl_mean", num(ls.kl_mean), "rel_l2_max",
+                       num(ls.rel_l2_max), "rel_l2_max_position", ls.rel_l2_max_position);
+    json_object_set_new(o, "logits", lo);
+    json_object_set_new(o, "probes", probes);
+    return o;
+}
+
+int dsv4_verify_write_json(const dsv4_verify_result *r, const char *path)
+{
+    json_t *o = result_obj(r);
+    if (!o) return dsv4_error(DSV4_ERR_NOMEM, "%s: cannot build the JSON report", path);
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    int rc = json_dump_file(o, tmp, JSON_INDENT(1) | JSON_REAL_PRECISION(10));
+    json_decref(o);
+    if (rc || rename(tmp, path)) {
+        unlink(tmp);
+        return dsv4_error(DSV4_ERR_IO, "%s: cannot write the JSON report", path);
+    }
+    return 0;
+}

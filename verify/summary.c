@@ -1,0 +1,159 @@
+/* summary.c - the aggregates the text and HTML reports share: per-layer cells, top-k and logits summaries.
+ *
+ * A table cell groups the probes that share a column label (the six mHC probes share "hc"); the probe shown
+ * is the one whose primary gate (gates[0]) is worst RELATIVE to its tolerance, so one column can mix probes
+ * with different tolerances without hiding the failing one.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "verify_internal.h"
+
+int dsv4_verify_columns(const dsv4_verify_result *r, const char **labels, int max)
+{
+    int n = 0;
+    /* probes are in model order per layer; merge the labels of all layers keeping probe order */
+    for (int order = 0; order <= 64 && n < max; order++)
+        for (int i = 0; i < r->n_probes && n < max; i++) {
+            const dsv4_verify_probe *p = &r->probes[i];
+            if (p->layer < 0 || p->presence != DSV4_VERIFY_IN_BOTH) continue;
+            int o = p->order > 64 ? 64 : p->order;
+            if (o != order) continue;
+            const char *lab = dsv4_verify_probe_label(p->probe);
+            int seen = 0;
+            for (int j = 0; j < n; j++) seen |= !strcmp(labels[j], lab);
+            if (!seen) labels[n++] = lab;
+        }
+    return n;
+}
+
+void dsv4_verify_cell_at(const dsv4_verify_result *r, int layer, const char *label, dsv4_verify_cell *cell)
+{
+    memset(cell, 0, sizeof *cell);
+    cell->probe = -1;
+    cell->value = NAN;
+    for (int i = 0; i < r->n_probes; i++) {
+        const dsv4_verify_probe *p = &r->probes[i];
+        if (p->layer != layer || p->presence != DSV4_VERIFY_IN_BOTH) continue;
+        if (strcmp(dsv4_verify_probe_label(p->probe), label)) continue;
+        dsv4_verify_metric m = p->n_gates ? p->gates[0].metric : DSV4_METRIC_REL_L2;
+        double tol = p->n_gates ? p->gates[0].tol : NAN;
+        double v = p->worst[m];
+        double ratio = p->n_gates ? dsv4_verify_gate_ratio(m, v, tol) : 0;
+        if (p->n_failed_rows) {
+            cell->failed = 1;
+            for (int k = 0; k < p->n_rows; k++) {
+                cell->nonfinite |= (p->rows[k].failed >> DSV4_METRIC_NONFINITE) & 1u;
+                cell->structure |= (p->rows[k].failed >> DSV4_METRIC_STRUCTURE) & 1u;
+            }
+        }
+        if (cell->probe < 0 || ratio > cell->ratio) {
+            cell->probe = i;
+            cell->metric = m;
+            cell->value = v;
+            cell->tol = tol;
+            cell->ratio = ratio;
+        }
+    }
+}
+
+void dsv4_verify_topk_summarise(const dsv4_verify_result *r, int probe, dsv4_verify_topk_summary *s)
+{
+    const dsv4_verify_probe *p = &r->probes[probe];
+    memset(s, 0, sizeof *s);
+    s->probe = probe;
+    s->layer = p->layer;
+    s->recall_min = s->jaccard_min = NAN;
+    double rs = 0, js = 0;
+    int n = 0;
+    for (int i = 0; i < p->n_rows; i++) {
+        const dsv4_verify_row *row = &p->rows[i];
+        if (isnan(row->v[DSV4_METRIC_RECALL])) continue;
+        n++;
+        double rc = row->v[DSV4_METRIC_RECALL], jc = row->v[DSV4_METRIC_JACCARD];
+        rs += rc;
+        js += jc;
+        if (isnan(s->recall_min) || rc < s->recall_min) s->recall_min = rc;
+        if (isnan(s->jaccard_min) || jc < s->jaccard_min) s->jaccard_min = jc;
+        s->accepted += (long)row->v[DSV4_METRIC_ACCEPTED];
+        s->strict += (long)row->v[DSV4_METRIC_STRICT];
+        if (jc < 1) s->rows_differ++;
+    }
+    s->n_rows = n;
+    s->recall_mean = n ? rs / n : NAN;
+    s->jaccard_mean = n ? js / n : NAN;
+}
+
+void dsv4_verify_logits_summarise(const dsv4_verify_result *r, dsv4_verify_logits_summary *s)
+{
+    memset(s, 0, sizeof *s);
+    s->probe = -1;
+    s->top5_min = s->kl_max = s->rel_l2_max = NAN;
+    s->kl_max_position = s->rel_l2_max_position = -1;
+    for (int i = 0; i < r->n_probes; i++)
+        if (r->probes[i].kind == DSV4_VERIFY_KIND_LOGITS && r->probes[i].presence == DSV4_VERIFY_IN_BOTH) s->probe = i;
+    if (s->probe < 0) return;
+    const dsv4_verify_probe *p = &r->probes[s->probe];
+    double t5 = 0, kl = 0;
+    int nt = 0, nk = 0;
+    for (int i = 0; i < p->n_rows; i++) {
+        const dsv4_verify_row *row = &p->rows[i];
+        if (isnan(row->v[DSV4_METRIC_ARGMAX])) continue;
+        s->n_rows++;
+        if (row->argmax_g == row->argmax_c) s->argmax_equal++;
+        else if (row->v[DSV4_METRIC_ARGMAX] == 0) s->argmax_tie++;
+        else s->argmax_strict++;
+        double v = row->v[DSV4_METRIC_TOP5];
+        t5 += v;
+        nt++;
+        if (isnan(s->top5_min) || v < s->top5_min) s->top5_min = v;
+        v = row->v[DSV4_METRIC_KL];
+        if (!isnan(v)) {
+            kl += v;
+            nk++;
+            if (isnan(s->kl_max) || v > s->kl_max) {
+                s->kl_max = v;
+                s->kl_max_position = row->position;
+            }
+        }
+        v = row->v[DSV4_METRIC_REL_L2];
+        if (!isnan(v) && (isnan(s->rel_l2_max) || v > s->rel_l2_max)) {
+            s->rel_l2_max = v;
+            s->rel_l2_max_position = row->position;
+        }
+    }
+    s->top5_mean = nt ? t5 / nt : NAN;
+    s->kl_mean = nk ? kl / nk : NAN;
+}
+
+const char *dsv4_verify_layer_type(const dsv4_verify_result *r, int layer, char *buf, size_t n)
+{
+    if (layer < 0 || layer >= r->n_layers) {
+        snprintf(buf, n, "final");
+        return buf;
+    }
+    const char *a = r->layer_attention[layer], *m = r->layer_mlp[layer];
+    snprintf(buf, n, "%s/%s", !strcmp(a, "sliding") ? "swa" : a, !strcmp(m, "hash_moe") ? "hash" : m);
+    return buf;
+}
+
+const char *dsv4_verify_where(const dsv4_verify_result *r, const dsv4_verify_divergence *d, char *buf, size_t n)
+{
+    char t[32];
+    if (d->probe_index < 0) {
+        snprintf(buf, n, "position %d, tokens", d->position);
+        return buf;
+    }
+    const dsv4_verify_probe *p = &r->probes[d->probe_index];
+    char pos[64];
+    if (d->entry >= 0) {
+        if (d->position >= 0) snprintf(pos, sizeof pos, "position %d (entry %d closes there)", d->position, d->entry);
+        else snprintf(pos, sizeof pos, "entry %d", d->entry);
+    } else {
+        snprintf(pos, sizeof pos, "position %d", d->position);
+    }
+    if (p->layer >= 0) snprintf(buf, n, "%s, layer %d (%s), %s", pos, p->layer, dsv4_verify_layer_type(r, p->layer, t, sizeof t), p->probe);
+    else snprintf(buf, n, "%s, %s", pos, p->dataset);
+    return buf;
+}

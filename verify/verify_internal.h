@@ -1,0 +1,103 @@
+/* verify_internal.h - what the verify/ sources share: row metrics, probe order, number formatting.
+ *
+ * Row metrics read one golden row and one candidate row and fill a dsv4_verify_row (v[] starts all NAN;
+ * a metric that does not apply stays NAN and is never gated). Accumulation is in double throughout, so the
+ * verifier's own rounding (~1e-16) is far below any tolerance it judges.
+ */
+#ifndef DSV4_VERIFY_INTERNAL_H
+#define DSV4_VERIFY_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dsv4/dsv4_verify.h"
+
+/* Reset a row: v[] = NAN, indices -1, failed = 0. */
+void dsv4_verify_row_clear(dsv4_verify_row *row, int position, int entry);
+
+/* Dense f32 rows g, c [n]: max_abs (+ index), rel_l2, nmse, cosine, nonfinite (+ first index). Pairs where
+ * g == c == +-inf (e.g. the -inf of invisible indexer entries) are equal and skipped. */
+void dsv4_verify_dense_f32(const float *g, const float *c, int64_t n, dsv4_verify_row *row);
+
+/* topk_idx rows g, c [k] i32 (-1 = no pick). gscores [n_scores] f32: the golden indexer_scores row, or NULL
+ * (then every pick outside G is strict). Fills strict, accepted, recall, jaccard. */
+void dsv4_verify_topk(const int32_t *g, const int32_t *c, int k, const float *gscores, int64_t n_scores,
+                      double tie_abs, double tie_rel, dsv4_verify_row *row);
+/* The tie threshold used by dsv4_verify_topk for a golden picks/scores row: entries scoring >= *kth - *tol
+ * are acceptable. Returns the number of valid golden picks. */
+int dsv4_verify_topk_threshold(const int32_t *g, int k, const float *gscores, int64_t n_scores, double tie_abs,
+                               double tie_rel, double *kth, double *tol);
+
+/* router_ids rows [k] i32 as sets: mismatch, recall, jaccard. */
+void dsv4_verify_router_ids(const int32_t *g, const int32_t *c, int k, dsv4_verify_row *row);
+/* router_weights rows [k] paired by expert id (gid/cid: the router_ids rows, NULL = pair by position):
+ * dense metrics over the matched pairs. */
+void dsv4_verify_router_weights(const float *gw, const float *cw, const int32_t *gid, const int32_t *cid, int k,
+                                dsv4_verify_row *row);
+/* Logits rows [V]: dense metrics + argmax (tie-aware), top-5 overlap, KL(softmax g || softmax c). */
+void dsv4_verify_logits(const float *g, const float *c, int64_t V, double tie_abs, double tie_rel,
+                        dsv4_verify_row *row);
+/* Other i32 rows [n]: mismatch = differing elements (first in max_abs_at). */
+void dsv4_verify_int(const int32_t *g, const int32_t *c, int64_t n, dsv4_verify_row *row);
+
+/* Rank of a probe name inside its layer in model order; unknown names sort last. Per-entry probes are
+ * placed where they are computed (compressed_kv after kv, indexer_kv before indexer_scores). */
+int dsv4_verify_probe_order(const char *probe);
+/* Short column label of a probe for the terminal table ("attn_out" -> "attn_out", "indexer_scores" ->
+ * "idx_sc"). */
+const char *dsv4_verify_probe_label(const char *probe);
+
+/* "3.2e-06" style (%.1e) in buf, or an integer for count metrics, "-" for NAN, "0" for 0. */
+const char *dsv4_verify_fmt(dsv4_verify_metric m, double v, char *buf, size_t n);
+/* Compact "3.2e-6" (exponent without padding), for narrow table cells. */
+const char *dsv4_verify_fmt_short(dsv4_verify_metric m, double v, char *buf, size_t n);
+/* Flat index -> "[i,j]" using the row shape (info->shape[1..]). */
+const char *dsv4_verify_fmt_coord(const dsv4_dataset_info *info, int64_t flat, char *buf, size_t n);
+
+/* Value of gate g for row (NAN: not applicable) and whether it fails. */
+int dsv4_verify_gate_fails(dsv4_verify_metric m, double value, double tol);
+
+/* Ratio value/tol mapped so that > 1 means failing, for min-type metrics too (worst-of comparisons). */
+double dsv4_verify_gate_ratio(dsv4_verify_metric m, double value, double tol);
+
+/* ------------------------------------------------------------------------------------------------ summaries
+ * What the text and HTML reports show, computed once from a result (summary.c). */
+
+/* The per-layer table cell of one column label (dsv4_verify_probe_label) at one layer: the probe of that
+ * label whose primary gate is worst relative to its tolerance. */
+typedef struct dsv4_verify_cell {
+    int probe;                 /* index into r->probes, -1 = no such probe at this layer */
+    dsv4_verify_metric metric; /* the primary gate's metric */
+    double value, tol, ratio;  /* worst value over rows, tolerance, value/tol (> 1 fails) */
+    int failed;                /* any row of any probe of the cell failed any gate */
+    int nonfinite, structure;  /* a row failed because of NaN/Inf / structure */
+} dsv4_verify_cell;
+
+#define DSV4_VERIFY_MAX_COLUMNS 24
+/* Column labels present in r (model order), at most max. */
+int dsv4_verify_columns(const dsv4_verify_result *r, const char **labels, int max);
+/* layer -1: final/. */
+void dsv4_verify_cell_at(const dsv4_verify_result *r, int layer, const char *label, dsv4_verify_cell *cell);
+
+typedef struct dsv4_verify_topk_summary {
+    int probe, layer, n_rows;
+    double recall_min, recall_mean, jaccard_min, jaccard_mean;
+    long accepted, strict;
+    int rows_differ;           /* rows whose set differs from the golden */
+} dsv4_verify_topk_summary;
+void dsv4_verify_topk_summarise(const dsv4_verify_result *r, int probe, dsv4_verify_topk_summary *s);
+
+typedef struct dsv4_verify_logits_summary {
+    int probe, n_rows;         /* probe -1: no logits compared */
+    int argmax_equal, argmax_tie, argmax_strict;
+    double top5_min, top5_mean, kl_max, kl_mean, rel_l2_max;
+    int kl_max_position, rel_l2_max_position;
+} dsv4_verify_logits_summary;
+void dsv4_verify_logits_summarise(const dsv4_verify_result *r, dsv4_verify_logits_summary *s);
+
+/* Short type of a layer, "csa/moe", "swa/hash" ("?" parts when unknown). */
+const char *dsv4_verify_layer_type(const dsv4_verify_result *r, int layer, char *buf, size_t n);
+/* "position 17, layer 3 (csa/moe), attn_out" / "position 20, tokens" / "entry 4 (closes position 19), ..." */
+const char *dsv4_verify_where(const dsv4_verify_result *r, const dsv4_verify_divergence *d, char *buf, size_t n);
+
+#endif
