@@ -150,18 +150,21 @@ static int32_t argmax_lowest(const float *v, int n)
     return best;
 }
 
-/* The progress line: in place on a terminal, one line every ~5 s otherwise; only after 3 s of running. */
+/* The progress line: in place on a terminal, one line every ~5 s otherwise; only after 3 s of running. The rate
+ * is that of the last interval (decode slows down as the context grows), the ETA assumes it holds. */
 typedef struct run_progress {
     double t0, last;
+    int last_done;
     int tty, shown;
 } run_progress;
 
-static void progress_update(run_progress *pr, int done, int total, double t_steps0, int steps_done)
+static void progress_update(run_progress *pr, int done, int total)
 {
     double t = now_s();
     if (t - pr->t0 < 3.0 || t - pr->last < (pr->tty ? 0.25 : 5.0)) return;
+    double rate = t > pr->last ? (done - pr->last_done) / (t - pr->last) : 0.0;
     pr->last = t;
-    double rate = steps_done > 0 ? steps_done / (t - t_steps0) : 0.0;
+    pr->last_done = done;
     double eta = rate > 0 ? (total - done) / rate : 0.0;
     fprintf(stderr, "%sdsv4 run: position %d/%d, %.2f tokens/s, ETA %.0f s%s", pr->tty ? "\r" : "", done, total,
             rate, eta, pr->tty ? "   " : "\n");
@@ -367,10 +370,12 @@ int dsv4_cmd_run(int argc, char **argv)
         t_pre = now_s() - t_pre0;
     }
     double t_dec0 = now_s();
+    pr.last = t_dec0;
+    pr.last_done = K;
     for (int p = K; p < pl.T; p++) {
         if (pl.tokens[p] < 0) pl.tokens[p] = argmax_lowest(logits, cfg->vocab_size); /* greedy: p >= P >= 1 */
         if ((rc = dsv4_ref_decode(ref, pl.tokens[p], sink, logits))) goto out;
-        progress_update(&pr, p + 1, pl.T, t_dec0, p + 1 - K);
+        progress_update(&pr, p + 1, pl.T);
     }
     double t_dec = now_s() - t_dec0;
     if (pr.shown && pr.tty) fputc('\n', stderr);
