@@ -3,7 +3,9 @@
  * streams), RoPE (interleaved pairs on the trailing channels, inverse), the YaRN table of the Flash config,
  * the sink softmax, clamped SwiGLU, sqrtsoftplus routing with the bias selecting only, hash routing, top-k tie
  * order, the indexer's causal selection, and the compressor state machine (window closing at the step, ape by
- * slot, CSA a/b halves). Each gate also checks that a deliberately wrong variant would fail it.
+ * slot, CSA a/b halves). Each gate also checks that a deliberately wrong variant would fail it. Then the
+ * BLAS-backed ops (linear, sink attention, grouped output) against naive double loops at sizes 1, 17, 31, 257,
+ * outputs NaN-poisoned first.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -395,6 +397,108 @@ START_TEST(test_compressor_finish)
 }
 END_TEST
 
+
+/* ------------------------------------------------------------------- shapes 1, 17, 31, 257 vs naive */
+
+static uint64_t lcg = 12345;
+static float frand(void)
+{
+    lcg = lcg * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((double)(lcg >> 11) / (double)(1ull << 53) * 2.0 - 1.0);
+}
+
+static float *rand_buf(size_t n)
+{
+    float *p = malloc(n * sizeof *p + 4);
+    for (size_t i = 0; i < n; i++) p[i] = frand();
+    return p;
+}
+
+START_TEST(test_linear_shapes)
+{
+    const int sizes[] = {1, 17, 31, 257};
+    for (int a = 0; a < 4; a++)
+        for (int b = 0; b < 4; b++)
+            for (int c = 0; c < 4; c += 3) {
+                int S = sizes[c], in = sizes[a], out = sizes[b];
+                float *x = rand_buf((size_t)S * in), *w = rand_buf((size_t)out * in), *y = malloc((size_t)S * out * 4);
+                dsv4_test_poison_f32(y, (size_t)S * out);
+                dsv4_ref_linear(y, x, w, S, in, out);
+                for (int s = 0; s < S; s++)
+                    for (int o = 0; o < out; o++) {
+                        double e = 0;
+                        for (int i = 0; i < in; i++) e += (double)x[s * in + i] * w[o * in + i];
+                        ck_assert_msg(fabs(y[s * out + o] - e) < 1e-5 * (1 + sqrt((double)in)),
+                                      "linear S=%d in=%d out=%d y[%d,%d] %g vs %g", S, in, out, s, o, y[s * out + o], e);
+                    }
+                free(x);
+                free(w);
+                free(y);
+            }
+}
+END_TEST
+
+START_TEST(test_sink_attention_shapes)
+{
+    const int ms[] = {1, 17, 257};
+    for (int t = 0; t < 3; t++) {
+        int m = ms[t], H = 3, d = 31;
+        float *q = rand_buf((size_t)H * d), *kv = rand_buf((size_t)m * d), sinks[3] = {0.5f, -1.0f, 2.0f};
+        float *o = malloc((size_t)H * d * 4), *sc = malloc((size_t)H * m * 4);
+        dsv4_test_poison_f32(o, (size_t)H * d);
+        dsv4_ref_sink_attention(o, q, kv, m, sinks, H, d, sc);
+        for (int h = 0; h < H; h++) {
+            double *p = malloc((size_t)m * sizeof *p), den = exp(sinks[h]);
+            for (int j = 0; j < m; j++) {
+                double s = 0;
+                for (int i = 0; i < d; i++) s += (double)q[h * d + i] * kv[j * d + i];
+                p[j] = exp(s / sqrt((double)d));
+                den += p[j];
+            }
+            for (int i = 0; i < d; i++) {
+                double e = 0;
+                for (int j = 0; j < m; j++) e += p[j] / den * kv[j * d + i];
+                ck_assert_msg(fabs(o[h * d + i] - e) < 1e-5, "attention m=%d o[%d,%d] %g vs %g", m, h, i, o[h * d + i], e);
+            }
+            free(p);
+        }
+        free(q);
+        free(kv);
+        free(o);
+        free(sc);
+    }
+}
+END_TEST
+
+START_TEST(test_grouped_out_shapes)
+{
+    /* H = 4 heads of d = 3 in G = 2 groups of 2 contiguous heads, o_r = 5, D = 17, S = 1 and 17 */
+    for (int S = 1; S <= 17; S += 16) {
+        int H = 4, d = 3, G = 2, o_r = 5, D = 17, gin = H * d / G;
+        float *o = rand_buf((size_t)S * H * d), *wa = rand_buf((size_t)G * o_r * gin), *wb = rand_buf((size_t)D * G * o_r);
+        float *z = malloc((size_t)S * G * o_r * 4), *out = malloc((size_t)S * D * 4);
+        dsv4_test_poison_f32(out, (size_t)S * D);
+        dsv4_ref_grouped_out(out, z, o, wa, wb, S, H, d, G, o_r, D);
+        for (int s = 0; s < S; s++)
+            for (int k = 0; k < D; k++) {
+                double e = 0;
+                for (int g = 0; g < G; g++)
+                    for (int r = 0; r < o_r; r++) {
+                        double zz = 0;
+                        for (int i = 0; i < gin; i++) zz += (double)wa[(g * o_r + r) * gin + i] * o[s * H * d + g * gin + i];
+                        e += wb[k * G * o_r + g * o_r + r] * zz;
+                    }
+                ck_assert_msg(fabs(out[s * D + k] - e) < 1e-4, "grouped out S=%d [%d] %g vs %g", S, k, out[s * D + k], e);
+            }
+        free(o);
+        free(wa);
+        free(wb);
+        free(z);
+        free(out);
+    }
+}
+END_TEST
+
 static Suite *ref_ops_suite(void)
 {
     Suite *s = suite_create("ref_ops");
@@ -416,6 +520,11 @@ static Suite *ref_ops_suite(void)
     tcase_add_test(t, test_compressor_csa_overlap_halves);
     tcase_add_test(t, test_compressor_finish);
     suite_add_tcase(s, t);
+    TCase *sh = tcase_create("shapes");
+    tcase_add_test(sh, test_linear_shapes);
+    tcase_add_test(sh, test_sink_attention_shapes);
+    tcase_add_test(sh, test_grouped_out_shapes);
+    suite_add_tcase(s, sh);
     return s;
 }
 
