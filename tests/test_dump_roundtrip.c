@@ -324,6 +324,28 @@ START_TEST(test_slice_read_returns_exactly_the_rows_asked_for)
 }
 END_TEST
 
+/* The verifier may compare a dump with itself: two readers of one file must not close each other's datasets. */
+START_TEST(test_same_file_opened_twice)
+{
+    char *dir = dsv4_test_mkdtemp("dump-twice");
+    const char *path = test_dump_path(dir, "t.h5", 0);
+    write_all_probes(path);
+    dsv4_dump *a = NULL, *b = NULL;
+    ck_assert_int_eq(dsv4_dump_open(path, &a), 0);
+    ck_assert_int_eq(dsv4_dump_open(path, &b), 0);
+    float x[256], y[256];
+    ck_assert_int_eq(dsv4_dump_read_rows(a, "final/logits", 3, 1, x), 0);
+    ck_assert_int_eq(dsv4_dump_read_rows(b, "final/logits", 3, 1, y), 0);
+    ck_assert_mem_eq(x, y, sizeof x);
+    dsv4_dump_free(a);
+    ck_assert_msg(dsv4_dump_read_rows(b, "final/logits", 4, 1, y) == 0, "%s", dsv4_last_error());
+    ck_assert_msg(dsv4_dump_read_rows(b, "layers/3/attn_out", 0, 1, y) == 0, "%s", dsv4_last_error());
+    dsv4_dump_free(b);
+    test_dump_assert_no_open_handles();
+    dsv4_test_rmtree(dir);
+}
+END_TEST
+
 START_TEST(test_greedy_tokens_and_extra_attributes)
 {
     char *dir = dsv4_test_mkdtemp("dump-greedy");
@@ -397,6 +419,7 @@ static Suite *dump_roundtrip_suite(void)
     tcase_add_test(tc, test_file_appears_under_its_name_only_at_commit);
     tcase_add_test(tc, test_abort_leaves_no_file);
     tcase_add_test(tc, test_slice_read_returns_exactly_the_rows_asked_for);
+    tcase_add_test(tc, test_same_file_opened_twice);
     tcase_add_test(tc, test_greedy_tokens_and_extra_attributes);
     tcase_add_test(tc, test_writer_refuses_bad_arguments);
     suite_add_tcase(s, tc);

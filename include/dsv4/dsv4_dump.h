@@ -57,7 +57,8 @@ void dsv4_dump_writer_abort(dsv4_dump_writer *w);
 typedef struct dsv4_dump dsv4_dump;
 
 typedef struct dsv4_dataset_info {
-    dsv4_dtype dtype; /* F32 or I32 (other stored types are reported as an error) */
+    dsv4_dtype dtype; /* F32 (any stored float type) or I32 (any stored integer type), converted by HDF5 on
+                         read; other stored classes are reported as an error */
     int ndim;
     int64_t shape[4];
 } dsv4_dataset_info;
@@ -79,6 +80,9 @@ int dsv4_dump_config(const dsv4_dump *d, const dsv4_config **out);
 int dsv4_dump_dataset_count(const dsv4_dump *d);
 const char *dsv4_dump_dataset_name(const dsv4_dump *d, int i);
 int dsv4_dump_has(const dsv4_dump *d, const char *name);
+/* For a probe name of dump-format.md, the first call checks dtype and shape against the config and
+ * /positions: DSV4_ERR_SHAPE naming file, dataset, actual and expected shape (DSV4_ERR_CONFIG if
+ * config_json cannot be parsed). Other names are not checked. */
 int dsv4_dump_info(const dsv4_dump *d, const char *name, dsv4_dataset_info *info);
 /* Read rows [row0, row0+nrows) of dataset `name` into dst (f32 or i32 as stored; dst holds
  * nrows * prod(shape[1:]) elements). Reads only that slab. */
