@@ -37,8 +37,9 @@ static void run_usage(FILE *f)
             "  --forced               feed the dump's own tokens (default for a forced dump)\n"
             "  --decode-from K        prefill positions 0..K-1, then one-token decode steps from K\n"
             "                         (default: the prompt length; 0 = the whole prompt token by token)\n"
-            "  --dump-positions L     positions to store: comma list of ids and ranges (3,7,10-20), 'all',\n"
-            "                         or 'decode' (the last prompt position and every decode position);\n"
+            "  --dump-positions L     positions to store: comma list of ids, ranges and the words 'all' and\n"
+            "                         'decode' (the last prompt position and every decode position), e.g.\n"
+            "                         0,3,10-20,decode;\n"
             "                         default: the dump's /positions with --tokens-from, else all\n"
             "  --dump OUT.h5          write the dump (written to a temporary name, renamed when complete)\n\n"
             "The dump's prompt_len is the prompt length whatever --decode-from says (its root attribute\n"
@@ -94,18 +95,21 @@ static int read_token_file(const char *path, int32_t **out, int *n)
     return 0;
 }
 
-/* --dump-positions: "all", "decode" or a comma list of ids and a-b ranges; *out ascending, unique. */
+/* --dump-positions: a comma list of items, each "all", "decode" (the last prompt position and every decode
+ * position), an id or an a-b range; *out ascending, unique. */
 static int parse_positions(const char *spec, int T, int P, int32_t **out, int *n)
 {
     char *mark = calloc((size_t)T + 1, 1);
     if (!mark) return dsv4_error(DSV4_ERR_NOMEM, "out of memory");
-    if (!strcmp(spec, "all")) {
-        memset(mark, 1, (size_t)T);
-    } else if (!strcmp(spec, "decode")) {
-        for (int p = P > 0 ? P - 1 : 0; p < T; p++) mark[p] = 1;
-    } else {
-        const char *s = spec;
-        while (*s) {
+    const char *s = spec;
+    while (*s) {
+        const char *comma = strchr(s, ',');
+        size_t len = comma ? (size_t)(comma - s) : strlen(s);
+        if (len == 3 && !strncmp(s, "all", 3)) {
+            memset(mark, 1, (size_t)T);
+        } else if (len == 6 && !strncmp(s, "decode", 6)) {
+            for (int p = P > 0 ? P - 1 : 0; p < T; p++) mark[p] = 1;
+        } else {
             char *end;
             long a = strtol(s, &end, 10), b = a;
             if (end == s) goto bad;
@@ -114,15 +118,16 @@ static int parse_positions(const char *spec, int T, int P, int32_t **out, int *n
                 b = strtol(s2, &end, 10);
                 if (end == s2) goto bad;
             }
+            if (end != s + len) goto bad;
             if (a < 0 || b < a || b >= T) {
                 free(mark);
-                return dsv4_error(DSV4_ERR_USAGE, "--dump-positions: %ld-%ld outside [0, %d)", a, b, T);
+                return dsv4_error(DSV4_ERR_USAGE, "--dump-positions: %ld-%ld is not an ascending range in [0, %d)",
+                                  a, b, T);
             }
             for (long p = a; p <= b; p++) mark[p] = 1;
-            if (*end == ',') end++;
-            else if (*end) goto bad;
-            s = end;
         }
+        s += len;
+        if (*s == ',') s++;
     }
     int cnt = 0;
     for (int p = 0; p < T; p++) cnt += mark[p];
@@ -138,8 +143,7 @@ static int parse_positions(const char *spec, int T, int P, int32_t **out, int *n
     return 0;
 bad:
     free(mark);
-    return dsv4_error(DSV4_ERR_USAGE, "--dump-positions: cannot parse '%s' (want all, decode or e.g. 0,5,8-12)",
-                      spec);
+    return dsv4_error(DSV4_ERR_USAGE, "--dump-positions: cannot parse '%s' (want e.g. all, decode, 0,5,8-12)", spec);
 }
 
 static int32_t argmax_lowest(const float *v, int n)
