@@ -1,8 +1,6 @@
 /* verify_internal.h - what the verify/ sources share: row metrics, probe order, number formatting.
  *
- * Row metrics read one golden row and one candidate row and fill a dsv4_verify_row (v[] starts all NAN;
- * a metric that does not apply stays NAN and is never gated). Accumulation is in double throughout, so the
- * verifier's own rounding (~1e-16) is far below any tolerance it judges.
+ * (The row metrics themselves are public, in dsv4_verify.h, so tests elsewhere compare through them.)
  */
 #ifndef DSV4_VERIFY_INTERNAL_H
 #define DSV4_VERIFY_INTERNAL_H
@@ -11,34 +9,6 @@
 #include <stdint.h>
 
 #include "dsv4/dsv4_verify.h"
-
-/* Reset a row: v[] = NAN, indices -1, failed = 0. */
-void dsv4_verify_row_clear(dsv4_verify_row *row, int position, int entry);
-
-/* Dense f32 rows g, c [n]: max_abs (+ index), rel_l2, nmse, cosine, nonfinite (+ first index). Pairs where
- * g == c == +-inf (e.g. the -inf of invisible indexer entries) are equal and skipped. */
-void dsv4_verify_dense_f32(const float *g, const float *c, int64_t n, dsv4_verify_row *row);
-
-/* topk_idx rows g, c [k] i32 (-1 = no pick). gscores [n_scores] f32: the golden indexer_scores row, or NULL
- * (then every pick outside G is strict). Fills strict, accepted, recall, jaccard. */
-void dsv4_verify_topk(const int32_t *g, const int32_t *c, int k, const float *gscores, int64_t n_scores,
-                      double tie_abs, double tie_rel, dsv4_verify_row *row);
-/* The tie threshold used by dsv4_verify_topk for a golden picks/scores row: entries scoring >= *kth - *tol
- * are acceptable. Returns the number of valid golden picks. */
-int dsv4_verify_topk_threshold(const int32_t *g, int k, const float *gscores, int64_t n_scores, double tie_abs,
-                               double tie_rel, double *kth, double *tol);
-
-/* router_ids rows [k] i32 as sets: mismatch, recall, jaccard. */
-void dsv4_verify_router_ids(const int32_t *g, const int32_t *c, int k, dsv4_verify_row *row);
-/* router_weights rows [k] paired by expert id (gid/cid: the router_ids rows, NULL = pair by position):
- * dense metrics over the matched pairs. */
-void dsv4_verify_router_weights(const float *gw, const float *cw, const int32_t *gid, const int32_t *cid, int k,
-                                dsv4_verify_row *row);
-/* Logits rows [V]: dense metrics + argmax (tie-aware), top-5 overlap, KL(softmax g || softmax c). */
-void dsv4_verify_logits(const float *g, const float *c, int64_t V, double tie_abs, double tie_rel,
-                        dsv4_verify_row *row);
-/* Other i32 rows [n]: mismatch = differing elements (first in max_abs_at). */
-void dsv4_verify_int(const int32_t *g, const int32_t *c, int64_t n, dsv4_verify_row *row);
 
 /* Rank of a probe name inside its layer in model order; unknown names sort last. Per-entry probes are
  * placed where they are computed (compressed_kv after kv, indexer_kv before indexer_scores). */

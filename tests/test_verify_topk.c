@@ -1,0 +1,230 @@
+/* test_verify_topk.c - tie-aware top-k agreement: picks swapped with exactly tied golden scores are accepted,
+ * picks swapped for clearly lower scores are strict mismatches, counted and reported; plus the selection and
+ * logits metrics on hand-made rows. */
+#define _POSIX_C_SOURCE 200809L
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dsv4/dsv4_verify.h"
+#include "dsv4_test.h"
+#include "synth_dump.h"
+
+
+static char *g_dir;
+
+static dsv4_verify_result *pair(const synth_spec *s)
+{
+    char g[4200], c[4200];
+    snprintf(g, sizeof g, "%s/golden.h5", g_dir);
+    snprintf(c, sizeof c, "%s/cand.h5", g_dir);
+    ck_assert_int_eq(synth_write(g, s, 0), 0);
+    ck_assert_int_eq(synth_write(c, s, 1), 0);
+    dsv4_verify_result *r = NULL;
+    ck_assert_int_eq(dsv4_verify_run(g, c, NULL, &r), 0);
+    return r;
+}
+
+static const dsv4_verify_probe *find(const dsv4_verify_result *r, const char *dataset)
+{
+    for (int i = 0; i < r->n_probes; i++)
+        if (!strcmp(r->probes[i].dataset, dataset)) return &r->probes[i];
+    ck_abort_msg("no probe %s", dataset);
+    return NULL;
+}
+
+static const dsv4_verify_row *row_at(const dsv4_verify_probe *p, int position)
+{
+    for (int i = 0; i < p->n_rows; i++)
+        if (p->rows[i].position == position) return &p->rows[i];
+    ck_abort_msg("%s has no row at position %d", p->dataset, position);
+    return NULL;
+}
+
+START_TEST(tied_swaps_are_accepted)
+{
+    synth_spec s;
+    synth_spec_init(&s);
+    s.tie_layer = 3;
+    s.tie_position = 35; /* 9 visible entries, k = 4 */
+    s.tie_count = 2;
+    dsv4_verify_result *r = pair(&s);
+    ck_assert_int_eq(r->status, DSV4_VERIFY_PASS);
+    const dsv4_verify_row *row = row_at(find(r, "layers/3/topk_idx"), 35);
+    ck_assert_double_eq(row->v[DSV4_METRIC_ACCEPTED], 2);
+    ck_assert_double_eq(row->v[DSV4_METRIC_STRICT], 0);
+    ck_assert_double_eq_tol(row->v[DSV4_METRIC_RECALL], 0.5, 1e-12);
+    ck_assert_double_eq_tol(row->v[DSV4_METRIC_JACCARD], 2.0 / 6.0, 1e-12);
+    dsv4_verify_result_free(r);
+}
+END_TEST
+
+START_TEST(lower_swaps_are_strict)
+{
+    synth_spec s;
+    synth_spec_init(&s);
+    s.low_layer = 3;
+    s.low_position = 35;
+    s.low_count = 2;
+    dsv4_verify_result *r = pair(&s);
+    ck_assert_int_eq(r->status, DSV4_VERIFY_DIVERGED);
+    const dsv4_verify_probe *p = find(r, "layers/3/topk_idx");
+    const dsv4_verify_row *row = row_at(p, 35);
+    ck_assert_double_eq(row->v[DSV4_METRIC_STRICT], 2);
+    ck_assert_double_eq(row->v[DSV4_METRIC_ACCEPTED], 0);
+    ck_assert_int_eq(p->n_failed_rows, 1);
+    ck_assert_int_eq(r->first.position, 35);
+    ck_assert_int_eq(r->first.layer, 3);
+    ck_assert_str_eq(r->first.dataset, "layers/3/topk_idx");
+    ck_assert_int_eq(r->first.metric, DSV4_METRIC_STRICT);
+    ck_assert_ptr_nonnull(strstr(r->first.detail, "golden score"));
+    dsv4_verify_result_free(r);
+    /* the same swap judged without golden scores is strict too, and says why */
+    s.omit_dataset = "layers/3/indexer_scores";
+    s.omit_role = 0;
+    r = pair(&s);
+    p = find(r, "layers/3/topk_idx");
+    ck_assert_double_eq(row_at(p, 35)->v[DSV4_METRIC_STRICT], 2);
+    ck_assert_ptr_nonnull(strstr(p->note, "every pick outside the golden set is strict"));
+    dsv4_verify_result_free(r);
+}
+END_TEST
+
+START_TEST(tied_swaps_rejected_when_tolerance_is_negative_control)
+{
+    /* the tie rule must be what accepts the tied swap: make the tolerance reject even exact ties */
+    synth_spec s;
+    synth_spec_init(&s);
+    s.tie_layer = 1;
+    s.tie_position = 39;
+    s.tie_count = 1;
+    char g[4200], c[4200];
+    snprintf(g, sizeof g, "%s/golden.h5", g_dir);
+    snprintf(c, sizeof c, "%s/cand.h5", g_dir);
+    ck_assert_int_eq(synth_write(g, &s, 0), 0);
+    ck_assert_int_eq(synth_write(c, &s, 1), 0);
+    dsv4_verify_options o;
+    dsv4_verify_options_init(&o);
+    const char *tol[] = {"topk_idx=tie_abs:-1e-3", "topk_idx=tie_rel:0"};
+    o.tol = tol;
+    o.n_tol = 2;
+    dsv4_verify_result *r = NULL;
+    ck_assert_int_eq(dsv4_verify_run(g, c, &o, &r), 0);
+    ck_assert_int_eq(r->status, DSV4_VERIFY_DIVERGED);
+    ck_assert_double_eq(row_at(find(r, "layers/1/topk_idx"), 39)->v[DSV4_METRIC_STRICT], 1);
+    dsv4_verify_result_free(r);
+}
+END_TEST
+
+START_TEST(topk_rows_by_hand)
+{
+    dsv4_verify_row row;
+    /* golden picks {0,1,2}; scores 9, 8, 5 and entry 3 ties the k-th (5), entry 4 is far below (1) */
+    const float sc[6] = {9, 8, 5, 5, 1, -INFINITY};
+    const int32_t g[3] = {2, 0, 1};
+    const int32_t same[3] = {0, 1, 2}, tie[3] = {3, 0, 1}, low[3] = {4, 0, 1}, dup[3] = {0, 0, 1}, invis[3] = {5, 0, 1};
+    const int32_t shorter[3] = {0, 1, -1};
+    dsv4_verify_row_clear(&row, 0, -1);
+    dsv4_verify_topk(g, same, 3, sc, 6, 0, 0, &row);
+    ck_assert_double_eq(row.v[DSV4_METRIC_RECALL], 1);
+    ck_assert_double_eq(row.v[DSV4_METRIC_STRICT], 0);
+    dsv4_verify_topk(g, tie, 3, sc, 6, 0, 0, &row);
+    ck_assert_double_eq(row.v[DSV4_METRIC_ACCEPTED], 1);
+    ck_assert_double_eq(row.v[DSV4_METRIC_STRICT], 0);
+    dsv4_verify_topk(g, low, 3, sc, 6, 0, 0, &row);
+    ck_assert_double_eq(row.v[DSV4_METRIC_STRICT], 1);
+    dsv4_verify_topk(g, low, 3, sc, 6, 4.0, 0, &row); /* within an absolute tolerance of 4: accepted */
+    ck_assert_double_eq(row.v[DSV4_METRIC_STRICT], 0);
+    dsv4_verify_topk(g, low, 3, sc, 6, 0, 4.0 / 9.0 - 1e-9, &row); /* relative to max|score| = 9: just short */
+    ck_assert_double_eq(row.v[DSV4_METRIC_STRICT], 1);
+    dsv4_verify_topk(g, dup, 3, sc, 6, 1e9, 0, &row); /* a repeated pick is never acceptable */
+    ck_assert_double_eq(row.v[DSV4_METRIC_STRICT], 1);
+    dsv4_verify_topk(g, invis, 3, sc, 6, 1e9, 0, &row); /* an invisible entry (-inf) is never acceptable */
+    ck_assert_double_eq(row.v[DSV4_METRIC_STRICT], 1);
+    dsv4_verify_topk(g, shorter, 3, sc, 6, 0, 0, &row); /* a dropped pick is strict */
+    ck_assert_double_eq(row.v[DSV4_METRIC_STRICT], 1);
+    ck_assert_double_eq_tol(row.v[DSV4_METRIC_RECALL], 2.0 / 3.0, 1e-12);
+    dsv4_verify_topk(g, tie, 3, NULL, 0, 1e9, 1e9, &row); /* no scores: strict */
+    ck_assert_double_eq(row.v[DSV4_METRIC_STRICT], 1);
+}
+END_TEST
+
+START_TEST(router_and_dense_by_hand)
+{
+    dsv4_verify_row row;
+    const int32_t g[3] = {5, 1, 7}, perm[3] = {7, 5, 1}, one[3] = {7, 5, 2};
+    dsv4_verify_row_clear(&row, 0, -1);
+    dsv4_verify_router_ids(g, perm, 3, &row);
+    ck_assert_double_eq(row.v[DSV4_METRIC_MISMATCH], 0);
+    dsv4_verify_router_ids(g, one, 3, &row);
+    ck_assert_double_eq(row.v[DSV4_METRIC_MISMATCH], 1);
+    ck_assert_double_eq_tol(row.v[DSV4_METRIC_JACCARD], 0.5, 1e-12);
+    /* weights paired by id: the same weights in another order are equal */
+    const float gw[3] = {0.5f, 0.3f, 0.2f}, cw[3] = {0.2f, 0.5f, 0.3f};
+    dsv4_verify_row_clear(&row, 0, -1);
+    dsv4_verify_router_weights(gw, cw, g, perm, 3, &row);
+    ck_assert_double_eq(row.v[DSV4_METRIC_MAX_ABS], 0);
+    /* dense: g = (3, 4), c = (3, 4.5): ||d|| = 0.5, ||g|| = 5 */
+    const float a[2] = {3, 4}, b[2] = {3, 4.5f};
+    dsv4_verify_row_clear(&row, 0, -1);
+    dsv4_verify_dense_f32(a, b, 2, &row);
+    ck_assert_double_eq_tol(row.v[DSV4_METRIC_REL_L2], 0.1, 1e-12);
+    ck_assert_double_eq_tol(row.v[DSV4_METRIC_NMSE], 0.01, 1e-12);
+    ck_assert_double_eq_tol(row.v[DSV4_METRIC_MAX_ABS], 0.5, 1e-12);
+    ck_assert_int_eq(row.max_abs_at, 1);
+    ck_assert_double_eq_tol(row.v[DSV4_METRIC_COSINE], (9 + 18.0) / (5 * sqrt(9 + 20.25)), 1e-12);
+    /* matching -inf is agreement; NaN anywhere and a lone inf are not */
+    const float gi[4] = {-INFINITY, 1, 2, NAN}, ci[4] = {-INFINITY, INFINITY, 2, NAN};
+    dsv4_verify_row_clear(&row, 0, -1);
+    dsv4_verify_dense_f32(gi, ci, 4, &row);
+    ck_assert_double_eq(row.v[DSV4_METRIC_NONFINITE], 2);
+    ck_assert_int_eq(row.nonfinite_at, 1);
+}
+END_TEST
+
+START_TEST(logits_by_hand)
+{
+    dsv4_verify_row row;
+    /* KL of softmax([0, log 3]) = (1/4, 3/4) against softmax([0, 0]) = (1/2, 1/2) */
+    const float g[2] = {0, (float)log(3.0)}, c[2] = {0, 0};
+    dsv4_verify_row_clear(&row, 0, -1);
+    dsv4_verify_logits(g, c, 2, 0, 0, &row);
+    double want = 0.25 * log(0.25 / 0.5) + 0.75 * log(0.75 / 0.5);
+    ck_assert_double_eq_tol(row.v[DSV4_METRIC_KL], want, 1e-7);
+    ck_assert_int_eq(row.argmax_g, 1);
+    ck_assert_int_eq(row.argmax_c, 0);
+    ck_assert_double_eq(row.v[DSV4_METRIC_ARGMAX], 1); /* margin log 3 > 0 */
+    dsv4_verify_logits(g, c, 2, 2.0, 0, &row);            /* within a tie tolerance of 2: accepted */
+    ck_assert_double_eq(row.v[DSV4_METRIC_ARGMAX], 0);
+    /* top-5 overlap: 6 logits, candidate swaps the 5th and 6th */
+    const float g6[6] = {6, 5, 4, 3, 2, 1}, c6[6] = {6, 5, 4, 3, 1, 2};
+    dsv4_verify_logits(g6, c6, 6, 0, 0, &row);
+    ck_assert_double_eq_tol(row.v[DSV4_METRIC_TOP5], 0.8, 1e-12);
+    ck_assert_double_eq(row.v[DSV4_METRIC_ARGMAX], 0);
+    /* a large vocabulary in double: identical rows give KL 0 exactly */
+    float *big = malloc(129280 * sizeof *big);
+    for (int i = 0; i < 129280; i++) big[i] = (float)sin(i * 0.37) * 8;
+    dsv4_verify_logits(big, big, 129280, 0, 0, &row);
+    ck_assert_double_eq(row.v[DSV4_METRIC_KL], 0);
+    free(big);
+}
+END_TEST
+
+int main(void)
+{
+    g_dir = dsv4_test_mkdtemp("verify-topk");
+    Suite *s = suite_create("verify_topk");
+    TCase *tc = tcase_create("core");
+    tcase_add_test(tc, tied_swaps_are_accepted);
+    tcase_add_test(tc, lower_swaps_are_strict);
+    tcase_add_test(tc, tied_swaps_rejected_when_tolerance_is_negative_control);
+    tcase_add_test(tc, topk_rows_by_hand);
+    tcase_add_test(tc, router_and_dense_by_hand);
+    tcase_add_test(tc, logits_by_hand);
+    suite_add_tcase(s, tc);
+    int rc = dsv4_test_main(s);
+    dsv4_test_rmtree(g_dir);
+    return rc;
+}
