@@ -45,9 +45,15 @@ struct dsv4_dump {
 
 /* ------------------------------------------------------------------------------------------ root attrs */
 
+typedef struct dsv4_dump_attr_iter {
+    dsv4_dump *d;
+    int rc; /* our error, if the callback stopped the iteration */
+} dsv4_dump_attr_iter;
+
 static herr_t dsv4_dump_attr_cb(hid_t loc, const char *name, const H5A_info_t *info, void *data)
 {
-    dsv4_dump *d = data;
+    dsv4_dump_attr_iter *it = data;
+    dsv4_dump *d = it->d;
     hid_t a = H5Aopen(loc, name, H5P_DEFAULT);
     if (a < 0) return 0;
     hid_t t = H5Aget_type(a);
@@ -56,14 +62,14 @@ static herr_t dsv4_dump_attr_cb(hid_t loc, const char *name, const H5A_info_t *i
     H5Aclose(a);
     if (!is_str) return 0;
     char *value = NULL;
-    if (dsv4_h5_read_str_attr(loc, name, d->path, &value) != 0) return -1;
+    if ((it->rc = dsv4_h5_read_str_attr(loc, name, d->path, &value)) != 0) return -1;
     dsv4_dump_kv *kv = realloc(d->attrs, ((size_t)d->n_attrs + 1) * sizeof *kv);
     char *nm = strdup(name);
     if (!kv || !nm) {
         free(value);
         free(nm);
         if (kv) d->attrs = kv;
-        dsv4_error(DSV4_ERR_NOMEM, "%s: out of memory", d->path);
+        it->rc = dsv4_error(DSV4_ERR_NOMEM, "%s: out of memory", d->path);
         return -1;
     }
     d->attrs = kv;
@@ -89,9 +95,9 @@ static int dsv4_dump_read_root(dsv4_dump *d)
     }
     free(schema);
     hsize_t idx = 0;
-    dsv4_error(0, "%s", "");
-    if (H5Aiterate2(d->file, H5_INDEX_NAME, H5_ITER_INC, &idx, dsv4_dump_attr_cb, d) < 0) {
-        if (dsv4_last_error()[0]) return DSV4_ERR_FORMAT;
+    dsv4_dump_attr_iter it = {d, 0};
+    if (H5Aiterate2(d->file, H5_INDEX_NAME, H5_ITER_INC, &idx, dsv4_dump_attr_cb, &it) < 0) {
+        if (it.rc) return it.rc;
         return dsv4_error(DSV4_ERR_FORMAT, "%s: cannot list root attributes: %s", d->path,
                           dsv4_h5_errmsg(msg, sizeof msg));
     }
