@@ -160,8 +160,11 @@ static int profile_parse(dsv4_verify_profile *p, json_t *root)
                 return dsv4_error(DSV4_ERR_FORMAT, "%s: probes.%s.%s is not a number", p->source, key, mk);
             char where[700];
             snprintf(where, sizeof where, "%s: probes.%s", p->source, key);
-            int rc = entry_apply(e, mk, json_number_value(mv), where);
-            if (rc) return dsv4_error(DSV4_ERR_FORMAT, "%s", dsv4_last_error());
+            if (entry_apply(e, mk, json_number_value(mv), where)) {
+                char why[1024]; /* dsv4_error must not format its own buffer */
+                snprintf(why, sizeof why, "%s", dsv4_last_error());
+                return dsv4_error(DSV4_ERR_FORMAT, "%s", why);
+            }
         }
     }
     if (!profile_find(p, "default"))
