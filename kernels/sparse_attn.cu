@@ -103,8 +103,8 @@ __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mma_partial(const __grid
     extern __shared__ __align__(16) unsigned char attn_smem[];
     uint16_t *q_s = reinterpret_cast<uint16_t *>(attn_smem);  /* [HG][d+8] bf16 */
     uint16_t *kv_s = q_s + HG * pitch;                         /* [2][ATTN_T][d+8] bf16 */
-    float *s_s = reinterpret_cast<float *>(kv_s + 2 * ATTN_T * pitch); /* [HG][ATTN_S_PITCH] */
-    uint16_t *p_s = reinterpret_cast<uint16_t *>(s_s + HG * ATTN_S_PITCH); /* [HG][ATTN_P_PITCH] bf16 */
+    float *s_s = reinterpret_cast<float *>(kv_s + 2 * ATTN_T * pitch); /* [2][HG][ATTN_S_PITCH] k-halves */
+    uint16_t *p_s = reinterpret_cast<uint16_t *>(s_s + 2 * HG * ATTN_S_PITCH); /* [HG][ATTN_P_PITCH] bf16 */
     float *m_s = reinterpret_cast<float *>(p_s + HG * ATTN_P_PITCH); /* [HG] running max */
     float *l_s = m_s + HG;                                     /* [HG] running sum of rounded p */
     float *alpha_s = l_s + HG;                                 /* [HG] rescale of this tile */
@@ -140,54 +140,79 @@ __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mma_partial(const __grid
         if (t + 1 < t_end) attn_issue_tile(p, c, t + 1, kv_s + (buf ^ 1) * ATTN_T * pitch, idx_s + (buf ^ 1) * ATTN_T);
         dsv4_cp_async_commit();
 
-        /* S = Q.K^T: warp w < 2*MT owns m-tile w/2 and the 16 entries (w%2)*16.. of the tile. */
+        /* S = Q.K^T: warp w < 2*MT owns m-tile w/2, all ATTN_T entries, and the k-steps ks = w%2 (mod 2); the two
+         * halves go to separate buffers and are added (in a fixed order) by the softmax. Each Q element is read
+         * from shared memory once per tile, each K element MT times. */
         if (warp < 2 * MT) {
-            const int mi = warp >> 1, nh = warp & 1;
-            float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-            const uint16_t *qa = q_s + (mi * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * pitch + (lane >> 4) * 8;
-            const uint16_t *kb = kt + (nh * 16 + ((lane >> 4) << 3) + (lane & 7)) * pitch + ((lane >> 3) & 1) * 8;
-            for (int ks = 0; ks < d / 16; ks++) {
-                uint32_t a[4], b[4];
-                dsv4_ldmatrix_x4(a, qa + ks * 16);
-                dsv4_ldmatrix_x4(b, kb + ks * 16);
-                dsv4_mma_bf16_16816(s[0], a, b);
-                dsv4_mma_bf16_16816(s[1], a, b + 2);
-            }
-            const int *it = idx_s + buf * ATTN_T;
+            const int mi = warp >> 1, kh = warp & 1;
+            float s[4][4];
 #pragma unroll
-            for (int nt = 0; nt < 2; nt++) {
-                int col = nh * 16 + nt * 8 + 2 * tq;
-                bool v0 = it[col] >= 0, v1 = it[col + 1] >= 0;
-                float *r0 = s_s + (mi * 16 + g) * ATTN_S_PITCH + col, *r1 = r0 + 8 * ATTN_S_PITCH;
-                r0[0] = v0 ? s[nt][0] * p.scale : -INFINITY;
-                r0[1] = v1 ? s[nt][1] * p.scale : -INFINITY;
-                r1[0] = v0 ? s[nt][2] * p.scale : -INFINITY;
-                r1[1] = v1 ? s[nt][3] * p.scale : -INFINITY;
+            for (int nt = 0; nt < 4; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+            const uint16_t *qa = q_s + (mi * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * pitch + (lane >> 4) * 8;
+            const uint16_t *kb = kt + (((lane >> 4) << 3) + (lane & 7)) * pitch + ((lane >> 3) & 1) * 8;
+#pragma unroll 2
+            for (int ks = kh; ks < d / 16; ks += 2) {
+                uint32_t a[4], b0[4], b1[4];
+                dsv4_ldmatrix_x4(a, qa + ks * 16);
+                dsv4_ldmatrix_x4(b0, kb + ks * 16);
+                dsv4_ldmatrix_x4(b1, kb + 16 * pitch + ks * 16);
+                dsv4_mma_bf16_16816(s[0], a, b0);
+                dsv4_mma_bf16_16816(s[1], a, b0 + 2);
+                dsv4_mma_bf16_16816(s[2], a, b1);
+                dsv4_mma_bf16_16816(s[3], a, b1 + 2);
+            }
+            float *sh = s_s + kh * HG * ATTN_S_PITCH;
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++) {
+                float *r0 = sh + (mi * 16 + g) * ATTN_S_PITCH + nt * 8 + 2 * tq, *r1 = r0 + 8 * ATTN_S_PITCH;
+                *reinterpret_cast<float2 *>(r0) = make_float2(s[nt][0], s[nt][1]);
+                *reinterpret_cast<float2 *>(r1) = make_float2(s[nt][2], s[nt][3]);
             }
         }
         __syncthreads();
 
-        /* Online softmax: warp w takes rows w, w+8, ...; lane = entry of the tile. */
-        for (int r = warp; r < HG; r += ATTN_WARPS) {
-            float sv = s_s[r * ATTN_S_PITCH + lane];
-            float mx = sv;
+        /* Online softmax: warp w takes rows w, w+8, ... (RPW of them, interleaved for latency); lane = entry. */
+        {
+            constexpr int RPW = HG / ATTN_WARPS;
+            const bool valid = idx_s[buf * ATTN_T + lane] >= 0;
+            float sv[RPW], mx[RPW];
 #pragma unroll
-            for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-            float m_old = m_s[r], m_new = fmaxf(m_old, mx);
-            float pv = 0.0f, alpha = 1.0f;
-            if (m_new != -INFINITY) {
-                pv = dsv4_bf16_round(expf(sv - m_new)); /* exp(-inf) = 0 for skipped entries */
-                alpha = expf(m_old - m_new);
+            for (int i = 0; i < RPW; i++) {
+                const int r = warp + ATTN_WARPS * i;
+                float v = s_s[r * ATTN_S_PITCH + lane] + s_s[(HG + r) * ATTN_S_PITCH + lane];
+                sv[i] = valid ? v * p.scale : -INFINITY;
+                mx[i] = sv[i];
             }
-            float sum = pv;
 #pragma unroll
-            for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-            p_s[r * ATTN_P_PITCH + lane] = __bfloat16_as_ushort(__float2bfloat16_rn(pv));
+            for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+                for (int i = 0; i < RPW; i++) mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], o));
+            float pv[RPW], al[RPW], mn[RPW];
+#pragma unroll
+            for (int i = 0; i < RPW; i++) {
+                const float m_old = m_s[warp + ATTN_WARPS * i];
+                mn[i] = fmaxf(m_old, mx[i]);
+                pv[i] = 0.0f;
+                al[i] = 1.0f;
+                if (mn[i] != -INFINITY) {
+                    pv[i] = dsv4_bf16_round(expf(sv[i] - mn[i])); /* exp(-inf) = 0 for skipped entries */
+                    al[i] = expf(m_old - mn[i]);
+                }
+                p_s[(warp + ATTN_WARPS * i) * ATTN_P_PITCH + lane] = __bfloat16_as_ushort(__float2bfloat16_rn(pv[i]));
+            }
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+                for (int i = 0; i < RPW; i++) pv[i] += __shfl_xor_sync(0xffffffffu, pv[i], o);
             __syncwarp();
             if (lane == 0) {
-                m_s[r] = m_new;
-                l_s[r] = l_s[r] * alpha + sum;
-                alpha_s[r] = alpha;
+#pragma unroll
+                for (int i = 0; i < RPW; i++) {
+                    const int r = warp + ATTN_WARPS * i;
+                    m_s[r] = mn[i];
+                    l_s[r] = l_s[r] * al[i] + pv[i];
+                    alpha_s[r] = al[i];
+                }
             }
         }
         __syncthreads();
@@ -257,33 +282,48 @@ __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mma_partial(const __grid
 }
 
 /* ------------------------------------------------------------------------------------------------ combine */
-/* One block per (head, sequence): merges the splits in order 0..n_split-1. */
+/* One block per (head, sequence): merges the splits in order 0..n_split-1. The split weights are computed once
+ * (thread 0, serially, fixed order) into shared memory; each thread then merges 4 channels. */
 __global__ void __launch_bounds__(128) attn_combine(const __grid_constant__ attn_kparams kp)
 {
     const dsv4_sparse_attn_params &p = kp.p;
     const int h = blockIdx.x, c = blockIdx.y, d = p.head_dim, ns = kp.n_split;
     const size_t row0 = (size_t)c * ns * p.n_heads + h; /* split s at row0 + s*H */
-    const float sink = p.sink[h];
-    float mx = sink;
-    for (int s = 0; s < ns; s++) mx = fmaxf(mx, kp.ws_ml[(row0 + (size_t)s * p.n_heads) * 2]);
-    float denom = expf(sink - mx);
-    for (int s = 0; s < ns; s++) {
-        float m = kp.ws_ml[(row0 + (size_t)s * p.n_heads) * 2], l = kp.ws_ml[(row0 + (size_t)s * p.n_heads) * 2 + 1];
-        if (m != -INFINITY) denom += l * expf(m - mx);
+    extern __shared__ float comb_smem[];
+    float *w_s = comb_smem;      /* [ns] running max, then weight e^{m_s - M} / denominator */
+    float *l_s = comb_smem + ns; /* [ns] */
+    for (int s = threadIdx.x; s < ns; s += blockDim.x) {
+        float2 ml = *reinterpret_cast<const float2 *>(kp.ws_ml + (row0 + (size_t)s * p.n_heads) * 2);
+        w_s[s] = ml.x;
+        l_s[s] = ml.y;
     }
-    const float inv = 1.0f / denom;
-    for (int i = threadIdx.x; i < d / 2; i += blockDim.x) {
-        float x = 0.0f, y = 0.0f;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const float sink = p.sink[h];
+        float mx = sink;
+        for (int s = 0; s < ns; s++) mx = fmaxf(mx, w_s[s]);
+        float denom = expf(sink - mx);
         for (int s = 0; s < ns; s++) {
-            const size_t row = row0 + (size_t)s * p.n_heads;
-            float m = kp.ws_ml[row * 2];
-            if (m == -INFINITY) continue;
-            float w = expf(m - mx);
-            float2 v = *reinterpret_cast<const float2 *>(kp.ws_o + row * d + 2 * i);
-            x += w * v.x;
-            y += w * v.y;
+            w_s[s] = w_s[s] == -INFINITY ? 0.0f : expf(w_s[s] - mx);
+            denom += l_s[s] * w_s[s];
         }
-        attn_store_pair(p, c, h, 2 * i, x * inv, y * inv);
+        const float inv = 1.0f / denom;
+        for (int s = 0; s < ns; s++) w_s[s] *= inv;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < d / 4; i += blockDim.x) {
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
+        for (int s = 0; s < ns; s++) {
+            const float w = w_s[s];
+            float4 v = *reinterpret_cast<const float4 *>(kp.ws_o + (row0 + (size_t)s * p.n_heads) * d + 4 * i);
+            acc.x += w * v.x;
+            acc.y += w * v.y;
+            acc.z += w * v.z;
+            acc.w += w * v.w;
+        }
+        attn_store_pair(p, c, h, 4 * i, acc.x, acc.y);
+        attn_store_pair(p, c, h, 4 * i + 2, acc.z, acc.w);
     }
 }
 
@@ -360,7 +400,7 @@ __global__ void __launch_bounds__(ATTN_SIMT_THREADS) attn_simt(const __grid_cons
 static size_t attn_mma_smem(int mt, int d)
 {
     int hg = 16 * mt, pitch = d + 8;
-    return (size_t)hg * pitch * 2 + (size_t)2 * ATTN_T * pitch * 2 + (size_t)hg * ATTN_S_PITCH * 4 +
+    return (size_t)hg * pitch * 2 + (size_t)2 * ATTN_T * pitch * 2 + (size_t)2 * hg * ATTN_S_PITCH * 4 +
            (size_t)hg * ATTN_P_PITCH * 2 + (size_t)hg * 3 * 4 + 2 * ATTN_T * 4;
 }
 
@@ -443,7 +483,7 @@ template <int MT> static int attn_launch_mma(const attn_kparams *kp)
     attn_mma_partial<MT><<<grid, ATTN_THREADS, smem, p->stream>>>(*kp);
     DSV4_LAUNCH_CHECK("attn_mma_partial");
     if (kp->n_split > 1) {
-        attn_combine<<<dim3(p->n_heads, p->n_seq), 128, 0, p->stream>>>(*kp);
+        attn_combine<<<dim3(p->n_heads, p->n_seq), 128, 2 * kp->n_split * sizeof(float), p->stream>>>(*kp);
         DSV4_LAUNCH_CHECK("attn_combine");
     }
     return 0;

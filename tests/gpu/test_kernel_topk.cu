@@ -1,4 +1,5 @@
-/* test_kernel_topk.cu - kernels/topk.cu: exact equality with a CPU sort under the tie rule "higher score first,
+/* test_kernel_topk.cu - kernels/topk.cu (both its paths: one block per sequence for n_work <= 8192, multi-block
+ * radix select above): exact equality with a CPU sort under the tie rule "higher score first,
  * then lower id" (model-spec §13), -1 padding when fewer than k entries are live, both index_context positions.
  * Inputs are fresh random scores per case (fixed seeds), in three flavours: continuous; coarsely quantised (many
  * exact ties, +0.0 and -0.0 mixed, as the indexer produces when every ReLU is 0); and all equal. Outputs are
@@ -36,6 +37,7 @@ static const tk_case cases[] = {
     {"n=262144 k=512", 2, 512, 262144, FLAVOUR_CONT, {262144, 262143}},
     {"n=262144 k=2048 tied", 1, 2048, 262144, FLAVOUR_TIED, {262144}},
     {"n=5000 k=512 all equal", 2, 512, 5000, FLAVOUR_EQUAL, {5000, 3000}},
+    {"multi-block n=0,100,9000 k=512", 3, 512, 9000, FLAVOUR_TIED, {0, 100, 9000}},
 };
 enum { N_CASES = sizeof(cases) / sizeof(cases[0]) };
 
