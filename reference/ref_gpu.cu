@@ -1,11 +1,879 @@
-/* ref_gpu.cu - TEMPORARY PLACEHOLDER for the GPU reference (issue 5, item 3): it only lets CUDA builds link.
- * It returns DSV4_ERR_UNSUPPORTED until the GPU reference replaces this file; nothing here is a GPU path. */
-#include "dsv4/dsv4_ref.h"
+/* ref_gpu.cu - the GPU fp32 reference (issue 5 item 3; model-spec §4-§12): the same math as the CPU reference
+ * (ref_forward.c) on one GPU, behind the device-neutral dsv4_ref object of ref_model.h. cuBLAS SGEMM for every
+ * linear (batched over the call's tokens), the kernels of ref_gpu_ops.cu / ref_gpu_attn.cu for the rest.
+ *
+ * Layout: one device arena for the weights (uploaded once from the loader's f32 view), one for the decode state
+ * (window rings, compressor states, compressed pools, indexer key pools; sized by max_tokens), one for the
+ * scratch of a call of up to chunk tokens (allocated at init, so a decode step allocates nothing). A prefill
+ * longer than the chunk runs as consecutive calls: the forward of n tokens at p0 is exact for any p0 given
+ * the state (the window keys older than the call come from the ring, the compressors are state machines, the
+ * indexer's valid picks do not depend on the pool's future entries).
+ *
+ * Invariants that fail quietly (the CPU's, ref_forward.c):
+ * - The ring is written after the call's attention; compressed entries are emitted before it.
+ * - Sliding layers use the main RoPE table; CSA/HCA layers the compress table (q, window kv, entries, indexer).
+ * - Probes are copied back only for stored positions (dsv4_probe_wants), with the CPU's row lengths (the
+ *   indexer scores of the visible entries only, k = min(index_topk, pool) picks).
+ * - The MoE groups the call's (token, expert) pairs by expert on the host: the routing ids come back once
+ *   per layer; the sum over a token's experts is formed in its routing order, then the shared expert added.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern "C" {
+#include "ref_model.h"
+}
+#include "ref_gpu.cuh"
+
+enum { GPU_CHUNK = 4096, LOGIT_ROWS = 64, ISCORE_FLOATS = 1 << 24 };
+
+typedef struct gpu_hc {
+    float *fn, *base, *scale; /* [(2+n)·n, n·D], [(2+n)·n], [3] */
+} gpu_hc;
+
+/* Device weights and state of one layer. Weights in the weight arena, state in the state arena. */
+typedef struct gpu_layer {
+    dsv4_attn_type attn;
+    dsv4_mlp_type mlp;
+    int ratio;
+    gpu_hc hc_attn, hc_ffn;
+    float *attn_norm, *ffn_norm;       /* [D] */
+    float *wq_a, *q_norm, *wq_b;       /* [q_r, D], [q_r], [H·d, q_r] */
+    float *wkv, *kv_norm;              /* [d, D], [d] */
+    float *wo_a, *wo_b, *sinks;        /* [G·o_r, H·d/G], [D, G·o_r], [H] */
+    float *cmp_wkv, *cmp_wgate, *cmp_ape, *cmp_norm; /* [width, D] ×2, [ratio, width], [d] */
+    float *idx_wq_b, *idx_wproj;       /* [H_I·d_I, q_r], [H_I, D] */
+    float *idx_wkv, *idx_wgate, *idx_ape, *idx_norm; /* [2·d_I, D] ×2, [ratio, 2·d_I], [d_I] */
+    float *gate_w, *gate_bias;         /* [E, D], [E] (learned layers; NULL on hash layers) */
+    int32_t *tid2eid;                  /* [V, k] (hash layers) in the int arena, else NULL */
+    float **w1, **w3, **w2;            /* [E] host arrays of device pointers: [I, D], [I, D], [D, I] */
+    float *sh_w1, *sh_w3, *sh_w2;
+    /* decode state */
+    float *win;                        /* [window, d] ring */
+    float *pool;                       /* [pool_cap, d] compressed entries (ratio > 0) */
+    float *ipool;                      /* [pool_cap, d_I] indexer keys (csa) */
+    int n_entries, n_ientries, pool_cap;
+    dsv4_ref_gpu_compressor cmp, icmp;
+} gpu_layer;
+
+/* Device scratch of one call of up to S tokens (one arena). */
+typedef struct gpu_scratch {
+    int S;
+    float *X, *X2, *vn;               /* [S, n, D] */
+    float *mix, *pre, *post, *comb;   /* [S, (2+n)·n], [S, n], [S, n], [S, n, n] */
+    float *xa, *xn;                   /* [S, D] */
+    float *qr, *q, *kv;               /* [S, q_r], [S, H·d], [S, d] */
+    float *ckv, *cg, *ikv, *ig;       /* [S, 2·d], [S, 2·d], [S, 2·d_I], [S, 2·d_I] */
+    float *qI, *wI;                   /* [S, H_I·d_I], [S, H_I] */
+    float *o, *z, *aout;              /* [S, H·d], [S, G·o_r], [S, D] */
+    float *cos_m, *sin_m, *cos_c, *sin_c; /* [S, n_pairs] */
+    float *iscore;                    /* [iq, pool_cap_max] indexer scores of iq queries */
+    int32_t *topk;                    /* [S, topk] */
+    float *rlogits, *rsbuf, *rw;      /* [S, E], [S, E], [S, k] */
+    int32_t *rids;                    /* [S, k] */
+    int32_t *row_tok, *slot_of;       /* [S·k] */
+    float *xg, *yg;                   /* [S·k, D] */
+    float *eg, *eu;                   /* [S·k, I] */
+    float *fout;                      /* [S, D] */
+    float *hm, *hpre, *y;             /* [S, n], [S, n], [S, D] */
+    float *yrows, *logits;            /* [LOGIT_ROWS, D], [LOGIT_ROWS, V] */
+    int32_t *tokens, *lrows;          /* [S], [LOGIT_ROWS] */
+} gpu_scratch;
+
+typedef struct dsv4_ref_gpu {
+    dsv4_config cfg;
+    int n_pairs, topk, chunk, iq, m_max, pool_cap_max;
+    cublasHandle_t blas;
+    float *inv_main, *inv_cmp;        /* [n_pairs] device */
+    float *embed, *head, *norm, *hc_head_fn, *hc_head_base, *hc_head_scale;
+    gpu_layer *lw;                    /* [L] host, owned */
+    float *w_arena;                   /* device, owned: every weight */
+    int32_t *i_arena;                 /* device, owned: tid2eid of the hash layers */
+    float *state_mem;                 /* device, owned */
+    float *scratch_mem;               /* device, owned */
+    gpu_scratch sc;
+    float *host;                      /* [host_floats] staging of probe rows, owned */
+    size_t host_floats;
+    int32_t *h_rids, *h_row_tok, *h_slot_of, *h_count; /* host MoE grouping: [chunk·k] ×3, [2·E] */
+} dsv4_ref_gpu;
+
+/* ------------------------------------------------------------------------------------ weight upload */
+/* Two passes over the same binding code: count (arena NULL) sizes the arena, upload carves and copies. */
+typedef struct binder {
+    dsv4_model *m;
+    float *arena;       /* NULL: counting pass */
+    size_t off;         /* floats */
+    float *staging;     /* host, [staging_cap] */
+    size_t staging_cap;
+    size_t max_numel;
+} binder;
+
+static int bind(binder *b, float **out, size_t numel, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static int bind(binder *b, float **out, size_t numel, const char *fmt, ...)
+{
+    char name[160];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    if (numel > b->max_numel) b->max_numel = numel;
+    size_t at = b->off;
+    b->off = (b->off + numel + 63) & ~(size_t)63; /* 256-byte aligned views */
+    if (!b->arena) {
+        *out = NULL;
+        return 0;
+    }
+    *out = b->arena + at;
+    int rc = dsv4_model_read_f32(b->m, name, b->staging, numel);
+    if (rc) return rc;
+    DSV4_REF_CUDA_CHECK(cudaMemcpy(*out, b->staging, numel * sizeof(float), cudaMemcpyHostToDevice));
+    return 0;
+}
+
+#define BIND(dst, numel, ...)                                                                                    \
+    do {                                                                                                         \
+        int rc_ = bind(b, &(dst), (size_t)(numel), __VA_ARGS__);                                                 \
+        if (rc_) return rc_;                                                                                     \
+    } while (0)
+
+static int bind_layer(dsv4_ref_gpu *g, binder *b, int L)
+{
+    const dsv4_config *f = &g->cfg;
+    gpu_layer *w = &g->lw[L];
+    size_t D = f->hidden_size, H = f->num_attention_heads, d = f->head_dim, qr = f->q_lora_rank, n = f->hc_mult;
+    size_t G = f->o_groups, o_r = f->o_lora_rank, HI = f->index_n_heads, dI = f->index_head_dim;
+    size_t E = f->n_routed_experts, NI = f->moe_intermediate_size, mix = (2 + n) * n;
+    w->attn = f->attn_type[L];
+    w->mlp = f->mlp_type[L];
+    w->ratio = w->attn == DSV4_ATTN_SLIDING ? 0 : f->compress_ratio[L];
+    if (w->attn != DSV4_ATTN_SLIDING && w->ratio <= 0)
+        return dsv4_error(DSV4_ERR_CONFIG, "layer %d: %s attention with compress ratio %d", L,
+                          dsv4_attn_type_name(w->attn), w->ratio);
+    BIND(w->hc_attn.fn, mix * n * D, "layers.%d.hc_attn_fn", L);
+    BIND(w->hc_attn.base, mix, "layers.%d.hc_attn_base", L);
+    BIND(w->hc_attn.scale, 3, "layers.%d.hc_attn_scale", L);
+    BIND(w->hc_ffn.fn, mix * n * D, "layers.%d.hc_ffn_fn", L);
+    BIND(w->hc_ffn.base, mix, "layers.%d.hc_ffn_base", L);
+    BIND(w->hc_ffn.scale, 3, "layers.%d.hc_ffn_scale", L);
+    BIND(w->attn_norm, D, "layers.%d.attn_norm.weight", L);
+    BIND(w->ffn_norm, D, "layers.%d.ffn_norm.weight", L);
+    BIND(w->wq_a, qr * D, "layers.%d.attn.wq_a.weight", L);
+    BIND(w->q_norm, qr, "layers.%d.attn.q_norm.weight", L);
+    BIND(w->wq_b, H * d * qr, "layers.%d.attn.wq_b.weight", L);
+    BIND(w->wkv, d * D, "layers.%d.attn.wkv.weight", L);
+    BIND(w->kv_norm, d, "layers.%d.attn.kv_norm.weight", L);
+    BIND(w->wo_a, G * o_r * (H * d / G), "layers.%d.attn.wo_a.weight", L);
+    BIND(w->wo_b, D * G * o_r, "layers.%d.attn.wo_b.weight", L);
+    BIND(w->sinks, H, "layers.%d.attn.attn_sink", L);
+    if (w->ratio > 0) {
+        size_t width = (w->attn == DSV4_ATTN_CSA ? 2 : 1) * d;
+        BIND(w->cmp_wkv, width * D, "layers.%d.attn.compressor.wkv.weight", L);
+        BIND(w->cmp_wgate, width * D, "layers.%d.attn.compressor.wgate.weight", L);
+        BIND(w->cmp_ape, (size_t)w->ratio * width, "layers.%d.attn.compressor.ape", L);
+        BIND(w->cmp_norm, d, "layers.%d.attn.compressor.norm.weight", L);
+    }
+    if (w->attn == DSV4_ATTN_CSA) {
+        BIND(w->idx_wq_b, HI * dI * qr, "layers.%d.attn.indexer.wq_b.weight", L);
+        BIND(w->idx_wproj, HI * D, "layers.%d.attn.indexer.weights_proj.weight", L);
+        BIND(w->idx_wkv, 2 * dI * D, "layers.%d.attn.indexer.compressor.wkv.weight", L);
+        BIND(w->idx_wgate, 2 * dI * D, "layers.%d.attn.indexer.compressor.wgate.weight", L);
+        BIND(w->idx_ape, (size_t)w->ratio * 2 * dI, "layers.%d.attn.indexer.compressor.ape", L);
+        BIND(w->idx_norm, dI, "layers.%d.attn.indexer.compressor.norm.weight", L);
+    }
+    BIND(w->gate_w, E * D, "layers.%d.ffn.gate.weight", L);
+    if (w->mlp != DSV4_MLP_HASH_MOE) BIND(w->gate_bias, E, "layers.%d.ffn.gate.bias", L);
+    if (!w->w1) {
+        w->w1 = (float **)dsv4_ref_alloc(3 * E * sizeof(float *), "ref-gpu expert table");
+        if (!w->w1) return DSV4_ERR_NOMEM;
+        w->w3 = w->w1 + E;
+        w->w2 = w->w1 + 2 * E;
+    }
+    for (size_t e = 0; e < E; e++) {
+        BIND(w->w1[e], NI * D, "layers.%d.ffn.experts.%zu.w1.weight", L, e);
+        BIND(w->w3[e], NI * D, "layers.%d.ffn.experts.%zu.w3.weight", L, e);
+        BIND(w->w2[e], D * NI, "layers.%d.ffn.experts.%zu.w2.weight", L, e);
+    }
+    BIND(w->sh_w1, NI * D, "layers.%d.ffn.shared_experts.w1.weight", L);
+    BIND(w->sh_w3, NI * D, "layers.%d.ffn.shared_experts.w3.weight", L);
+    BIND(w->sh_w2, D * NI, "layers.%d.ffn.shared_experts.w2.weight", L);
+    return 0;
+}
+
+static int bind_all(dsv4_ref_gpu *g, binder *b)
+{
+    const dsv4_config *f = &g->cfg;
+    size_t D = f->hidden_size, V = f->vocab_size, n = f->hc_mult;
+    BIND(g->embed, V * D, "embed.weight");
+    if (f->tie_word_embeddings) g->head = g->embed;
+    else BIND(g->head, V * D, "head.weight");
+    BIND(g->norm, D, "norm.weight");
+    BIND(g->hc_head_fn, n * n * D, "hc_head_fn");
+    BIND(g->hc_head_base, n, "hc_head_base");
+    BIND(g->hc_head_scale, 1, "hc_head_scale");
+    for (int L = 0; L < f->num_hidden_layers; L++) {
+        int rc = bind_layer(g, b, L);
+        if (rc) return rc;
+    }
+    return 0;
+}
+#undef BIND
+
+/* tid2eid of every hash layer into the int arena, range-checked. */
+static int upload_tid2eid(dsv4_ref_gpu *g, dsv4_model *m)
+{
+    const dsv4_config *f = &g->cfg;
+    size_t V = f->vocab_size, k = f->num_experts_per_tok, E = f->n_routed_experts;
+    int n_hash = 0;
+    for (int L = 0; L < f->num_hidden_layers; L++) n_hash += g->lw[L].mlp == DSV4_MLP_HASH_MOE;
+    if (!n_hash) return 0;
+    DSV4_REF_CUDA_CHECK(cudaMalloc((void **)&g->i_arena, (size_t)n_hash * V * k * sizeof(int32_t)));
+    int32_t *h = (int32_t *)dsv4_ref_alloc(V * k * sizeof(int32_t), "ref-gpu tid2eid staging");
+    if (!h) return DSV4_ERR_NOMEM;
+    int rc = 0, i = 0;
+    for (int L = 0; L < f->num_hidden_layers && !rc; L++) {
+        if (g->lw[L].mlp != DSV4_MLP_HASH_MOE) continue;
+        char name[96];
+        snprintf(name, sizeof name, "layers.%d.ffn.gate.tid2eid", L);
+        if ((rc = dsv4_model_read_i32(m, name, h, V * k))) break;
+        for (size_t t = 0; t < V * k && !rc; t++)
+            if (h[t] < 0 || (size_t)h[t] >= E)
+                rc = dsv4_error(DSV4_ERR_FORMAT, "%s: token %zu maps to expert %d, outside [0, %zu)", name, t / k,
+                                h[t], E);
+        if (rc) break;
+        g->lw[L].tid2eid = g->i_arena + (size_t)i++ * V * k;
+        cudaError_t e = cudaMemcpy(g->lw[L].tid2eid, h, V * k * sizeof(int32_t), cudaMemcpyHostToDevice);
+        if (e != cudaSuccess) rc = dsv4_ref_gpu_cuda_fail(e, "cudaMemcpy(tid2eid)", __FILE__, __LINE__);
+    }
+    dsv4_ref_release(h);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------------------ state, scratch */
+static size_t layout_state(dsv4_ref_gpu *g, int max_tokens, float *mem, int *rc)
+{
+    const dsv4_config *f = &g->cfg;
+    size_t off = 0, d = f->head_dim, dI = f->index_head_dim;
+    g->m_max = f->sliding_window;
+    g->pool_cap_max = 1;
+    for (int L = 0; L < f->num_hidden_layers; L++) {
+        gpu_layer *w = &g->lw[L];
+        int csa = w->attn == DSV4_ATTN_CSA;
+        if (mem) w->win = mem + off;
+        off += (size_t)f->sliding_window * d;
+        if (w->ratio <= 0) continue;
+        w->pool_cap = max_tokens / w->ratio;
+        if (mem) w->pool = mem + off;
+        off += (size_t)w->pool_cap * d;
+        if (mem && !*rc) *rc = dsv4_ref_gpu_compressor_init(&w->cmp, w->ratio, (int)d, csa, mem + off);
+        off += dsv4_ref_compressor_state_floats(w->ratio, (int)d, csa);
+        int extra = csa ? (g->topk < w->pool_cap ? g->topk : w->pool_cap) : w->pool_cap;
+        if (f->sliding_window + extra > g->m_max) g->m_max = f->sliding_window + extra;
+        if (!csa) continue;
+        if (w->pool_cap > g->pool_cap_max) g->pool_cap_max = w->pool_cap;
+        if (mem) w->ipool = mem + off;
+        off += (size_t)w->pool_cap * dI;
+        if (mem && !*rc) *rc = dsv4_ref_gpu_compressor_init(&w->icmp, w->ratio, (int)dI, 1, mem + off);
+        off += dsv4_ref_compressor_state_floats(w->ratio, (int)dI, 1);
+    }
+    return off;
+}
+
+static size_t layout_scratch(dsv4_ref_gpu *g, int S, gpu_scratch *sc, float *mem)
+{
+    const dsv4_config *f = &g->cfg;
+    size_t off = 0, s = (size_t)S, n = f->hc_mult, D = f->hidden_size, H = f->num_attention_heads;
+    size_t d = f->head_dim, HI = f->index_n_heads, dI = f->index_head_dim, E = f->n_routed_experts;
+    size_t k = f->num_experts_per_tok, NI = f->moe_intermediate_size, np = g->n_pairs, V = f->vocab_size;
+#define CARVE(field, count)                                                                                      \
+    do {                                                                                                         \
+        if (mem) sc->field = (decltype(sc->field))(void *)(mem + off);                                           \
+        off += (size_t)(count);                                                                                  \
+        off = (off + 63) & ~(size_t)63;                                                                          \
+    } while (0)
+    CARVE(X, s * n * D);
+    CARVE(X2, s * n * D);
+    CARVE(vn, s * n * D);
+    CARVE(mix, s * (2 + n) * n);
+    CARVE(pre, s * n);
+    CARVE(post, s * n);
+    CARVE(comb, s * n * n);
+    CARVE(xa, s * D);
+    CARVE(xn, s * D);
+    CARVE(qr, s * f->q_lora_rank);
+    CARVE(q, s * H * d);
+    CARVE(kv, s * d);
+    CARVE(ckv, s * 2 * d);
+    CARVE(cg, s * 2 * d);
+    CARVE(ikv, s * 2 * dI);
+    CARVE(ig, s * 2 * dI);
+    CARVE(qI, s * HI * dI);
+    CARVE(wI, s * HI);
+    CARVE(o, s * H * d);
+    CARVE(z, s * f->o_groups * f->o_lora_rank);
+    CARVE(aout, s * D);
+    CARVE(cos_m, s * np);
+    CARVE(sin_m, s * np);
+    CARVE(cos_c, s * np);
+    CARVE(sin_c, s * np);
+    CARVE(iscore, (size_t)g->iq * g->pool_cap_max);
+    CARVE(topk, s * g->topk);
+    CARVE(rlogits, s * E);
+    CARVE(rsbuf, s * E);
+    CARVE(rw, s * k);
+    CARVE(rids, s * k);
+    CARVE(row_tok, s * k);
+    CARVE(slot_of, s * k);
+    CARVE(xg, s * k * D);
+    CARVE(yg, s * k * D);
+    CARVE(eg, s * k * NI);
+    CARVE(eu, s * k * NI);
+    CARVE(fout, s * D);
+    CARVE(hm, s * n);
+    CARVE(hpre, s * n);
+    CARVE(y, s * D);
+    CARVE(yrows, (size_t)LOGIT_ROWS * D);
+    CARVE(logits, (size_t)LOGIT_ROWS * V);
+    CARVE(tokens, s);
+    CARVE(lrows, LOGIT_ROWS);
+#undef CARVE
+    if (mem) sc->S = S;
+    return off;
+}
+
+/* -------------------------------------------------------------------------------------------- probes */
+/* Copy the rows [S, row_len] of the stored positions back and hand each to the sink. */
+static int probe_rows(dsv4_ref_gpu *g, dsv4_probe_sink *probe, int L, const char *name, const float *dev,
+                      size_t row_len, int p0, int S)
+{
+    int s0 = -1, s1 = -1;
+    for (int s = 0; s < S; s++)
+        if (dsv4_probe_wants(probe, p0 + s)) {
+            if (s0 < 0) s0 = s;
+            s1 = s;
+        }
+    if (s0 < 0) return 0;
+    size_t n = (size_t)(s1 - s0 + 1) * row_len;
+    if (n > g->host_floats) return dsv4_error(DSV4_ERR_USAGE, "ref-gpu: probe %s needs %zu staging floats", name, n);
+    DSV4_REF_CUDA_CHECK(cudaMemcpy(g->host, dev + (size_t)s0 * row_len, n * sizeof(float), cudaMemcpyDeviceToHost));
+    for (int s = s0; s <= s1; s++) {
+        if (!dsv4_probe_wants(probe, p0 + s)) continue;
+        int rc = dsv4_probe(probe, L, name, p0 + s, g->host + (size_t)(s - s0) * row_len, row_len);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+/* int rows [S, stride] of which the first n per row are probed. */
+static int probe_rows_i32(dsv4_ref_gpu *g, dsv4_probe_sink *probe, int L, const char *name, const int32_t *dev,
+                          size_t stride, size_t n_each, int p0, int S)
+{
+    int s0 = -1, s1 = -1;
+    for (int s = 0; s < S; s++)
+        if (dsv4_probe_wants(probe, p0 + s)) {
+            if (s0 < 0) s0 = s;
+            s1 = s;
+        }
+    if (s0 < 0) return 0;
+    size_t n = (size_t)(s1 - s0 + 1) * stride;
+    if (n > g->host_floats) return dsv4_error(DSV4_ERR_USAGE, "ref-gpu: probe %s needs %zu staging words", name, n);
+    int32_t *h = (int32_t *)(void *)g->host;
+    if (n_each > 0)
+        DSV4_REF_CUDA_CHECK(cudaMemcpy(h, dev + (size_t)s0 * stride, n * sizeof(int32_t), cudaMemcpyDeviceToHost));
+    for (int s = s0; s <= s1; s++) {
+        if (!dsv4_probe_wants(probe, p0 + s)) continue;
+        int rc = dsv4_probe_i32(probe, L, name, p0 + s, h + (size_t)(s - s0) * stride, n_each);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+#define TRY(call)                                                                                                \
+    do {                                                                                                         \
+        int rc_ = (call);                                                                                        \
+        if (rc_) return rc_;                                                                                     \
+    } while (0)
+
+/* --------------------------------------------------------------------------------------------- forward */
+/* mHC pre of the call's tokens and the site's RMSNorm into sc->xn; probes <site>_hc_* and <site>_in. */
+static int mhc_pre(dsv4_ref_gpu *g, int L, const gpu_hc *hp, const float *norm_w, int p0, int S, int attn_site,
+                   dsv4_probe_sink *probe)
+{
+    const dsv4_config *f = &g->cfg;
+    gpu_scratch *sc = &g->sc;
+    int n = f->hc_mult, D = f->hidden_size;
+    float eps = (float)f->rms_norm_eps;
+    TRY(dsv4_ref_gpu_rmsnorm(sc->vn, sc->X, NULL, S, n * D, eps));
+    TRY(dsv4_ref_gpu_linear(g->blas, sc->mix, sc->vn, hp->fn, S, n * D, (2 + n) * n));
+    TRY(dsv4_ref_gpu_hc_coeff(sc->mix, hp->base, hp->scale, S, n, f->hc_sinkhorn_iters, (float)f->hc_eps, sc->pre,
+                              sc->post, sc->comb));
+    TRY(dsv4_ref_gpu_hc_collapse(sc->xa, sc->X, sc->pre, S, n, D));
+    TRY(dsv4_ref_gpu_rmsnorm(sc->xn, sc->xa, norm_w, S, D, eps));
+    if (!probe) return 0;
+    TRY(probe_rows(g, probe, L, attn_site ? "attn_hc_pre" : "ffn_hc_pre", sc->pre, n, p0, S));
+    TRY(probe_rows(g, probe, L, attn_site ? "attn_hc_post" : "ffn_hc_post", sc->post, n, p0, S));
+    TRY(probe_rows(g, probe, L, attn_site ? "attn_hc_comb" : "ffn_hc_comb", sc->comb, (size_t)n * n, p0, S));
+    TRY(probe_rows(g, probe, L, attn_site ? "attn_in" : "ffn_in", sc->xa, D, p0, S));
+    return 0;
+}
+
+/* X ← post ⊗ out + combᵀ X through the double buffer. */
+static int mhc_post(dsv4_ref_gpu *g, const float *out, int S)
+{
+    gpu_scratch *sc = &g->sc;
+    TRY(dsv4_ref_gpu_hc_post(sc->X2, sc->X, out, sc->post, sc->comb, S, g->cfg.hc_mult, g->cfg.hidden_size));
+    float *t = sc->X;
+    sc->X = sc->X2;
+    sc->X2 = t;
+    return 0;
+}
+
+/* Push the call's tokens through a compressor; finished entries (norm + RoPE at r·w) land in pool. */
+static int compress(dsv4_ref_gpu *g, dsv4_ref_gpu_compressor *c, const float *kvp, const float *gp, const float *ape,
+                    const float *norm_w, float *pool, int *n_entries, int cap, int p0, int S)
+{
+    int r = c->ratio;
+    int w0 = p0 / r, n_new = (p0 + S) / r - p0 / r; /* windows closing at p with (p+1) mod r == 0 */
+    if (n_new > 0 && (w0 != *n_entries || w0 + n_new > cap))
+        return dsv4_error(DSV4_ERR_USAGE, "ref-gpu: compressed entries %d..%d out of order or past capacity %d "
+                          "(have %d)", w0, w0 + n_new - 1, cap, *n_entries);
+    TRY(dsv4_ref_gpu_compressor_run(c, kvp, gp, ape, p0, S, pool));
+    TRY(dsv4_ref_gpu_compressor_finish(pool, w0, n_new, c->d_c, norm_w, (float)g->cfg.rms_norm_eps, g->inv_cmp,
+                                       g->n_pairs, r));
+    if (n_new > 0) *n_entries = w0 + n_new;
+    return 0;
+}
+
+/* The lightning indexer of a CSA layer: keys, queries, head weights, scores and picks of every token. */
+static int indexer(dsv4_ref_gpu *g, int L, int p0, int S, dsv4_probe_sink *probe)
+{
+    const dsv4_config *f = &g->cfg;
+    gpu_layer *w = &g->lw[L];
+    gpu_scratch *sc = &g->sc;
+    int D = f->hidden_size, HI = f->index_n_heads, dI = f->index_head_dim, qr = f->q_lora_rank;
+    TRY(dsv4_ref_gpu_linear(g->blas, sc->ikv, sc->xn, w->idx_wkv, S, D, 2 * dI));
+    TRY(dsv4_ref_gpu_linear(g->blas, sc->ig, sc->xn, w->idx_wgate, S, D, 2 * dI));
+    TRY(compress(g, &w->icmp, sc->ikv, sc->ig, w->idx_ape, w->idx_norm, w->ipool, &w->n_ientries, w->pool_cap, p0,
+                 S));
+    TRY(dsv4_ref_gpu_linear(g->blas, sc->qI, sc->qr, w->idx_wq_b, S, qr, HI * dI));
+    TRY(dsv4_ref_gpu_rope(sc->qI, S, HI, dI, g->n_pairs, sc->cos_c, sc->sin_c, 0));
+    TRY(dsv4_ref_gpu_linear(g->blas, sc->wI, sc->xn, w->idx_wproj, S, D, HI));
+    int n_pool = w->n_ientries;
+    int k = f->index_topk < n_pool ? f->index_topk : n_pool;
+    if (k < 0) k = 0;
+    int iq = n_pool > 0 ? (int)(ISCORE_FLOATS / (size_t)n_pool) : S;
+    if (iq > g->iq) iq = g->iq;
+    if (iq < 1) iq = 1;
+    for (int s0 = 0; s0 < S; s0 += iq) {
+        int ns = S - s0 < iq ? S - s0 : iq;
+        if (n_pool > 0) {
+            TRY(dsv4_ref_gpu_index_scores(sc->iscore, sc->qI + (size_t)s0 * HI * dI, w->ipool,
+                                          sc->wI + (size_t)s0 * HI, ns, n_pool, HI, dI));
+            TRY(dsv4_ref_gpu_index_select(sc->topk + (size_t)s0 * g->topk, g->topk, sc->iscore, ns, n_pool,
+                                          (int64_t)p0 + s0, w->ratio, k));
+        }
+        if (!probe) continue;
+        /* the visible entries of each stored row only: the sink pads the invisible rest with -inf */
+        for (int s = s0; s < s0 + ns; s++) {
+            int p = p0 + s;
+            if (!dsv4_probe_wants(probe, p)) continue;
+            int n_vis = dsv4_ref_entries_visible(p, w->ratio);
+            if (n_vis > n_pool) n_vis = n_pool;
+            if (n_vis > 0)
+                DSV4_REF_CUDA_CHECK(cudaMemcpy(g->host, sc->iscore + (size_t)(s - s0) * n_pool,
+                                               (size_t)n_vis * sizeof(float), cudaMemcpyDeviceToHost));
+            TRY(dsv4_probe(probe, L, "indexer_scores", p, g->host, (size_t)n_vis));
+        }
+    }
+    if (probe) TRY(probe_rows_i32(g, probe, L, "topk_idx", sc->topk, g->topk, (size_t)k, p0, S));
+    return k;
+}
+
+/* Attention block of layer L (after the mHC pre): q, kv, compressors, indexer, sink attention, output. */
+static int attention(dsv4_ref_gpu *g, int L, int p0, int S, dsv4_probe_sink *probe)
+{
+    const dsv4_config *f = &g->cfg;
+    gpu_layer *w = &g->lw[L];
+    gpu_scratch *sc = &g->sc;
+    int D = f->hidden_size, H = f->num_attention_heads, d = f->head_dim, qr = f->q_lora_rank;
+    int np = g->n_pairs, Wn = f->sliding_window;
+    float eps = (float)f->rms_norm_eps;
+    int sliding = w->attn == DSV4_ATTN_SLIDING;
+    const float *cosv = sliding ? sc->cos_m : sc->cos_c, *sinv = sliding ? sc->sin_m : sc->sin_c;
+
+    TRY(dsv4_ref_gpu_linear(g->blas, sc->qr, sc->xn, w->wq_a, S, D, qr));
+    TRY(dsv4_ref_gpu_rmsnorm(sc->qr, sc->qr, w->q_norm, S, qr, eps));
+    TRY(dsv4_ref_gpu_linear(g->blas, sc->q, sc->qr, w->wq_b, S, qr, H * d));
+    TRY(dsv4_ref_gpu_rmsnorm(sc->q, sc->q, NULL, S * H, d, eps));
+    TRY(dsv4_ref_gpu_rope(sc->q, S, H, d, np, cosv, sinv, 0));
+
+    TRY(dsv4_ref_gpu_linear(g->blas, sc->kv, sc->xn, w->wkv, S, D, d));
+    TRY(dsv4_ref_gpu_rmsnorm(sc->kv, sc->kv, w->kv_norm, S, d, eps));
+    TRY(dsv4_ref_gpu_rope(sc->kv, S, 1, d, np, cosv, sinv, 0));
+    if (probe) TRY(probe_rows(g, probe, L, "kv", sc->kv, d, p0, S));
+
+    if (w->ratio > 0) {
+        int width = w->cmp.width;
+        TRY(dsv4_ref_gpu_linear(g->blas, sc->ckv, sc->xn, w->cmp_wkv, S, D, width));
+        TRY(dsv4_ref_gpu_linear(g->blas, sc->cg, sc->xn, w->cmp_wgate, S, D, width));
+        TRY(compress(g, &w->cmp, sc->ckv, sc->cg, w->cmp_ape, w->cmp_norm, w->pool, &w->n_entries, w->pool_cap, p0,
+                     S));
+    }
+    int n_topk = 0;
+    if (w->attn == DSV4_ATTN_CSA) {
+        n_topk = indexer(g, L, p0, S, probe);
+        if (n_topk < 0) return n_topk;
+    }
+
+    dsv4_ref_gpu_attn_params ap;
+    memset(&ap, 0, sizeof ap);
+    ap.o = sc->o;
+    ap.q = sc->q;
+    ap.kv = sc->kv;
+    ap.ring = w->win;
+    ap.pool = w->ratio > 0 ? w->pool : NULL;
+    ap.topk = w->attn == DSV4_ATTN_CSA ? sc->topk : NULL;
+    ap.topk_stride = g->topk;
+    ap.n_topk = n_topk;
+    ap.sinks = w->sinks;
+    ap.cos_t = cosv;
+    ap.sin_t = sinv;
+    ap.S = S;
+    ap.H = H;
+    ap.d = d;
+    ap.n_pairs = np;
+    ap.window = Wn;
+    ap.ratio = w->ratio;
+    ap.p0 = p0;
+    ap.m_max = g->m_max;
+    TRY(dsv4_ref_gpu_attention(&ap));
+    int first = S - Wn > 0 ? S - Wn : 0;
+    TRY(dsv4_ref_gpu_ring_write(w->win, Wn, sc->kv + (size_t)first * d, (int64_t)p0 + first, S - first, d));
+
+    int gin = H * d / f->o_groups;
+    TRY(dsv4_ref_gpu_grouped_out(g->blas, sc->aout, sc->z, sc->o, w->wo_a, w->wo_b, S, gin, f->o_groups,
+                                 f->o_lora_rank, D));
+    if (probe) TRY(probe_rows(g, probe, L, "attn_out", sc->aout, D, p0, S));
+    return 0;
+}
+
+/* MoE block of layer L (after the mHC pre): router, shared expert, routed experts grouped by expert. */
+static int moe(dsv4_ref_gpu *g, int L, int p0, int S, dsv4_probe_sink *probe)
+{
+    const dsv4_config *f = &g->cfg;
+    gpu_layer *w = &g->lw[L];
+    gpu_scratch *sc = &g->sc;
+    int D = f->hidden_size, E = f->n_routed_experts, k = f->num_experts_per_tok, NI = f->moe_intermediate_size;
+    float limit = (float)f->swiglu_limit;
+    TRY(dsv4_ref_gpu_linear(g->blas, sc->rlogits, sc->xn, w->gate_w, S, D, E));
+    int hash = w->mlp == DSV4_MLP_HASH_MOE;
+    TRY(dsv4_ref_gpu_route(sc->rlogits, S, E, k, hash ? NULL : w->gate_bias, w->tid2eid, sc->tokens,
+                           (float)f->routed_scaling_factor, sc->rids, sc->rw, sc->rsbuf));
+    if (probe) {
+        TRY(probe_rows_i32(g, probe, L, "router_ids", sc->rids, k, k, p0, S));
+        TRY(probe_rows(g, probe, L, "router_weights", sc->rw, k, p0, S));
+    }
+    /* shared expert over all tokens, into fout */
+    TRY(dsv4_ref_gpu_linear(g->blas, sc->eg, sc->xn, w->sh_w1, S, D, NI));
+    TRY(dsv4_ref_gpu_linear(g->blas, sc->eu, sc->xn, w->sh_w3, S, D, NI));
+    TRY(dsv4_ref_gpu_swiglu(sc->eg, sc->eg, sc->eu, (size_t)S * NI, limit));
+    TRY(dsv4_ref_gpu_linear(g->blas, sc->fout, sc->eg, w->sh_w2, S, NI, D));
+
+    /* group the (token, expert) pairs by expert: slot_of[s·k + j] = row of that pair in xg / yg */
+    size_t nk = (size_t)S * k;
+    DSV4_REF_CUDA_CHECK(cudaMemcpy(g->h_rids, sc->rids, nk * sizeof(int32_t), cudaMemcpyDeviceToHost));
+    int32_t *count = g->h_count, *start = g->h_count + E;
+    memset(count, 0, (size_t)E * sizeof(int32_t));
+    for (size_t i = 0; i < nk; i++) {
+        int e = g->h_rids[i];
+        if (e < 0 || e >= E) return dsv4_error(DSV4_ERR_USAGE, "ref-gpu: layer %d routed to expert %d", L, e);
+        count[e]++;
+    }
+    for (int e = 0, acc = 0; e < E; e++) {
+        start[e] = acc;
+        acc += count[e];
+        count[e] = 0;
+    }
+    for (size_t i = 0; i < nk; i++) {
+        int e = g->h_rids[i];
+        int slot = start[e] + count[e]++;
+        g->h_slot_of[i] = slot;
+        g->h_row_tok[slot] = (int32_t)(i / k);
+    }
+    DSV4_REF_CUDA_CHECK(cudaMemcpy(sc->slot_of, g->h_slot_of, nk * sizeof(int32_t), cudaMemcpyHostToDevice));
+    DSV4_REF_CUDA_CHECK(cudaMemcpy(sc->row_tok, g->h_row_tok, nk * sizeof(int32_t), cudaMemcpyHostToDevice));
+    TRY(dsv4_ref_gpu_gather_rows(sc->xg, sc->xn, sc->row_tok, (int)nk, D));
+    for (int e = 0; e < E; e++) {
+        if (!count[e]) continue;
+        size_t r0 = start[e];
+        TRY(dsv4_ref_gpu_linear(g->blas, sc->eg + r0 * NI, sc->xg + r0 * D, w->w1[e], count[e], D, NI));
+        TRY(dsv4_ref_gpu_linear(g->blas, sc->eu + r0 * NI, sc->xg + r0 * D, w->w3[e], count[e], D, NI));
+    }
+    TRY(dsv4_ref_gpu_swiglu(sc->eg, sc->eg, sc->eu, nk * NI, limit));
+    for (int e = 0; e < E; e++) {
+        if (!count[e]) continue;
+        size_t r0 = start[e];
+        TRY(dsv4_ref_gpu_linear(g->blas, sc->yg + r0 * D, sc->eg + r0 * NI, w->w2[e], count[e], NI, D));
+    }
+    TRY(dsv4_ref_gpu_moe_combine(sc->fout, sc->yg, sc->slot_of, sc->rw, S, k, D));
+    if (probe) TRY(probe_rows(g, probe, L, "ffn_out", sc->fout, D, p0, S));
+    return 0;
+}
+
+static int layer_forward(dsv4_ref_gpu *g, int L, int p0, int S, dsv4_probe_sink *probe)
+{
+    gpu_layer *w = &g->lw[L];
+    gpu_scratch *sc = &g->sc;
+    TRY(mhc_pre(g, L, &w->hc_attn, w->attn_norm, p0, S, 1, probe));
+    TRY(attention(g, L, p0, S, probe));
+    TRY(mhc_post(g, sc->aout, S));
+    TRY(mhc_pre(g, L, &w->hc_ffn, w->ffn_norm, p0, S, 0, probe));
+    TRY(moe(g, L, p0, S, probe));
+    TRY(mhc_post(g, sc->fout, S));
+    if (probe) TRY(probe_rows(g, probe, L, "out", sc->X, (size_t)g->cfg.hc_mult * g->cfg.hidden_size, p0, S));
+    return 0;
+}
+
+/* hc_head, final norm and the logits of the stored rows (and of the last row when logits_last is set). */
+static int head_forward(dsv4_ref_gpu *g, int p0, int S, dsv4_probe_sink *probe, float *logits_last)
+{
+    const dsv4_config *f = &g->cfg;
+    gpu_scratch *sc = &g->sc;
+    int n = f->hc_mult, D = f->hidden_size, V = f->vocab_size;
+    float eps = (float)f->rms_norm_eps;
+    TRY(dsv4_ref_gpu_rmsnorm(sc->vn, sc->X, NULL, S, n * D, eps));
+    TRY(dsv4_ref_gpu_linear(g->blas, sc->hm, sc->vn, g->hc_head_fn, S, n * D, n));
+    TRY(dsv4_ref_gpu_hc_head_pre(sc->hm, g->hc_head_base, g->hc_head_scale, S, n, (float)f->hc_eps, sc->hpre));
+    TRY(dsv4_ref_gpu_hc_collapse(sc->y, sc->X, sc->hpre, S, n, D));
+    if (probe) TRY(probe_rows(g, probe, -1, "hc_head", sc->y, D, p0, S));
+    TRY(dsv4_ref_gpu_rmsnorm(sc->y, sc->y, g->norm, S, D, eps));
+    if (probe) TRY(probe_rows(g, probe, -1, "norm", sc->y, D, p0, S));
+    int32_t rows[LOGIT_ROWS];
+    int nr = 0;
+    for (int s = 0; s < S; s++) {
+        int want = dsv4_probe_wants(probe, p0 + s), last = s == S - 1 && logits_last;
+        if (want || last) rows[nr++] = s;
+        if (nr < LOGIT_ROWS && s < S - 1) continue;
+        if (!nr) continue;
+        DSV4_REF_CUDA_CHECK(cudaMemcpy(sc->lrows, rows, (size_t)nr * sizeof(int32_t), cudaMemcpyHostToDevice));
+        TRY(dsv4_ref_gpu_gather_rows(sc->yrows, sc->y, sc->lrows, nr, D));
+        TRY(dsv4_ref_gpu_linear(g->blas, sc->logits, sc->yrows, g->head, nr, D, V));
+        DSV4_REF_CUDA_CHECK(cudaMemcpy(g->host, sc->logits, (size_t)nr * V * sizeof(float), cudaMemcpyDeviceToHost));
+        for (int i = 0; i < nr; i++) {
+            int p = p0 + rows[i];
+            const float *lg = g->host + (size_t)i * V;
+            if (dsv4_probe_wants(probe, p)) TRY(dsv4_probe(probe, -1, "logits", p, lg, V));
+            if (rows[i] == S - 1 && logits_last) memcpy(logits_last, lg, (size_t)V * sizeof(float));
+        }
+        nr = 0;
+    }
+    return 0;
+}
+
+/* One call of S <= chunk tokens at positions p0.. */
+static int forward_call(dsv4_ref_gpu *g, int p0, const int32_t *tokens, int S, dsv4_probe_sink *probe,
+                        float *logits_last)
+{
+    const dsv4_config *f = &g->cfg;
+    gpu_scratch *sc = &g->sc;
+    int n = f->hc_mult, D = f->hidden_size, V = f->vocab_size;
+    for (int s = 0; s < S; s++)
+        DSV4_CHECK(tokens[s] >= 0 && tokens[s] < V, "reference: token %d at position %d outside [0, %d)", tokens[s],
+                   p0 + s, V);
+    DSV4_REF_CUDA_CHECK(cudaMemcpy(sc->tokens, tokens, (size_t)S * sizeof(int32_t), cudaMemcpyHostToDevice));
+    TRY(dsv4_ref_gpu_embed(sc->X, g->embed, sc->tokens, S, n, D));
+    TRY(dsv4_ref_gpu_rope_table(sc->cos_m, sc->sin_m, g->inv_main, g->n_pairs, p0, S));
+    TRY(dsv4_ref_gpu_rope_table(sc->cos_c, sc->sin_c, g->inv_cmp, g->n_pairs, p0, S));
+    for (int L = 0; L < f->num_hidden_layers; L++) TRY(layer_forward(g, L, p0, S, probe));
+    TRY(head_forward(g, p0, S, probe, logits_last));
+    DSV4_REF_CUDA_CHECK(cudaDeviceSynchronize());
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------- vtable */
+static int gpu_forward(dsv4_ref *r, const int32_t *tokens, int n, dsv4_probe_sink *probe, float *logits_last)
+{
+    dsv4_ref_gpu *g = (dsv4_ref_gpu *)r->impl;
+    for (int i = 0; i < n; i += g->chunk) {
+        int S = n - i < g->chunk ? n - i : g->chunk;
+        TRY(forward_call(g, r->pos + i, tokens + i, S, probe, i + S == n ? logits_last : NULL));
+    }
+    return 0;
+}
+
+static int gpu_dump_entries(dsv4_ref *r, dsv4_probe_sink *probe)
+{
+    dsv4_ref_gpu *g = (dsv4_ref_gpu *)r->impl;
+    const dsv4_config *f = &g->cfg;
+    int rc = 0;
+    for (int L = 0; L < f->num_hidden_layers && !rc; L++) {
+        const gpu_layer *w = &g->lw[L];
+        if (w->ratio <= 0 || w->n_entries == 0) continue;
+        for (int which = 0; which < 2 && !rc; which++) {
+            int rows = which ? w->n_ientries : w->n_entries, len = which ? f->index_head_dim : f->head_dim;
+            if (which && (w->attn != DSV4_ATTN_CSA || rows == 0)) break;
+            float *h = (float *)malloc((size_t)rows * len * sizeof(float));
+            if (!h) return dsv4_error(DSV4_ERR_NOMEM, "ref-gpu: no memory for %d entries", rows);
+            cudaError_t e = cudaMemcpy(h, which ? w->ipool : w->pool, (size_t)rows * len * sizeof(float),
+                                       cudaMemcpyDeviceToHost);
+            if (e != cudaSuccess) rc = dsv4_ref_gpu_cuda_fail(e, "cudaMemcpy(entries)", __FILE__, __LINE__);
+            else rc = dsv4_probe_entries(probe, L, which ? "indexer_kv" : "compressed_kv", h, rows, len);
+            free(h);
+        }
+    }
+    return rc;
+}
+
+static void gpu_free(void *impl)
+{
+    dsv4_ref_gpu *g = (dsv4_ref_gpu *)impl;
+    if (!g) return;
+    if (g->lw)
+        for (int L = 0; L < g->cfg.num_hidden_layers; L++) dsv4_ref_release((void *)g->lw[L].w1);
+    dsv4_ref_release(g->lw);
+    cudaFree(g->w_arena);
+    cudaFree(g->i_arena);
+    cudaFree(g->state_mem);
+    cudaFree(g->scratch_mem);
+    cudaFree(g->inv_main);
+    if (g->blas) cublasDestroy(g->blas);
+    dsv4_ref_release(g->host);
+    dsv4_ref_release(g->h_rids);
+    dsv4_ref_release(g);
+}
+
+static const dsv4_ref_vtable dsv4_ref_gpu_vtable = {
+    "dsv4 " DSV4_VERSION " reference gpu fp32",
+    gpu_forward,
+    gpu_dump_entries,
+    gpu_free,
+};
+
+static int check_config(const dsv4_config *f, int max_tokens)
+{
+    DSV4_CHECK(max_tokens >= 1, "reference: max_tokens %d must be >= 1", max_tokens);
+    if (f->num_key_value_heads != 1)
+        return dsv4_error(DSV4_ERR_UNSUPPORTED, "reference: num_key_value_heads %d (only 1, shared K=V)",
+                          f->num_key_value_heads);
+    if (f->num_hidden_layers < 1 || f->num_hidden_layers > DSV4_MAX_LAYERS)
+        return dsv4_error(DSV4_ERR_CONFIG, "reference: num_hidden_layers %d", f->num_hidden_layers);
+    if (f->hc_mult < 1 || f->hc_mult > 16)
+        return dsv4_error(DSV4_ERR_UNSUPPORTED, "reference: hc_mult %d outside [1, 16]", f->hc_mult);
+    if (f->o_groups < 1 || f->num_attention_heads % f->o_groups)
+        return dsv4_error(DSV4_ERR_CONFIG, "reference: %d heads not divisible by o_groups %d",
+                          f->num_attention_heads, f->o_groups);
+    int rd = f->qk_rope_head_dim;
+    if (rd < 0 || rd % 2 || rd > f->head_dim || rd > f->index_head_dim)
+        return dsv4_error(DSV4_ERR_CONFIG, "reference: qk_rope_head_dim %d must be even and <= head_dim %d and "
+                          "index_head_dim %d", rd, f->head_dim, f->index_head_dim);
+    if (f->sliding_window < 1)
+        return dsv4_error(DSV4_ERR_CONFIG, "reference: sliding_window %d", f->sliding_window);
+    if (f->num_experts_per_tok < 1 || f->num_experts_per_tok > f->n_routed_experts)
+        return dsv4_error(DSV4_ERR_CONFIG, "reference: num_experts_per_tok %d of %d experts",
+                          f->num_experts_per_tok, f->n_routed_experts);
+    if (strcmp(f->scoring_func, "sqrtsoftplus") != 0)
+        return dsv4_error(DSV4_ERR_UNSUPPORTED, "reference: scoring_func '%s' (only sqrtsoftplus)",
+                          f->scoring_func);
+    return 0;
+}
+
+static int gpu_init(dsv4_model *m, int max_tokens, dsv4_ref_gpu *g)
+{
+    g->cfg = *dsv4_model_config(m);
+    const dsv4_config *f = &g->cfg;
+    TRY(check_config(f, max_tokens));
+    int n_dev = 0;
+    cudaError_t e = cudaGetDeviceCount(&n_dev);
+    if (e != cudaSuccess || n_dev < 1)
+        return dsv4_error(DSV4_ERR_CUDA, "ref-gpu: no CUDA device (%s)",
+                          e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+    TRY(dsv4_ref_gpu_blas_init(&g->blas));
+    g->n_pairs = f->qk_rope_head_dim / 2;
+    g->topk = f->index_topk > 0 ? f->index_topk : 1;
+    g->chunk = max_tokens < GPU_CHUNK ? max_tokens : GPU_CHUNK;
+
+    /* RoPE inverse frequencies from the CPU's formula */
+    float inv[2 * 512];
+    if (g->n_pairs > 512) return dsv4_error(DSV4_ERR_UNSUPPORTED, "ref-gpu: %d rope pairs", g->n_pairs);
+    dsv4_ref_rope_inv_freq(&f->rope_main, f->qk_rope_head_dim, inv);
+    dsv4_ref_rope_inv_freq(&f->rope_compress, f->qk_rope_head_dim, inv + g->n_pairs);
+    DSV4_REF_CUDA_CHECK(cudaMalloc((void **)&g->inv_main, 2 * (size_t)(g->n_pairs + 1) * sizeof(float)));
+    g->inv_cmp = g->inv_main + g->n_pairs;
+    DSV4_REF_CUDA_CHECK(cudaMemcpy(g->inv_main, inv, 2 * (size_t)g->n_pairs * sizeof(float), cudaMemcpyHostToDevice));
+
+    /* weights: count, allocate, upload */
+    g->lw = (gpu_layer *)dsv4_ref_alloc((size_t)f->num_hidden_layers * sizeof *g->lw, "ref-gpu layers");
+    if (!g->lw) return DSV4_ERR_NOMEM;
+    binder b;
+    memset(&b, 0, sizeof b);
+    b.m = m;
+    TRY(bind_all(g, &b));
+    DSV4_REF_CUDA_CHECK(cudaMalloc((void **)&g->w_arena, b.off * sizeof(float)));
+    size_t total = b.off;
+    b.arena = g->w_arena;
+    b.off = 0;
+    b.staging_cap = b.max_numel;
+    DSV4_REF_CUDA_CHECK(cudaMallocHost((void **)&b.staging, b.staging_cap * sizeof(float)));
+    int rc = bind_all(g, &b);
+    cudaFreeHost(b.staging);
+    if (rc) return rc;
+    if (b.off != total) return dsv4_error(DSV4_ERR_USAGE, "ref-gpu: weight arena %zu != %zu floats", b.off, total);
+    TRY(upload_tid2eid(g, m));
+
+    /* decode state sized by max_tokens */
+    rc = 0;
+    size_t st = layout_state(g, max_tokens, NULL, &rc);
+    DSV4_REF_CUDA_CHECK(cudaMalloc((void **)&g->state_mem, st * sizeof(float)));
+    DSV4_REF_CUDA_CHECK(cudaMemset(g->state_mem, 0, st * sizeof(float)));
+    layout_state(g, max_tokens, g->state_mem, &rc);
+    if (rc) return rc;
+    TRY(dsv4_ref_gpu_attention_prepare(g->m_max, f->head_dim, g->topk));
+
+    /* scratch of one call of up to chunk tokens */
+    size_t iq = ISCORE_FLOATS / (size_t)g->pool_cap_max;
+    g->iq = (int)(iq < (size_t)g->chunk ? (iq < 1 ? 1 : iq) : (size_t)g->chunk);
+    size_t scr = layout_scratch(g, g->chunk, &g->sc, NULL);
+    DSV4_REF_CUDA_CHECK(cudaMalloc((void **)&g->scratch_mem, scr * sizeof(float)));
+    layout_scratch(g, g->chunk, &g->sc, g->scratch_mem);
+
+    /* host staging: the widest probe rows of a chunk, or a block of logits rows */
+    size_t row = (size_t)f->hc_mult * f->hidden_size;
+    if ((size_t)g->pool_cap_max > row) row = g->pool_cap_max;
+    if ((size_t)g->topk > row) row = g->topk;
+    g->host_floats = (size_t)g->chunk * row;
+    if ((size_t)LOGIT_ROWS * f->vocab_size > g->host_floats) g->host_floats = (size_t)LOGIT_ROWS * f->vocab_size;
+    g->host = (float *)dsv4_ref_alloc(g->host_floats * sizeof(float), "ref-gpu probe staging");
+    size_t nk = (size_t)g->chunk * f->num_experts_per_tok;
+    g->h_rids = (int32_t *)dsv4_ref_alloc((3 * nk + 2 * (size_t)f->n_routed_experts) * sizeof(int32_t),
+                                          "ref-gpu moe grouping");
+    if (!g->host || !g->h_rids) return DSV4_ERR_NOMEM;
+    g->h_row_tok = g->h_rids + nk;
+    g->h_slot_of = g->h_row_tok + nk;
+    g->h_count = g->h_slot_of + nk;
+    DSV4_REF_CUDA_CHECK(cudaDeviceSynchronize());
+    return 0;
+}
 
 extern "C" int dsv4_ref_gpu_init(dsv4_model *m, int max_tokens, dsv4_ref **out)
 {
-    (void)m;
-    (void)max_tokens;
-    if (out) *out = NULL;
-    return dsv4_error(DSV4_ERR_UNSUPPORTED, "ref-gpu: GPU reference not built yet (placeholder)");
+    DSV4_CHECK(m && out, "dsv4_ref_gpu_init: NULL argument");
+    *out = NULL;
+    dsv4_ref *r = (dsv4_ref *)dsv4_ref_alloc(sizeof *r, "reference");
+    dsv4_ref_gpu *g = (dsv4_ref_gpu *)dsv4_ref_alloc(sizeof *g, "reference gpu");
+    if (!r || !g) {
+        dsv4_ref_release(r);
+        dsv4_ref_release(g);
+        return DSV4_ERR_NOMEM;
+    }
+    r->vt = &dsv4_ref_gpu_vtable;
+    r->impl = g;
+    r->max_tokens = max_tokens;
+    int rc = gpu_init(m, max_tokens, g);
+    if (rc) {
+        dsv4_ref_free(r);
+        return rc;
+    }
+    *out = r;
+    return 0;
 }
