@@ -387,8 +387,8 @@ static void describe(const dsv4_verify_probe *p, const dsv4_verify_row *row, dsv
             len += snprintf(out + len, n - (size_t)len, " (golden %.6g, candidate %.6g)",
                             (double)((const float *)g)[row->max_abs_at], (double)((const float *)c)[row->max_abs_at]);
         if ((size_t)len < n)
-            snprintf(out + len, n - (size_t)len, "; rel_l2 %.3e, cosine %.8f", row->v[DSV4_METRIC_REL_L2],
-                     row->v[DSV4_METRIC_COSINE]);
+            snprintf(out + len, n - (size_t)len, "; rel_l2 %.3e, 1 - cosine %.2e", row->v[DSV4_METRIC_REL_L2],
+                     1.0 - row->v[DSV4_METRIC_COSINE]);
         return;
     }
     }

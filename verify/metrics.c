@@ -345,7 +345,8 @@ const char *dsv4_verify_fmt(dsv4_verify_metric m, double v, char *buf, size_t n)
     if (isnan(v)) snprintf(buf, n, "-");
     else if (isinf(v)) snprintf(buf, n, v > 0 ? "inf" : "-inf");
     else if (metric_is_count(m)) snprintf(buf, n, "%.0f", v);
-    else if (dsv4_verify_metric_is_min(m)) snprintf(buf, n, "%.6g", v);
+    else if (m == DSV4_METRIC_COSINE) snprintf(buf, n, "%.8f", v);
+    else if (dsv4_verify_metric_is_min(m)) snprintf(buf, n, "%.4f", v);
     else if (v == 0) snprintf(buf, n, "0");
     else snprintf(buf, n, "%.2e", v);
     return buf;

@@ -58,7 +58,7 @@ static double py(const plot *p, double y)
     return p->y0 + p->h - t * p->h;
 }
 
-/* Axes, grid and labels. xlabels: integer ticks every xstep. */
+/* Axes, grid and labels. Integer x ticks every xstep (0: none, the caller labels the x axis). */
 static void axes(FILE *f, const plot *p, const char *xlabel, const char *ylabel, int xstep)
 {
     fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"#fcfcfc\" stroke=\"#999\"/>\n", p->x0,
@@ -78,8 +78,7 @@ static void axes(FILE *f, const plot *p, const char *xlabel, const char *ylabel,
             fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"10\" text-anchor=\"end\">%.3g</text>\n", p->x0 - 4, y + 3, v);
         }
     }
-    if (xstep < 1) xstep = 1;
-    for (int x = (int)ceil(p->xmin); x <= (int)p->xmax; x += xstep)
+    for (int x = (int)ceil(p->xmin); xstep > 0 && x <= (int)p->xmax; x += xstep)
         fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"10\" text-anchor=\"middle\">%d</text>\n", px(p, x),
                 p->y0 + p->h + 13, x);
     fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" text-anchor=\"middle\">", p->x0 + p->w / 2, p->y0 + p->h + 28);
@@ -166,13 +165,21 @@ static void plot_layers(FILE *f, const dsv4_verify_result *r)
     }
     for (int j = 0; j < nn; j++) {
         const char *col = palette[j % PALETTE_N];
-        fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" points=\"", col);
+        /* one polyline per run of consecutive layers: a probe absent from a layer breaks its curve */
+        int open = 0, last = -2;
         for (int i = 0; i < r->n_probes; i++) {
             const dsv4_verify_probe *p = &r->probes[i];
             if (!dense_like(p) || strcmp(p->probe, names[j]) || isnan(p->worst[DSV4_METRIC_REL_L2])) continue;
+            if (open && p->layer != last + 1) {
+                fprintf(f, "\"/>\n");
+                open = 0;
+            }
+            if (!open) fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" points=\"", col);
+            open = 1;
+            last = p->layer;
             fprintf(f, "%.1f,%.1f ", px(&pl, p->layer), py(&pl, p->worst[DSV4_METRIC_REL_L2]));
         }
-        fprintf(f, "\"/>\n");
+        if (open) fprintf(f, "\"/>\n");
         for (int i = 0; i < r->n_probes; i++) {
             const dsv4_verify_probe *p = &r->probes[i];
             if (!dense_like(p) || strcmp(p->probe, names[j]) || isnan(p->worst[DSV4_METRIC_REL_L2])) continue;
@@ -207,7 +214,7 @@ static void plot_topk(FILE *f, const dsv4_verify_result *r)
     plot pl = {70, 20, 760, 220, -0.5, n - 0.5, mn > 0.9 ? 0.9 : floor(mn * 10) / 10, 1.0, 0};
     fprintf(f, "<h2>Top-k recall per CSA layer</h2>\n");
     fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"860\" height=\"290\" viewBox=\"0 0 860 290\">\n");
-    axes(f, &pl, "CSA layer (bar: mean recall; red tick: min; label: strict/accepted picks)", "recall", 1000000);
+    axes(f, &pl, "CSA layer (bar: mean recall; red tick: min; label: strict/accepted picks)", "recall", 0);
     double bw = pl.w / n * 0.6;
     for (int i = 0; i < n; i++) {
         double x = px(&pl, i), top = py(&pl, s[i].recall_mean), base = py(&pl, pl.ymin);

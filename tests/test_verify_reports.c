@@ -1,0 +1,273 @@
+/* test_verify_reports.c - the --json report parses with jansson and holds the numbers of the result; the
+ * --html report is one well-formed self-contained file (tags balanced, no scripts or external references,
+ * xmllint --noout where installed) that headless Chromium renders (where installed; the screenshot is left
+ * in the build tree as verify_report.png for a person to look at). */
+#define _POSIX_C_SOURCE 200809L
+#include <check.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "dsv4/dsv4_verify.h"
+#include "dsv4_test.h"
+#include "synth_dump.h"
+
+static char *g_dir;
+static char g_golden[4200], g_cand[4200], g_json[4200], g_html[4200];
+
+static void write_pair(void)
+{
+    synth_spec s;
+    synth_spec_init(&s);
+    s.noise = 3e-4;
+    s.noise_layer = 2;
+    s.noise_position = 30;
+    s.base_noise = 1e-6;
+    s.low_layer = 3;
+    s.low_position = 35;
+    s.low_count = 1;
+    s.tie_layer = 1;
+    s.tie_position = 39;
+    s.tie_count = 1;
+    s.omit_dataset = "layers/2/kv";
+    s.omit_role = 1;
+    ck_assert_int_eq(synth_write(g_golden, &s, 0), 0);
+    ck_assert_int_eq(synth_write(g_cand, &s, 1), 0);
+}
+
+static char *slurp(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    ck_assert_msg(f != NULL, "cannot open %s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)n + 1);
+    ck_assert_int_eq(fread(b, 1, (size_t)n, f), (size_t)n);
+    b[n] = 0;
+    fclose(f);
+    return b;
+}
+
+START_TEST(json_holds_the_numbers)
+{
+    write_pair();
+    char cmd[16000];
+    snprintf(cmd, sizeof cmd, "'%s' verify '%s' '%s' --json '%s' --quiet", dsv4_test_bin(), g_golden, g_cand, g_json);
+    ck_assert_int_eq(dsv4_test_run(cmd, NULL), 1);
+    json_error_t e;
+    json_t *root = json_load_file(g_json, 0, &e);
+    ck_assert_msg(root != NULL, "%s:%d: %s", g_json, e.line, e.text);
+    dsv4_verify_result *r = NULL;
+    ck_assert_int_eq(dsv4_verify_run(g_golden, g_cand, NULL, &r), 0);
+    ck_assert_str_eq(json_string_value(json_object_get(root, "schema")), DSV4_VERIFY_JSON_SCHEMA);
+    ck_assert_str_eq(json_string_value(json_object_get(root, "verdict")), "diverged");
+    ck_assert_int_eq(json_integer_value(json_object_get(root, "exit_status")), 1);
+    json_t *fd = json_object_get(root, "first_divergence");
+    ck_assert_int_eq(json_integer_value(json_object_get(fd, "position")), r->first.position);
+    ck_assert_int_eq(json_integer_value(json_object_get(fd, "layer")), r->first.layer);
+    ck_assert_str_eq(json_string_value(json_object_get(fd, "dataset")), r->first.dataset);
+    ck_assert_double_eq_tol(json_real_value(json_object_get(fd, "value")), r->first.value, 1e-9 * r->first.value);
+    ck_assert_int_eq(json_array_size(json_object_get(root, "positions")), 40);
+    ck_assert_int_eq(json_array_size(json_object_get(root, "only_in_golden")), 1);
+    ck_assert_int_eq(json_integer_value(json_object_get(root, "checks")), r->n_checks);
+    /* every probe, every row, every metric */
+    json_t *probes = json_object_get(root, "probes");
+    ck_assert_int_eq(json_array_size(probes), r->n_probes);
+    int checked = 0;
+    for (int i = 0; i < r->n_probes; i++) {
+        const dsv4_verify_probe *p = &r->probes[i];
+        json_t *jp = json_array_get(probes, (size_t)i);
+        ck_assert_str_eq(json_string_value(json_object_get(jp, "dataset")), p->dataset);
+        if (p->presence != DSV4_VERIFY_IN_BOTH) continue;
+        json_t *rows = json_object_get(jp, "rows");
+        ck_assert_int_eq(json_array_size(rows), p->n_rows);
+        for (int k = 0; k < p->n_rows; k++) {
+            json_t *jr = json_array_get(rows, (size_t)k);
+            ck_assert_int_eq(json_integer_value(json_object_get(jr, "position")), p->rows[k].position);
+            for (int m = 0; m < DSV4_METRIC_COUNT; m++) {
+                double v = p->rows[k].v[m];
+                json_t *jv = json_object_get(jr, dsv4_verify_metric_name(m));
+                if (isnan(v)) {
+                    ck_assert_ptr_null(jv);
+                    continue;
+                }
+                ck_assert_msg(json_is_number(jv), "%s row %d %s", p->dataset, k, dsv4_verify_metric_name(m));
+                ck_assert_double_eq_tol(json_number_value(jv), v, 1e-9 * fabs(v) + 1e-300);
+                checked++;
+            }
+        }
+    }
+    ck_assert_int_gt(checked, 5000);
+    /* the top-k summary of the low swap */
+    json_t *topk = json_object_get(root, "topk");
+    ck_assert_int_eq(json_array_size(topk), 2);
+    long strict = 0, accepted = 0;
+    for (size_t i = 0; i < 2; i++) {
+        strict += json_integer_value(json_object_get(json_array_get(topk, i), "strict"));
+        accepted += json_integer_value(json_object_get(json_array_get(topk, i), "accepted"));
+    }
+    ck_assert_int_eq(strict, 1);
+    ck_assert_int_eq(accepted, 1);
+    ck_assert(json_is_object(json_object_get(root, "logits")));
+    json_decref(root);
+    dsv4_verify_result_free(r);
+}
+END_TEST
+
+/* Balanced tags of an XML-style document: returns NULL if fine, else a message (static). */
+static const char *check_tags(const char *s)
+{
+    static char msg[256];
+    char stack[256][32];
+    int depth = 0;
+    for (const char *p = s; (p = strchr(p, '<')) != NULL;) {
+        if (!strncmp(p, "<!--", 4)) {
+            const char *e = strstr(p, "-->");
+            if (!e) return "unterminated comment";
+            p = e + 3;
+            continue;
+        }
+        const char *e = strchr(p, '>');
+        if (!e) return "unterminated tag";
+        if (p[1] == '!' || p[1] == '?') {
+            p = e + 1;
+            continue;
+        }
+        int closing = p[1] == '/', selfclose = e[-1] == '/';
+        const char *n = p + 1 + closing;
+        size_t len = strcspn(n, " \t\n/>");
+        if (len == 0 || len >= 32) return "bad tag name";
+        /* attribute values must be quoted: no '<' inside a tag, an even number of quotes */
+        int quotes = 0;
+        for (const char *q = p + 1; q < e; q++) {
+            if (*q == '<') return "'<' inside a tag";
+            quotes += *q == '"';
+        }
+        if (quotes % 2) return "unbalanced quotes in a tag";
+        if (closing) {
+            if (depth == 0 || strncmp(stack[depth - 1], n, len) || stack[depth - 1][len]) {
+                snprintf(msg, sizeof msg, "</%.*s> closes <%s>", (int)len, n, depth ? stack[depth - 1] : "(nothing)");
+                return msg;
+            }
+            depth--;
+        } else if (!selfclose) {
+            if (depth == 256) return "too deep";
+            snprintf(stack[depth++], 32, "%.*s", (int)len, n);
+        }
+        p = e + 1;
+    }
+    if (depth) {
+        snprintf(msg, sizeof msg, "<%s> never closed", stack[depth - 1]);
+        return msg;
+    }
+    return NULL;
+}
+
+START_TEST(tag_checker_catches_errors)
+{
+    ck_assert_ptr_null(check_tags("<a><b x=\"1\"/><c>t</c></a>"));
+    ck_assert_ptr_nonnull(check_tags("<a><b></a>"));
+    ck_assert_ptr_nonnull(check_tags("<a><b x=\"1></b></a>"));
+    ck_assert_ptr_nonnull(check_tags("<a>"));
+}
+END_TEST
+
+START_TEST(html_is_well_formed_and_renders)
+{
+    write_pair();
+    char cmd[16000];
+    snprintf(cmd, sizeof cmd, "'%s' verify '%s' '%s' --html '%s' --quiet", dsv4_test_bin(), g_golden, g_cand, g_html);
+    ck_assert_int_eq(dsv4_test_run(cmd, NULL), 1);
+    char *html = slurp(g_html);
+    const char *bad = check_tags(html);
+    ck_assert_msg(bad == NULL, "HTML: %s", bad);
+    ck_assert_ptr_nonnull(strstr(html, "<svg"));
+    ck_assert_ptr_nonnull(strstr(html, "Per-layer error"));
+    ck_assert_ptr_nonnull(strstr(html, "Top-k recall"));
+    ck_assert_ptr_nonnull(strstr(html, "KL(golden || candidate) per position"));
+    ck_assert_ptr_null(strstr(html, "<script"));
+    ck_assert_ptr_null(strstr(html, "src="));
+    ck_assert_ptr_null(strstr(html, "href="));
+    ck_assert_ptr_null(strstr(html, "http://www.w3.org/1999/xhtml\" lang=\"en\"><")); /* sanity of the head */
+    free(html);
+    if (dsv4_test_run("command -v xmllint", NULL) == 0) {
+        snprintf(cmd, sizeof cmd, "xmllint --noout '%s'", g_html);
+        char *out = NULL;
+        int st = dsv4_test_run(cmd, &out);
+        ck_assert_msg(st == 0, "xmllint: %s", out);
+        free(out);
+    } else {
+        printf("xmllint not installed: XML parse skipped (tag balance checked)\n");
+    }
+    if (dsv4_test_run("command -v chromium", NULL) != 0) {
+        printf("chromium not installed: render skipped\n");
+        return;
+    }
+    const char *bin = getenv("DSV4_BINARY_DIR");
+    char png[4300], prof[4300];
+    char ccmd[32000];
+    snprintf(png, sizeof png, "%s/verify_report.png", bin ? bin : g_dir);
+    snprintf(prof, sizeof prof, "%s/chromium-profile", g_dir);
+    remove(png);
+    snprintf(ccmd, sizeof ccmd,
+             "timeout 120 chromium --headless --no-sandbox --disable-gpu --disable-background-networking "
+             "--disable-component-update --disable-sync --no-first-run --user-data-dir='%s' --screenshot='%s' "
+             "--window-size=1200,2600 'file://%s'",
+             prof, png, g_html);
+    char *out = NULL;
+    int st = dsv4_test_run(ccmd, &out);
+    struct stat sb;
+    int have = stat(png, &sb) == 0;
+    ck_assert_msg(st == 0 && have && sb.st_size > 20000, "chromium (status %d): %s", st, out);
+    printf("rendered %s (%lld bytes)\n", png, (long long)sb.st_size);
+    free(out);
+}
+END_TEST
+
+START_TEST(reports_of_a_failed_comparison)
+{
+    /* could-not-compare still writes both reports, saying why */
+    synth_spec s;
+    synth_spec_init(&s);
+    ck_assert_int_eq(synth_write(g_golden, &s, 0), 0);
+    s.digest = "ffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff";
+    ck_assert_int_eq(synth_write(g_cand, &s, 1), 0);
+    char cmd[24000];
+    snprintf(cmd, sizeof cmd, "'%s' verify '%s' '%s' --json '%s' --html '%s' --quiet", dsv4_test_bin(), g_golden, g_cand,
+             g_json, g_html);
+    ck_assert_int_eq(dsv4_test_run(cmd, NULL), 2);
+    json_t *root = json_load_file(g_json, 0, NULL);
+    ck_assert_ptr_nonnull(root);
+    ck_assert_str_eq(json_string_value(json_object_get(root, "verdict")), "error");
+    ck_assert_ptr_nonnull(strstr(json_string_value(json_object_get(root, "error")), "different weights"));
+    json_decref(root);
+    char *html = slurp(g_html);
+    ck_assert_ptr_null(check_tags(html));
+    ck_assert_ptr_nonnull(strstr(html, "COULD NOT COMPARE"));
+    free(html);
+}
+END_TEST
+
+int main(void)
+{
+    g_dir = dsv4_test_mkdtemp("verify-reports");
+    snprintf(g_golden, sizeof g_golden, "%s/golden.h5", g_dir);
+    snprintf(g_cand, sizeof g_cand, "%s/cand.h5", g_dir);
+    snprintf(g_json, sizeof g_json, "%s/report.json", g_dir);
+    snprintf(g_html, sizeof g_html, "%s/report.html", g_dir);
+    Suite *s = suite_create("verify_reports");
+    TCase *tc = tcase_create("core");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, json_holds_the_numbers);
+    tcase_add_test(tc, tag_checker_catches_errors);
+    tcase_add_test(tc, html_is_well_formed_and_renders);
+    tcase_add_test(tc, reports_of_a_failed_comparison);
+    suite_add_tcase(s, tc);
+    int rc = dsv4_test_main(s);
+    dsv4_test_rmtree(g_dir);
+    return rc;
+}
