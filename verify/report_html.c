@@ -487,6 +487,19 @@ int dsv4_verify_write_html(const dsv4_verify_result *r, const char *path)
             fprintf(f, "<p class=\"verdict1\">Tokens differ from position %d (golden %d, candidate %d); %d stored positions after it "
                        "are not compared.</p>\n",
                     r->token_diff_position, r->token_golden, r->token_candidate, r->n_positions_not_compared);
+        for (int side = 0; side < 2; side++) {
+            dsv4_verify_presence which = side ? DSV4_VERIFY_ONLY_CANDIDATE : DSV4_VERIFY_ONLY_GOLDEN;
+            int n = side ? r->n_only_candidate : r->n_only_golden;
+            if (!n) continue;
+            fprintf(f, "<p class=\"verdict1\">Only in the %s (%d, not compared):", side ? "candidate" : "golden", n);
+            for (int i = 0, k = 0; i < r->n_probes; i++)
+                if (r->probes[i].presence == which) {
+                    fprintf(f, "%s <code>", k++ ? "," : "");
+                    esc(f, r->probes[i].dataset);
+                    fprintf(f, "</code>");
+                }
+            fprintf(f, "</p>\n");
+        }
         plot_layers(f, r);
         plot_topk(f, r);
         plot_logits(f, r);
