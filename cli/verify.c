@@ -12,29 +12,28 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: dsv4 verify GOLDEN.h5 CANDIDATE.h5 [options]\n\n"
-            "Compares two dsv4-dump/1 files probe by probe, layer by layer, at the positions both store, and\n"
-            "reports the first (position, layer, probe) in model order that breaks its tolerance.\n\n"
-            "options:\n"
-            "  --profile fp32|bf16|FILE   tolerance profile (default fp32; files in verify/profiles/)\n"
-            "  --tol PROBE=METRIC:VALUE   override one gate, repeatable; PROBE is a probe name (attn_out), a\n"
-            "                             dataset (layers/3/attn_out) or default; METRIC is a metric name,\n"
-            "                             tie_abs or tie_rel; VALUE a number or 'off'. e.g. --tol out=rel_l2:1e-3\n"
-            "  --json OUT                 write every number as JSON\n"
-            "  --html OUT                 write a self-contained HTML report with plots\n"
-            "  --probes GLOB[,GLOB...]    only datasets or probe names matching (e.g. 'attn_*,final/*')\n"
-            "  --layers A-B               only layers A..B (A-, -B open; final/ counts as layer L)\n"
-            "  --positions A-B            only positions A..B (per-entry rows by the position closing them)\n"
-            "  --allow-different-weights  compare dumps whose weights_digest differ\n"
-            "  --color / --no-color       ANSI colours (default: when stdout is a terminal)\n"
-            "  --quiet                    no terminal report (exit status and files only)\n"
-            "  -h, --help                 this text\n\n"
-            "metrics: max_abs (with coordinate), rel_l2, nmse, cosine, nonfinite; topk_idx: recall, jaccard,\n"
-            "accepted/strict (tie-aware with the golden indexer_scores); router_ids: mismatch; logits: argmax,\n"
-            "top5, kl. NaN/Inf and shape differences always fail. See docs/verify.md.\n\n"
-            "exit status: 0 within tolerance, 1 diverged, 2 could not compare (unreadable file, wrong schema,\n"
-            "different weights_digest, no common positions or probes) or bad usage.\n");
+    fprintf(f, "usage: dsv4 verify GOLDEN.h5 CANDIDATE.h5 [options]\n\n"
+               "Compares two dsv4-dump/1 files probe by probe, layer by layer, at the positions both store, and\n"
+               "reports the first (position, layer, probe) in model order that breaks its tolerance.\n\n"
+               "options:\n"
+               "  --profile fp32|bf16|FILE   tolerance profile (default fp32; files in verify/profiles/)\n"
+               "  --tol PROBE=METRIC:VALUE   override one gate, repeatable; PROBE is a probe name (attn_out), a\n"
+               "                             dataset (layers/3/attn_out) or default; METRIC is a metric name,\n"
+               "                             tie_abs or tie_rel; VALUE a number or 'off'. e.g. --tol out=rel_l2:1e-3\n"
+               "  --json OUT                 write every number as JSON\n"
+               "  --html OUT                 write a self-contained HTML report with plots\n"
+               "  --probes GLOB[,GLOB...]    only datasets or probe names matching (e.g. 'attn_*,final/*')\n"
+               "  --layers A-B               only layers A..B (A-, -B open; final/ counts as layer L)\n"
+               "  --positions A-B            only positions A..B (per-entry rows by the position closing them)\n"
+               "  --allow-different-weights  compare dumps whose weights_digest differ\n"
+               "  --color / --no-color       ANSI colours (default: when stdout is a terminal)\n"
+               "  --quiet                    no terminal report (exit status and files only)\n"
+               "  -h, --help                 this text\n\n"
+               "metrics: max_abs (with coordinate), rel_l2, nmse, cosine, nonfinite; topk_idx: recall, jaccard,\n"
+               "accepted/strict (tie-aware with the golden indexer_scores); router_ids: mismatch; logits: argmax,\n"
+               "top5, kl. NaN/Inf and shape differences always fail. See docs/verify.md.\n\n"
+               "exit status: 0 within tolerance, 1 diverged, 2 could not compare (unreadable file, wrong schema,\n"
+               "different weights_digest, no common positions or probes) or bad usage.\n");
 }
 
 /* "A-B", "A", "A-", "-B" -> lo/hi (-1 open). */
@@ -73,13 +72,13 @@ int dsv4_cmd_verify(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int has_val = i + 1 < argc;
-#define NEED_VALUE()                                                                                               \
-    do {                                                                                                           \
-        if (!has_val) {                                                                                            \
-            fprintf(stderr, "dsv4 verify: %s needs a value\n", a);                                                 \
-            free(tol);                                                                                             \
-            return 2;                                                                                              \
-        }                                                                                                          \
+#define NEED_VALUE()                                                                                                   \
+    do {                                                                                                               \
+        if (!has_val) {                                                                                                \
+            fprintf(stderr, "dsv4 verify: %s needs a value\n", a);                                                     \
+            free(tol);                                                                                                 \
+            return 2;                                                                                                  \
+        }                                                                                                              \
     } while (0)
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
@@ -149,8 +148,10 @@ int dsv4_cmd_verify(int argc, char **argv)
         fprintf(stderr, "dsv4 verify: %s\n", dsv4_last_error());
         return 2;
     }
-    if (!quiet) dsv4_verify_write_text(r, stdout, color);
-    else if (r->status == DSV4_VERIFY_ERROR) fprintf(stderr, "dsv4 verify: %s\n", r->error);
+    if (!quiet)
+        dsv4_verify_write_text(r, stdout, color);
+    else if (r->status == DSV4_VERIFY_ERROR)
+        fprintf(stderr, "dsv4 verify: %s\n", r->error);
     int status = r->status;
     if (json && dsv4_verify_write_json(r, json)) {
         fprintf(stderr, "dsv4 verify: %s\n", dsv4_last_error());

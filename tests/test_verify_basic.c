@@ -93,7 +93,9 @@ START_TEST(noise_from_layer_k_first_diverges_at_k)
         ck_assert(r->first.found);
         ck_assert_int_eq(r->first.layer, k);
         ck_assert_int_eq(r->first.position, 0);
-        ck_assert_str_eq(r->first.dataset, k == 1 ? "layers/1/attn_hc_pre" : k == 2 ? "layers/2/attn_hc_pre" : "layers/3/attn_hc_pre");
+        ck_assert_str_eq(r->first.dataset, k == 1   ? "layers/1/attn_hc_pre"
+                                           : k == 2 ? "layers/2/attn_hc_pre"
+                                                    : "layers/3/attn_hc_pre");
         ck_assert_int_eq(r->first.metric, DSV4_METRIC_REL_L2);
         ck_assert(r->first.value > 1e-4 && r->first.tolerance == 1e-4);
         /* nothing before layer k fails, at any position */

@@ -154,7 +154,8 @@ START_TEST(tol_override_and_profile_file)
     snprintf(prof, sizeof prof, "%s/loose.json", g_dir);
     FILE *f = fopen(prof, "w");
     fputs("{\"profile\": \"loose\", \"probes\": {\"default\": {\"rel_l2\": 0.1, \"why\": \"test\"},"
-          " \"topk_idx\": {\"strict\": 0}, \"router_ids\": {\"mismatch\": 0}}}", f);
+          " \"topk_idx\": {\"strict\": 0}, \"router_ids\": {\"mismatch\": 0}}}",
+          f);
     fclose(f);
     char args[4400];
     snprintf(args, sizeof args, "--profile '%s'", prof);
@@ -176,10 +177,11 @@ END_TEST
 
 START_TEST(shipped_profiles_are_complete)
 {
-    const char *probes[] = {"default", "attn_hc_pre", "attn_hc_post", "attn_hc_comb", "attn_in", "kv", "compressed_kv",
-                            "indexer_kv", "indexer_scores", "topk_idx", "attn_out", "ffn_hc_pre", "ffn_hc_post",
-                            "ffn_hc_comb", "ffn_in", "router_ids", "router_weights", "ffn_out", "out", "hc_head", "norm",
-                            "logits"};
+    const char *probes[] = {
+        "default",       "attn_hc_pre", "attn_hc_post",   "attn_hc_comb", "attn_in",        "kv",
+        "compressed_kv", "indexer_kv",  "indexer_scores", "topk_idx",     "attn_out",       "ffn_hc_pre",
+        "ffn_hc_post",   "ffn_hc_comb", "ffn_in",         "router_ids",   "router_weights", "ffn_out",
+        "out",           "hc_head",     "norm",           "logits"};
     const char *names[] = {"fp32", "bf16"};
     for (int n = 0; n < 2; n++) {
         char path[4200];

@@ -18,7 +18,10 @@ static const char *const g_sets[] = {"golden/tiny/forced.h5", "golden/tiny/greed
                                      "golden/tiny-fp8/forced.h5"};
 #define N_SETS ((int)(sizeof g_sets / sizeof g_sets[0]))
 
-static int have(const char *rel) { return access(dsv4_test_source_path(rel), R_OK) == 0; }
+static int have(const char *rel)
+{
+    return access(dsv4_test_source_path(rel), R_OK) == 0;
+}
 
 START_TEST(golden_against_itself_passes)
 {
@@ -53,8 +56,10 @@ START_TEST(one_perturbed_layer_is_caught_there)
         ck_assert_int_eq(r->first.layer, k);
         /* the first stored position, or earlier for a per-entry row (entry w belongs to the position
          * closing it, stored or not: topk512 stores positions from 2295 on, its CSA entry 0 closes at 3) */
-        if (r->first.entry < 0) ck_assert_int_eq(r->first.position, first_pos);
-        else ck_assert_int_le(r->first.position, first_pos);
+        if (r->first.entry < 0)
+            ck_assert_int_eq(r->first.position, first_pos);
+        else
+            ck_assert_int_le(r->first.position, first_pos);
         for (int i = 0; i < r->n_probes; i++)
             if (r->probes[i].layer != k)
                 ck_assert_msg(r->probes[i].n_failed_rows == 0, "%s perturbed at layer %d: %s fails", g_sets[_i], k,

@@ -237,8 +237,8 @@ START_TEST(reports_of_a_failed_comparison)
     s.digest = "ffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff";
     ck_assert_int_eq(synth_write(g_cand, &s, 1), 0);
     char cmd[24000];
-    snprintf(cmd, sizeof cmd, "'%s' verify '%s' '%s' --json '%s' --html '%s' --quiet", dsv4_test_bin(), g_golden, g_cand,
-             g_json, g_html);
+    snprintf(cmd, sizeof cmd, "'%s' verify '%s' '%s' --json '%s' --html '%s' --quiet", dsv4_test_bin(), g_golden,
+             g_cand, g_json, g_html);
     ck_assert_int_eq(dsv4_test_run(cmd, NULL), 2);
     json_t *root = json_load_file(g_json, 0, NULL);
     ck_assert_ptr_nonnull(root);

@@ -78,8 +78,10 @@ START_TEST(fifty_megabytes_under_two_seconds)
     ck_assert_int_eq(r->status, DSV4_VERIFY_PASS);
     ck_assert(r->bytes_read > 2LL * 50000000);
     dsv4_verify_result_free(r);
-    if (DSV4_SANITIZED) ck_assert_msg(best < 30.0, "verify took %.2f s under the sanitizers", best);
-    else ck_assert_msg(best < 2.0, "verify took %.2f s (issue 4: under 2 s)", best);
+    if (DSV4_SANITIZED)
+        ck_assert_msg(best < 30.0, "verify took %.2f s under the sanitizers", best);
+    else
+        ck_assert_msg(best < 2.0, "verify took %.2f s (issue 4: under 2 s)", best);
 }
 END_TEST
 

@@ -12,7 +12,6 @@
 #include "dsv4_test.h"
 #include "synth_dump.h"
 
-
 static char *g_dir;
 
 static dsv4_verify_result *pair(const synth_spec *s)
@@ -196,7 +195,7 @@ START_TEST(logits_by_hand)
     ck_assert_int_eq(row.argmax_g, 1);
     ck_assert_int_eq(row.argmax_c, 0);
     ck_assert_double_eq(row.v[DSV4_METRIC_ARGMAX], 1); /* margin log 3 > 0 */
-    dsv4_verify_logits(g, c, 2, 2.0, 0, &row);            /* within a tie tolerance of 2: accepted */
+    dsv4_verify_logits(g, c, 2, 2.0, 0, &row);         /* within a tie tolerance of 2: accepted */
     ck_assert_double_eq(row.v[DSV4_METRIC_ARGMAX], 0);
     /* top-5 overlap: 6 logits, candidate swaps the 5th and 6th */
     const float g6[6] = {6, 5, 4, 3, 2, 1}, c6[6] = {6, 5, 4, 3, 1, 2};

@@ -93,7 +93,10 @@ static int parse_dataset(const char *name, char *probe, size_t n)
     return -2;
 }
 
-static int layer_rank(const dsv4_verify_result *r, int layer) { return layer >= 0 ? layer : r->n_layers; }
+static int layer_rank(const dsv4_verify_result *r, int layer)
+{
+    return layer >= 0 ? layer : r->n_layers;
+}
 
 static int probe_selected(const dsv4_cmp_ctx *x, const char *dataset, const char *probe, int layer)
 {
@@ -173,9 +176,12 @@ static int build_probes(dsv4_cmp_ctx *x)
                                                  &p->tie_rel)))
                 return rc;
             r->n_probes++;
-            if (p->presence == DSV4_VERIFY_IN_BOTH) r->n_compared++;
-            else if (p->presence == DSV4_VERIFY_ONLY_GOLDEN) r->n_only_golden++;
-            else r->n_only_candidate++;
+            if (p->presence == DSV4_VERIFY_IN_BOTH)
+                r->n_compared++;
+            else if (p->presence == DSV4_VERIFY_ONLY_GOLDEN)
+                r->n_only_golden++;
+            else
+                r->n_only_candidate++;
         }
     }
     qsort(r->probes, (size_t)r->n_probes, sizeof *r->probes, cmp_probe_order);
@@ -245,12 +251,15 @@ static int positions_table(dsv4_cmp_ctx *x)
     if (!r->positions || !x->grow || !x->crow) return dsv4_error(DSV4_ERR_NOMEM, "verify: out of memory");
     const dsv4_verify_options *o = x->o;
     for (int i = 0, j = 0; i < npg && j < npc;) {
-        if (pg[i] < pc[j]) i++;
-        else if (pg[i] > pc[j]) j++;
+        if (pg[i] < pc[j])
+            i++;
+        else if (pg[i] > pc[j])
+            j++;
         else {
             int p = pg[i];
             if ((o->pos_lo < 0 || p >= o->pos_lo) && (o->pos_hi < 0 || p <= o->pos_hi)) {
-                if (p >= x->pos_limit) r->n_positions_not_compared++;
+                if (p >= x->pos_limit)
+                    r->n_positions_not_compared++;
                 else {
                     r->positions[r->n_positions] = p;
                     x->grow[r->n_positions] = i;
@@ -287,8 +296,8 @@ dsv4_verify_row *dsv4_cmp_new_row(dsv4_verify_probe *p, int position, int entry)
     return row;
 }
 
-int dsv4_cmp_read_rows(dsv4_cmp_ctx *x, const dsv4_dump *d, const char *name, const int *rows, int n,
-                       size_t row_bytes, void *dst)
+int dsv4_cmp_read_rows(dsv4_cmp_ctx *x, const dsv4_dump *d, const char *name, const int *rows, int n, size_t row_bytes,
+                       void *dst)
 {
     int64_t lo = rows[0], span = (int64_t)rows[n - 1] - lo + 1;
     x->r->bytes_read += (long long)(span * (int64_t)row_bytes);
@@ -308,8 +317,8 @@ int dsv4_cmp_read_rows(dsv4_cmp_ctx *x, const dsv4_dump *d, const char *name, co
 }
 
 /* ------------------------------------------------------------------------------------------------ judging */
-static int key_before(int pos_a, int rank_a, int order_a, int entry_a, const dsv4_verify_divergence *b,
-                      int rank_b, int order_b)
+static int key_before(int pos_a, int rank_a, int order_a, int entry_a, const dsv4_verify_divergence *b, int rank_b,
+                      int order_b)
 {
     if (!b->found) return 1;
     int pb = b->position < 0 ? INT_MAX : b->position;
@@ -340,8 +349,9 @@ static void describe(const dsv4_verify_probe *p, const dsv4_verify_row *row, dsv
         int k = (int)(p->golden_info.ndim > 1 ? p->golden_info.shape[1] : 1);
         double kth = NAN, tol = NAN;
         if (gi) dsv4_verify_topk_threshold(gi, k, aux_g, aux_n, p->tie_abs, p->tie_rel, &kth, &tol);
-        int len = snprintf(out, n, "recall %.4f, %.0f tie-accepted, %.0f strict; k-th golden score %.6g, tie tol %.3g",
-                           row->v[DSV4_METRIC_RECALL], row->v[DSV4_METRIC_ACCEPTED], row->v[DSV4_METRIC_STRICT], kth, tol);
+        int len =
+            snprintf(out, n, "recall %.4f, %.0f tie-accepted, %.0f strict; k-th golden score %.6g, tie tol %.3g",
+                     row->v[DSV4_METRIC_RECALL], row->v[DSV4_METRIC_ACCEPTED], row->v[DSV4_METRIC_STRICT], kth, tol);
         if (gi && ci && aux_g)
             for (int j = 0; j < k && len > 0 && (size_t)len < n; j++) {
                 int32_t w = ci[j];
@@ -361,13 +371,16 @@ static void describe(const dsv4_verify_probe *p, const dsv4_verify_row *row, dsv
         const int32_t *gi = g, *ci = c;
         int k = (int)(info->ndim > 1 ? info->shape[1] : 1);
         if (p->kind == DSV4_VERIFY_KIND_INT || !gi || !ci || k > 16) {
-            snprintf(out, n, "%.0f differ%s", row->v[DSV4_METRIC_MISMATCH], p->kind == DSV4_VERIFY_KIND_INT ? "ing elements" : "");
+            snprintf(out, n, "%.0f differ%s", row->v[DSV4_METRIC_MISMATCH],
+                     p->kind == DSV4_VERIFY_KIND_INT ? "ing elements" : "");
             return;
         }
         int len = snprintf(out, n, "golden {");
-        for (int i = 0; i < k && (size_t)len < n; i++) len += snprintf(out + len, n - (size_t)len, i ? ",%d" : "%d", gi[i]);
+        for (int i = 0; i < k && (size_t)len < n; i++)
+            len += snprintf(out + len, n - (size_t)len, i ? ",%d" : "%d", gi[i]);
         if ((size_t)len < n) len += snprintf(out + len, n - (size_t)len, "} candidate {");
-        for (int i = 0; i < k && (size_t)len < n; i++) len += snprintf(out + len, n - (size_t)len, i ? ",%d" : "%d", ci[i]);
+        for (int i = 0; i < k && (size_t)len < n; i++)
+            len += snprintf(out + len, n - (size_t)len, i ? ",%d" : "%d", ci[i]);
         if ((size_t)len < n) snprintf(out + len, n - (size_t)len, "}");
         return;
     }
@@ -394,8 +407,8 @@ static void describe(const dsv4_verify_probe *p, const dsv4_verify_row *row, dsv
     }
 }
 
-void dsv4_cmp_judge(dsv4_cmp_ctx *x, dsv4_verify_probe *p, int ri, const void *g, const void *c,
-                    const void *aux_g, const void *aux_c, int64_t aux_n)
+void dsv4_cmp_judge(dsv4_cmp_ctx *x, dsv4_verify_probe *p, int ri, const void *g, const void *c, const void *aux_g,
+                    const void *aux_c, int64_t aux_n)
 {
     (void)aux_c;
     dsv4_verify_result *r = x->r;
@@ -496,8 +509,9 @@ static int run(dsv4_cmp_ctx *x, const char *golden_path, const char *candidate_p
     if (!r->golden.path || !r->candidate.path) return dsv4_error(DSV4_ERR_NOMEM, "verify: out of memory");
     if (strcmp(r->golden.weights_digest, r->candidate.weights_digest)) {
         if (!o->allow_different_weights) {
-            fail_compare(r, "different weights: weights_digest %s (golden) vs %s (candidate); "
-                            "pass --allow-different-weights to compare anyway",
+            fail_compare(r,
+                         "different weights: weights_digest %s (golden) vs %s (candidate); "
+                         "pass --allow-different-weights to compare anyway",
                          r->golden.weights_digest, r->candidate.weights_digest);
             return 0;
         }

@@ -80,8 +80,8 @@ static void extra_columns(const float *x, int64_t from, int64_t width, dsv4_veri
 }
 
 typedef struct aux_src {
-    const char *name;    /* dataset in the file, NULL = none */
-    size_t elems;        /* per row */
+    const char *name; /* dataset in the file, NULL = none */
+    size_t elems;     /* per row */
 } aux_src;
 
 static int per_position(dsv4_cmp_ctx *x, dsv4_verify_probe *p)
@@ -101,13 +101,17 @@ static int per_position(dsv4_cmp_ctx *x, dsv4_verify_probe *p)
         int okc = dsv4_dump_has(x->c, aux_name) && !dsv4_dump_info(x->c, aux_name, &ib) && (int)ib.dtype == want &&
                   ib.shape[0] == r->candidate.n_positions;
         if (p->kind == DSV4_VERIFY_KIND_TOPK) {
-            if (okg) ag = (aux_src){aux_name, row_elems(&ia)};
-            else snprintf(p->note, sizeof p->note, "the golden has no usable %s: every pick outside the golden set is strict", aux_name);
+            if (okg)
+                ag = (aux_src){aux_name, row_elems(&ia)};
+            else
+                snprintf(p->note, sizeof p->note,
+                         "the golden has no usable %s: every pick outside the golden set is strict", aux_name);
         } else if (okg && okc && row_elems(&ia) == eg && row_elems(&ib) == ec) {
             ag = (aux_src){aux_name, eg};
             ac = (aux_src){aux_name, ec};
         } else {
-            snprintf(p->note, sizeof p->note, "%s missing or mis-shaped in a file: weights paired by position", aux_name);
+            snprintf(p->note, sizeof p->note, "%s missing or mis-shaped in a file: weights paired by position",
+                     aux_name);
         }
     }
     size_t row_bytes = 4 * ((eg > ec ? eg : ec) + ag.elems + ac.elems);
@@ -139,21 +143,15 @@ static int per_position(dsv4_cmp_ctx *x, dsv4_verify_probe *p)
             int64_t w = (int64_t)(eg < ec ? eg : ec);
             switch (p->kind) {
             case DSV4_VERIFY_KIND_TOPK:
-                dsv4_verify_topk((const int32_t *)gf, (const int32_t *)cf, (int)eg, ga, (int64_t)ag.elems,
-                                 p->tie_abs, p->tie_rel, row);
+                dsv4_verify_topk((const int32_t *)gf, (const int32_t *)cf, (int)eg, ga, (int64_t)ag.elems, p->tie_abs,
+                                 p->tie_rel, row);
                 break;
             case DSV4_VERIFY_KIND_ROUTER_IDS:
                 dsv4_verify_router_ids((const int32_t *)gf, (const int32_t *)cf, (int)eg, row);
                 break;
-            case DSV4_VERIFY_KIND_ROUTER_WEIGHTS:
-                dsv4_verify_router_weights(gf, cf, ga, ca, (int)eg, row);
-                break;
-            case DSV4_VERIFY_KIND_LOGITS:
-                dsv4_verify_logits(gf, cf, w, p->tie_abs, p->tie_rel, row);
-                break;
-            case DSV4_VERIFY_KIND_INT:
-                dsv4_verify_int((const int32_t *)gf, (const int32_t *)cf, w, row);
-                break;
+            case DSV4_VERIFY_KIND_ROUTER_WEIGHTS: dsv4_verify_router_weights(gf, cf, ga, ca, (int)eg, row); break;
+            case DSV4_VERIFY_KIND_LOGITS: dsv4_verify_logits(gf, cf, w, p->tie_abs, p->tie_rel, row); break;
+            case DSV4_VERIFY_KIND_INT: dsv4_verify_int((const int32_t *)gf, (const int32_t *)cf, w, row); break;
             default:
                 dsv4_verify_dense_f32(gf, cf, w, row);
                 if (eg > ec) extra_columns(gf, w, (int64_t)eg, row);
@@ -226,8 +224,9 @@ static int per_entry(dsv4_cmp_ctx *x, dsv4_verify_probe *p)
     for (int64_t w = n; w < nmax; w++) {
         int pos = entry_position(x, p->layer, w);
         if (!entry_included(x, pos)) continue;
-        snprintf(p->note, sizeof p->note, "the golden has %lld entries, the candidate %lld: entry %lld is missing in the %s",
-                 (long long)ng, (long long)nc, (long long)w, ng > nc ? "candidate" : "golden");
+        snprintf(p->note, sizeof p->note,
+                 "the golden has %lld entries, the candidate %lld: entry %lld is missing in the %s", (long long)ng,
+                 (long long)nc, (long long)w, ng > nc ? "candidate" : "golden");
         return structure_row(x, p, pos, (int)w);
     }
     return 0;
@@ -239,12 +238,11 @@ int dsv4_cmp_probe(dsv4_cmp_ctx *x, dsv4_verify_probe *p)
     int same = gi->dtype == ci->dtype && gi->ndim == ci->ndim && gi->ndim >= 1;
     for (int d = 1; same && d < gi->ndim; d++)
         if (gi->shape[d] != ci->shape[d] && !(d == 1 && !strcmp(p->probe, "indexer_scores"))) same = 0;
-    int float_kind = p->kind != DSV4_VERIFY_KIND_TOPK && p->kind != DSV4_VERIFY_KIND_ROUTER_IDS &&
-                     p->kind != DSV4_VERIFY_KIND_INT;
+    int float_kind =
+        p->kind != DSV4_VERIFY_KIND_TOPK && p->kind != DSV4_VERIFY_KIND_ROUTER_IDS && p->kind != DSV4_VERIFY_KIND_INT;
     if (same && (gi->dtype == DSV4_DTYPE_F32) != float_kind) same = 0;
     int entries = p->kind == DSV4_VERIFY_KIND_ENTRIES;
-    if (same && !entries &&
-        (gi->shape[0] != x->r->golden.n_positions || ci->shape[0] != x->r->candidate.n_positions))
+    if (same && !entries && (gi->shape[0] != x->r->golden.n_positions || ci->shape[0] != x->r->candidate.n_positions))
         same = -1;
     int first_pos = entries ? entry_position(x, p->layer, 0) : x->r->positions[0];
     if (gi->ndim == 0 || ci->ndim == 0) /* the reader rejected it; p->note holds why */
@@ -253,9 +251,12 @@ int dsv4_cmp_probe(dsv4_cmp_ctx *x, dsv4_verify_probe *p)
         char a[48], b[48];
         shape_str(gi, a, sizeof a);
         shape_str(ci, b, sizeof b);
-        if (same == 0) snprintf(p->note, sizeof p->note, "shapes differ: golden %s, candidate %s", a, b);
-        else snprintf(p->note, sizeof p->note, "first dimension is not the number of stored positions (golden %s for %d, candidate %s for %d)",
-                      a, x->r->golden.n_positions, b, x->r->candidate.n_positions);
+        if (same == 0)
+            snprintf(p->note, sizeof p->note, "shapes differ: golden %s, candidate %s", a, b);
+        else
+            snprintf(p->note, sizeof p->note,
+                     "first dimension is not the number of stored positions (golden %s for %d, candidate %s for %d)", a,
+                     x->r->golden.n_positions, b, x->r->candidate.n_positions);
         return structure_row(x, p, first_pos, entries ? 0 : -1);
     }
     return entries ? per_entry(x, p) : per_position(x, p);

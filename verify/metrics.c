@@ -17,8 +17,8 @@
 #include "verify_internal.h"
 
 static const char *const dsv4_verify_metric_names[] = {
-    "max_abs", "rel_l2", "nmse", "cosine", "nonfinite", "strict", "accepted",
-    "recall", "jaccard", "mismatch", "argmax", "top5", "kl", "structure",
+    "max_abs", "rel_l2",  "nmse",     "cosine", "nonfinite", "strict", "accepted",
+    "recall",  "jaccard", "mismatch", "argmax", "top5",      "kl",     "structure",
 };
 _Static_assert(sizeof dsv4_verify_metric_names / sizeof dsv4_verify_metric_names[0] == DSV4_METRIC_COUNT,
                "one name per dsv4_verify_metric");
@@ -102,12 +102,16 @@ void dsv4_verify_dense_f32(const float *g, const float *c, int64_t n, dsv4_verif
     row->v[DSV4_METRIC_NONFINITE] = (double)nonfinite;
     row->nonfinite_at = nfat;
     double rel;
-    if (g2 > 0) rel = sqrt(d2 / g2);
-    else rel = d2 > 0 ? INFINITY : 0.0;
+    if (g2 > 0)
+        rel = sqrt(d2 / g2);
+    else
+        rel = d2 > 0 ? INFINITY : 0.0;
     row->v[DSV4_METRIC_REL_L2] = rel;
     row->v[DSV4_METRIC_NMSE] = g2 > 0 ? d2 / g2 : (d2 > 0 ? INFINITY : 0.0);
-    if (g2 > 0 && c2 > 0) row->v[DSV4_METRIC_COSINE] = gc / sqrt(g2 * c2);
-    else row->v[DSV4_METRIC_COSINE] = (g2 == 0 && c2 == 0) ? 1.0 : 0.0;
+    if (g2 > 0 && c2 > 0)
+        row->v[DSV4_METRIC_COSINE] = gc / sqrt(g2 * c2);
+    else
+        row->v[DSV4_METRIC_COSINE] = (g2 == 0 && c2 == 0) ? 1.0 : 0.0;
 }
 
 static int cmp_i32(const void *a, const void *b)
@@ -132,8 +136,10 @@ static int intersect(const int32_t *gs, int ng, const int32_t *cs, int nc, unsig
     int i = 0, j = 0, common = 0;
     for (int t = 0; t < nc; t++) cand_in_g[t] = 0;
     while (i < ng && j < nc) {
-        if (gs[i] < cs[j]) i++;
-        else if (gs[i] > cs[j]) j++;
+        if (gs[i] < cs[j])
+            i++;
+        else if (gs[i] > cs[j])
+            j++;
         else {
             cand_in_g[j] = 1;
             common++;
@@ -162,8 +168,8 @@ int dsv4_verify_topk_threshold(const int32_t *g, int k, const float *gscores, in
     return ng;
 }
 
-void dsv4_verify_topk(const int32_t *g, const int32_t *c, int k, const float *gscores, int64_t n_scores,
-                      double tie_abs, double tie_rel, dsv4_verify_row *row)
+void dsv4_verify_topk(const int32_t *g, const int32_t *c, int k, const float *gscores, int64_t n_scores, double tie_abs,
+                      double tie_rel, dsv4_verify_row *row)
 {
     int32_t gs_stack[1024], cs_stack[1024];
     unsigned char in_stack[1024];
@@ -266,8 +272,7 @@ static int top5(const float *x, int64_t n, int64_t out[5])
     return m;
 }
 
-void dsv4_verify_logits(const float *g, const float *c, int64_t V, double tie_abs, double tie_rel,
-                        dsv4_verify_row *row)
+void dsv4_verify_logits(const float *g, const float *c, int64_t V, double tie_abs, double tie_rel, dsv4_verify_row *row)
 {
     dsv4_verify_dense_f32(g, c, V, row);
     int64_t tg[5], tc[5];
@@ -317,12 +322,27 @@ void dsv4_verify_int(const int32_t *g, const int32_t *c, int64_t n, dsv4_verify_
 static const struct {
     const char *probe, *label;
 } dsv4_verify_probe_table[] = {
-    {"attn_hc_pre", "hc"},   {"attn_hc_post", "hc"},   {"attn_hc_comb", "hc"},  {"attn_in", "attn_in"},
-    {"kv", "kv"},            {"compressed_kv", "cmp_kv"}, {"indexer_kv", "idx_kv"},
-    {"indexer_scores", "idx_sc"}, {"topk_idx", "topk"}, {"attn_out", "attn_out"}, {"ffn_hc_pre", "hc"},
-    {"ffn_hc_post", "hc"},   {"ffn_hc_comb", "hc"},    {"ffn_in", "ffn_in"},    {"router_ids", "rt_ids"},
-    {"router_weights", "rt_w"}, {"ffn_out", "ffn_out"}, {"out", "out"},         {"hc_head", "hc_head"},
-    {"norm", "norm"},        {"logits", "logits"},
+    {"attn_hc_pre", "hc"},
+    {"attn_hc_post", "hc"},
+    {"attn_hc_comb", "hc"},
+    {"attn_in", "attn_in"},
+    {"kv", "kv"},
+    {"compressed_kv", "cmp_kv"},
+    {"indexer_kv", "idx_kv"},
+    {"indexer_scores", "idx_sc"},
+    {"topk_idx", "topk"},
+    {"attn_out", "attn_out"},
+    {"ffn_hc_pre", "hc"},
+    {"ffn_hc_post", "hc"},
+    {"ffn_hc_comb", "hc"},
+    {"ffn_in", "ffn_in"},
+    {"router_ids", "rt_ids"},
+    {"router_weights", "rt_w"},
+    {"ffn_out", "ffn_out"},
+    {"out", "out"},
+    {"hc_head", "hc_head"},
+    {"norm", "norm"},
+    {"logits", "logits"},
 };
 
 int dsv4_verify_probe_order(const char *probe)
@@ -342,23 +362,35 @@ const char *dsv4_verify_probe_label(const char *probe)
 
 const char *dsv4_verify_fmt(dsv4_verify_metric m, double v, char *buf, size_t n)
 {
-    if (isnan(v)) snprintf(buf, n, "-");
-    else if (isinf(v)) snprintf(buf, n, v > 0 ? "inf" : "-inf");
-    else if (metric_is_count(m)) snprintf(buf, n, "%.0f", v);
-    else if (m == DSV4_METRIC_COSINE) snprintf(buf, n, "%.8f", v);
-    else if (dsv4_verify_metric_is_min(m)) snprintf(buf, n, "%.4f", v);
-    else if (v == 0) snprintf(buf, n, "0");
-    else snprintf(buf, n, "%.2e", v);
+    if (isnan(v))
+        snprintf(buf, n, "-");
+    else if (isinf(v))
+        snprintf(buf, n, v > 0 ? "inf" : "-inf");
+    else if (metric_is_count(m))
+        snprintf(buf, n, "%.0f", v);
+    else if (m == DSV4_METRIC_COSINE)
+        snprintf(buf, n, "%.8f", v);
+    else if (dsv4_verify_metric_is_min(m))
+        snprintf(buf, n, "%.4f", v);
+    else if (v == 0)
+        snprintf(buf, n, "0");
+    else
+        snprintf(buf, n, "%.2e", v);
     return buf;
 }
 
 const char *dsv4_verify_fmt_short(dsv4_verify_metric m, double v, char *buf, size_t n)
 {
-    if (isnan(v)) snprintf(buf, n, "-");
-    else if (isinf(v)) snprintf(buf, n, v > 0 ? "inf" : "-inf");
-    else if (metric_is_count(m)) snprintf(buf, n, "%.0f", v);
-    else if (dsv4_verify_metric_is_min(m)) snprintf(buf, n, "%.4f", v);
-    else if (v == 0) snprintf(buf, n, "0");
+    if (isnan(v))
+        snprintf(buf, n, "-");
+    else if (isinf(v))
+        snprintf(buf, n, v > 0 ? "inf" : "-inf");
+    else if (metric_is_count(m))
+        snprintf(buf, n, "%.0f", v);
+    else if (dsv4_verify_metric_is_min(m))
+        snprintf(buf, n, "%.4f", v);
+    else if (v == 0)
+        snprintf(buf, n, "0");
     else {
         int e = (int)floor(log10(fabs(v)));
         double mant = v / pow(10, e);

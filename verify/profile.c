@@ -81,8 +81,10 @@ static int entry_set(dsv4_profile_entry *e, dsv4_verify_metric m, double tol)
 /* Apply "metric" = value to e. where: for messages. */
 static int entry_apply(dsv4_profile_entry *e, const char *metric, double value, const char *where)
 {
-    if (!strcmp(metric, "tie_abs")) e->tie_abs = value;
-    else if (!strcmp(metric, "tie_rel")) e->tie_rel = value;
+    if (!strcmp(metric, "tie_abs"))
+        e->tie_abs = value;
+    else if (!strcmp(metric, "tie_rel"))
+        e->tie_rel = value;
     else {
         int m = dsv4_verify_metric_from_name(metric);
         if (m < 0) {
@@ -132,8 +134,8 @@ static int profile_locate(const char *name, char *path, size_t n)
         if (access(path, R_OK) == 0) return 0;
         if (tl < sizeof tried) tl += (size_t)snprintf(tried + tl, sizeof tried - tl, "%s%s", i ? ", " : "", path);
     }
-    return dsv4_error(DSV4_ERR_IO, "profile '%s' not found (looked for %s; set DSV4_PROFILE_DIR or give a file)",
-                      name, tried);
+    return dsv4_error(DSV4_ERR_IO, "profile '%s' not found (looked for %s; set DSV4_PROFILE_DIR or give a file)", name,
+                      tried);
 }
 
 static int profile_parse(dsv4_verify_profile *p, json_t *root)
@@ -147,8 +149,7 @@ static int profile_parse(dsv4_verify_profile *p, json_t *root)
     json_t *val;
     json_object_foreach(probes, key, val)
     {
-        if (!json_is_object(val))
-            return dsv4_error(DSV4_ERR_FORMAT, "%s: probes.%s is not an object", p->source, key);
+        if (!json_is_object(val)) return dsv4_error(DSV4_ERR_FORMAT, "%s: probes.%s is not an object", p->source, key);
         dsv4_profile_entry *e = profile_find(p, key);
         if (!e && !(e = profile_add(p, key))) return dsv4_error(DSV4_ERR_NOMEM, "profile: out of memory");
         const char *mk;
@@ -181,8 +182,10 @@ int dsv4_verify_profile_load(const char *name_or_path, dsv4_verify_profile **out
     if (!p) return dsv4_error(DSV4_ERR_NOMEM, "profile: out of memory");
     int is_file = strchr(name_or_path, '/') || strstr(name_or_path, ".json") || access(name_or_path, R_OK) == 0;
     int rc = 0;
-    if (is_file) snprintf(p->source, sizeof p->source, "%s", name_or_path);
-    else rc = profile_locate(name_or_path, p->source, sizeof p->source);
+    if (is_file)
+        snprintf(p->source, sizeof p->source, "%s", name_or_path);
+    else
+        rc = profile_locate(name_or_path, p->source, sizeof p->source);
     if (rc) {
         free(p);
         return rc;
@@ -190,8 +193,8 @@ int dsv4_verify_profile_load(const char *name_or_path, dsv4_verify_profile **out
     json_error_t jerr;
     json_t *root = json_load_file(p->source, JSON_REJECT_DUPLICATES, &jerr);
     if (!root) {
-        rc = dsv4_error(access(p->source, R_OK) ? DSV4_ERR_IO : DSV4_ERR_FORMAT, "%s:%d: %s", p->source,
-                        jerr.line, jerr.text);
+        rc = dsv4_error(access(p->source, R_OK) ? DSV4_ERR_IO : DSV4_ERR_FORMAT, "%s:%d: %s", p->source, jerr.line,
+                        jerr.text);
         free(p);
         return rc;
     }
@@ -214,12 +217,17 @@ void dsv4_verify_profile_free(dsv4_verify_profile *p)
     free(p);
 }
 
-const char *dsv4_verify_profile_name(const dsv4_verify_profile *p) { return p->name; }
-const char *dsv4_verify_profile_source(const dsv4_verify_profile *p) { return p->source; }
+const char *dsv4_verify_profile_name(const dsv4_verify_profile *p)
+{
+    return p->name;
+}
+const char *dsv4_verify_profile_source(const dsv4_verify_profile *p)
+{
+    return p->source;
+}
 
 /* The entry that applies to (dataset, probe): dataset key, then probe key, then "default". */
-static const dsv4_profile_entry *profile_resolve(const dsv4_verify_profile *p, const char *dataset,
-                                                 const char *probe)
+static const dsv4_profile_entry *profile_resolve(const dsv4_verify_profile *p, const char *dataset, const char *probe)
 {
     const dsv4_profile_entry *e = dataset ? profile_find(p, dataset) : NULL;
     if (!e && probe) e = profile_find(p, probe);
@@ -244,8 +252,7 @@ int dsv4_verify_profile_override(dsv4_verify_profile *p, const char *spec)
 {
     const char *eq = strchr(spec, '='), *colon = eq ? strchr(eq, ':') : NULL;
     if (!eq || !colon || eq == spec || colon == eq + 1 || !colon[1])
-        return dsv4_error(DSV4_ERR_USAGE, "--tol '%s': expected PROBE=METRIC:VALUE (e.g. attn_out=rel_l2:1e-3)",
-                          spec);
+        return dsv4_error(DSV4_ERR_USAGE, "--tol '%s': expected PROBE=METRIC:VALUE (e.g. attn_out=rel_l2:1e-3)", spec);
     char key[96], metric[32];
     snprintf(key, sizeof key, "%.*s", (int)(eq - spec), spec);
     snprintf(metric, sizeof metric, "%.*s", (int)(colon - eq - 1), eq + 1);

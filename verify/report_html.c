@@ -35,7 +35,7 @@ static void esc(FILE *f, const char *s)
 }
 
 typedef struct plot {
-    double x0, y0, w, h;       /* the data area in SVG units */
+    double x0, y0, w, h; /* the data area in SVG units */
     double xmin, xmax, ymin, ymax;
     int ylog;
 } plot;
@@ -68,23 +68,30 @@ static void axes(FILE *f, const plot *p, const char *xlabel, const char *ylabel,
             double v = pow(10, e);
             if (v < p->ymin * 0.999 || v > p->ymax * 1.001) continue;
             double y = py(p, v);
-            fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#e4e4e4\"/>\n", p->x0, y, p->x0 + p->w, y);
-            fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"10\" text-anchor=\"end\">1e%d</text>\n", p->x0 - 4, y + 3, e);
+            fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#e4e4e4\"/>\n", p->x0, y,
+                    p->x0 + p->w, y);
+            fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"10\" text-anchor=\"end\">1e%d</text>\n", p->x0 - 4,
+                    y + 3, e);
         }
     } else {
         for (int i = 0; i <= 4; i++) {
             double v = p->ymin + (p->ymax - p->ymin) * i / 4.0, y = py(p, v);
-            fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#e4e4e4\"/>\n", p->x0, y, p->x0 + p->w, y);
-            fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"10\" text-anchor=\"end\">%.3g</text>\n", p->x0 - 4, y + 3, v);
+            fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#e4e4e4\"/>\n", p->x0, y,
+                    p->x0 + p->w, y);
+            fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"10\" text-anchor=\"end\">%.3g</text>\n", p->x0 - 4,
+                    y + 3, v);
         }
     }
     for (int x = (int)ceil(p->xmin); xstep > 0 && x <= (int)p->xmax; x += xstep)
         fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"10\" text-anchor=\"middle\">%d</text>\n", px(p, x),
                 p->y0 + p->h + 13, x);
-    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" text-anchor=\"middle\">", p->x0 + p->w / 2, p->y0 + p->h + 28);
+    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" text-anchor=\"middle\">", p->x0 + p->w / 2,
+            p->y0 + p->h + 28);
     esc(f, xlabel);
-    fprintf(f, "</text>\n<text x=\"12\" y=\"%.1f\" font-size=\"11\" text-anchor=\"middle\" transform=\"rotate(-90 12 %.1f)\">",
-            p->y0 + p->h / 2, p->y0 + p->h / 2);
+    fprintf(
+        f,
+        "</text>\n<text x=\"12\" y=\"%.1f\" font-size=\"11\" text-anchor=\"middle\" transform=\"rotate(-90 12 %.1f)\">",
+        p->y0 + p->h / 2, p->y0 + p->h / 2);
     esc(f, ylabel);
     fprintf(f, "</text>\n");
 }
@@ -92,9 +99,10 @@ static void axes(FILE *f, const plot *p, const char *xlabel, const char *ylabel,
 static void hline(FILE *f, const plot *p, double y, const char *color, const char *label)
 {
     double yy = py(p, y);
-    fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" stroke-dasharray=\"5,3\"/>\n", p->x0, yy,
-            p->x0 + p->w, yy, color);
-    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"9\" text-anchor=\"end\" fill=\"%s\">", p->x0 + p->w - 3, yy - 3, color);
+    fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" stroke-dasharray=\"5,3\"/>\n",
+            p->x0, yy, p->x0 + p->w, yy, color);
+    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"9\" text-anchor=\"end\" fill=\"%s\">", p->x0 + p->w - 3, yy - 3,
+            color);
     esc(f, label);
     fprintf(f, "</text>\n");
 }
@@ -218,14 +226,16 @@ static void plot_topk(FILE *f, const dsv4_verify_result *r)
     double bw = pl.w / n * 0.6;
     for (int i = 0; i < n; i++) {
         double x = px(&pl, i), top = py(&pl, s[i].recall_mean), base = py(&pl, pl.ymin);
-        fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"%s\"><title>layer %d: recall mean %.4f min %.4f</title></rect>\n",
+        fprintf(f,
+                "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"%s\"><title>layer %d: recall mean "
+                "%.4f min %.4f</title></rect>\n",
                 x - bw / 2, top, bw, base - top > 0 ? base - top : 0, s[i].strict ? "#e57373" : "#64b5f6", s[i].layer,
                 s[i].recall_mean, s[i].recall_min);
         double ym = py(&pl, s[i].recall_min);
-        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#b00\" stroke-width=\"2\"/>\n", x - bw / 2, ym,
-                x + bw / 2, ym);
-        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"10\" text-anchor=\"middle\">L%d</text>\n", x, pl.y0 + pl.h + 13,
-                s[i].layer);
+        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#b00\" stroke-width=\"2\"/>\n",
+                x - bw / 2, ym, x + bw / 2, ym);
+        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"10\" text-anchor=\"middle\">L%d</text>\n", x,
+                pl.y0 + pl.h + 13, s[i].layer);
         fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"9\" text-anchor=\"middle\">%ld/%ld</text>\n", x, pl.y0 + 12,
                 s[i].strict, s[i].accepted);
     }
@@ -254,7 +264,10 @@ static void plot_logits(FILE *f, const dsv4_verify_result *r)
     fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"860\" height=\"290\" viewBox=\"0 0 860 290\">\n");
     int span = pmax - pmin;
     axes(f, &pl, "position (red ring: argmax differs beyond the tie tolerance; hollow: at or below the axis floor)",
-         "KL nats (log)", span > 40 ? (span / 10 + 4) / 5 * 5 : span > 20 ? 2 : 1);
+         "KL nats (log)",
+         span > 40   ? (span / 10 + 4) / 5 * 5
+         : span > 20 ? 2
+                     : 1);
     if (!isnan(tol)) {
         char lab[48];
         snprintf(lab, sizeof lab, "tolerance %.0e", tol);
@@ -264,8 +277,8 @@ static void plot_logits(FILE *f, const dsv4_verify_result *r)
     if (xb > pl.xmin && xb < pl.xmax) {
         fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#888\" stroke-dasharray=\"2,2\"/>\n",
                 px(&pl, xb), pl.y0, px(&pl, xb), pl.y0 + pl.h);
-        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"9\" fill=\"#666\">prefill | decode</text>\n", px(&pl, xb) + 3,
-                pl.y0 + 10);
+        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"9\" fill=\"#666\">prefill | decode</text>\n",
+                px(&pl, xb) + 3, pl.y0 + 10);
     }
     fprintf(f, "<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"1.2\" points=\"");
     for (int i = 0; i < p->n_rows; i++)
@@ -277,7 +290,9 @@ static void plot_logits(FILE *f, const dsv4_verify_result *r)
         double v = row->v[DSV4_METRIC_KL];
         if (isnan(v)) continue;
         int bad = row->v[DSV4_METRIC_ARGMAX] > 0;
-        fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"%s\" fill=\"%s\" stroke=\"%s\"><title>position %d: KL %.3e, argmax %d/%d</title></circle>\n",
+        fprintf(f,
+                "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"%s\" fill=\"%s\" stroke=\"%s\"><title>position %d: KL %.3e, "
+                "argmax %d/%d</title></circle>\n",
                 px(&pl, row->position), py(&pl, v), bad ? "4.5" : "2.2", v >= pl.ymin ? "#1f77b4" : "white",
                 bad ? "#c00" : "#1f77b4", row->position, v, row->argmax_g, row->argmax_c);
     }
@@ -302,8 +317,10 @@ static int position_index(const dsv4_verify_result *r, int pos)
     while (lo <= hi) {
         int mid = (lo + hi) / 2;
         if (r->positions[mid] == pos) return mid;
-        if (r->positions[mid] < pos) lo = mid + 1;
-        else hi = mid - 1;
+        if (r->positions[mid] < pos)
+            lo = mid + 1;
+        else
+            hi = mid - 1;
     }
     return -1;
 }
@@ -329,28 +346,43 @@ static void plot_map(FILE *f, const dsv4_verify_result *r)
     double cw = 760.0 / np, ch = nl > 40 ? 8 : 16;
     double height = 30 + ch * nl + 40;
     fprintf(f, "<h2>Worst gate ratio (value / tolerance) per position and layer</h2>\n");
-    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"860\" height=\"%.0f\" viewBox=\"0 0 860 %.0f\">\n", height, height);
+    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"860\" height=\"%.0f\" viewBox=\"0 0 860 %.0f\">\n",
+            height, height);
     for (int l = 0; l < nl; l++) {
-        fprintf(f, "<text x=\"64\" y=\"%.1f\" font-size=\"%d\" text-anchor=\"end\">", 20 + ch * l + ch * 0.75, ch < 12 ? 7 : 10);
-        if (l < r->n_layers) fprintf(f, "L%d", l);
-        else fprintf(f, "final");
+        fprintf(f, "<text x=\"64\" y=\"%.1f\" font-size=\"%d\" text-anchor=\"end\">", 20 + ch * l + ch * 0.75,
+                ch < 12 ? 7 : 10);
+        if (l < r->n_layers)
+            fprintf(f, "L%d", l);
+        else
+            fprintf(f, "final");
         fprintf(f, "</text>\n");
         for (int i = 0; i < np; i++) {
             double v = q[(size_t)l * np + i];
-            const char *col = v > 1 ? "#d32f2f" : v > 0.3 ? "#ffb74d" : v > 0.03 ? "#fff176" : v > 0 ? "#a5d6a7" : "#eeeeee";
-            fprintf(f, "<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.1f\" fill=\"%s\"><title>position %d, %s: %.3g</title></rect>\n",
+            const char *col = v > 1      ? "#d32f2f"
+                              : v > 0.3  ? "#ffb74d"
+                              : v > 0.03 ? "#fff176"
+                              : v > 0    ? "#a5d6a7"
+                                         : "#eeeeee";
+            fprintf(f,
+                    "<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.1f\" fill=\"%s\"><title>position %d, %s: "
+                    "%.3g</title></rect>\n",
                     70 + cw * i, 20 + ch * l, cw > 1.5 ? cw - 0.5 : cw, ch - 1, col, r->positions[i],
                     l < r->n_layers ? "layer" : "final", v);
         }
     }
     double ly = 20 + ch * nl + 18;
-    const char *leg[][2] = {{"#a5d6a7", "&lt; 0.03"}, {"#fff176", "0.03-0.3"}, {"#ffb74d", "0.3-1"}, {"#d32f2f", "&gt; 1 fails"},
+    const char *leg[][2] = {{"#a5d6a7", "&lt; 0.03"},
+                            {"#fff176", "0.03-0.3"},
+                            {"#ffb74d", "0.3-1"},
+                            {"#d32f2f", "&gt; 1 fails"},
                             {"#eeeeee", "0 or no probe"}};
     for (int i = 0; i < 5; i++)
-        fprintf(f, "<rect x=\"%d\" y=\"%.1f\" width=\"12\" height=\"10\" fill=\"%s\"/><text x=\"%d\" y=\"%.1f\" font-size=\"10\">%s</text>\n",
+        fprintf(f,
+                "<rect x=\"%d\" y=\"%.1f\" width=\"12\" height=\"10\" fill=\"%s\"/><text x=\"%d\" y=\"%.1f\" "
+                "font-size=\"10\">%s</text>\n",
                 70 + 130 * i, ly - 9, leg[i][0], 86 + 130 * i, ly, leg[i][1]);
-    fprintf(f, "<text x=\"70\" y=\"%.1f\" font-size=\"10\">positions %d..%d left to right</text>\n", ly + 16, r->positions[0],
-            r->positions[np - 1]);
+    fprintf(f, "<text x=\"70\" y=\"%.1f\" font-size=\"10\">positions %d..%d left to right</text>\n", ly + 16,
+            r->positions[0], r->positions[np - 1]);
     fprintf(f, "</svg>\n");
     free(q);
 }
@@ -365,8 +397,10 @@ static void td_value(FILE *f, dsv4_verify_metric m, double v, int failed, const 
 
 static void table_probes(FILE *f, const dsv4_verify_result *r)
 {
-    fprintf(f, "<h2>Every probe</h2>\n<table>\n<tr><th>dataset</th><th>kind</th><th>rows</th><th>failed rows</th><th>gates</th>"
-               "<th>worst rel_l2</th><th>worst max_abs</th><th>min cosine</th><th>worst (gated)</th><th>note</th></tr>\n");
+    fprintf(f,
+            "<h2>Every probe</h2>\n<table>\n<tr><th>dataset</th><th>kind</th><th>rows</th><th>failed "
+            "rows</th><th>gates</th>"
+            "<th>worst rel_l2</th><th>worst max_abs</th><th>min cosine</th><th>worst (gated)</th><th>note</th></tr>\n");
     static const char *const kinds[] = {"dense", "entries", "topk", "router_ids", "router_weights", "logits", "int"};
     for (int i = 0; i < r->n_probes; i++) {
         const dsv4_verify_probe *p = &r->probes[i];
@@ -378,7 +412,8 @@ static void table_probes(FILE *f, const dsv4_verify_result *r)
                     p->presence == DSV4_VERIFY_ONLY_GOLDEN ? "golden" : "candidate");
             continue;
         }
-        fprintf(f, "<td>%d</td><td class=\"%s\">%d</td><td>", p->n_rows, p->n_failed_rows ? "bad" : "ok", p->n_failed_rows);
+        fprintf(f, "<td>%d</td><td class=\"%s\">%d</td><td>", p->n_rows, p->n_failed_rows ? "bad" : "ok",
+                p->n_failed_rows);
         for (int g = 0; g < p->n_gates; g++) {
             char b[32];
             fprintf(f, "%s%s %s %s", g ? "; " : "", dsv4_verify_metric_name(p->gates[g].metric),
@@ -393,7 +428,8 @@ static void table_probes(FILE *f, const dsv4_verify_result *r)
         for (int g = 0; g < p->n_gates; g++) {
             char b[32];
             dsv4_verify_metric m = p->gates[g].metric;
-            fprintf(f, "%s%s %s", g ? "; " : "", dsv4_verify_metric_name(m), dsv4_verify_fmt(m, p->worst[m], b, sizeof b));
+            fprintf(f, "%s%s %s", g ? "; " : "", dsv4_verify_metric_name(m),
+                    dsv4_verify_fmt(m, p->worst[m], b, sizeof b));
         }
         fprintf(f, "</td><td>");
         esc(f, p->note);
@@ -421,8 +457,8 @@ static void table_layers(FILE *f, const dsv4_verify_result *r)
                 continue;
             }
             char title[160], tb[32];
-            snprintf(title, sizeof title, "%s: %s (tolerance %s)", r->probes[c.probe].dataset, dsv4_verify_metric_name(c.metric),
-                     dsv4_verify_fmt(c.metric, c.tol, tb, sizeof tb));
+            snprintf(title, sizeof title, "%s: %s (tolerance %s)", r->probes[c.probe].dataset,
+                     dsv4_verify_metric_name(c.metric), dsv4_verify_fmt(c.metric, c.tol, tb, sizeof tb));
             td_value(f, c.metric, c.value, c.failed, title);
         }
         fprintf(f, "</tr>\n");
@@ -437,14 +473,16 @@ int dsv4_verify_write_html(const dsv4_verify_result *r, const char *path)
     FILE *f = fopen(tmp, "w");
     if (!f) return dsv4_error(DSV4_ERR_IO, "%s: cannot create the HTML report", tmp);
     static const char *const verdict[] = {"PASS", "DIVERGED", "COULD NOT COMPARE"};
-    fprintf(f, "<!DOCTYPE html>\n<html xmlns=\"http://www.w3.org/1999/xhtml\" lang=\"en\">\n<head>\n<meta charset=\"utf-8\"/>\n"
-               "<title>dsv4 verify: %s</title>\n<style>\n"
-               "body{font-family:sans-serif;margin:20px;max-width:1100px;color:#222}\n"
-               "table{border-collapse:collapse;font-size:12px;margin-bottom:16px}\n"
-               "td,th{border:1px solid #ccc;padding:2px 6px;text-align:left}\n"
-               "th{background:#f0f0f0}\ntd.bad{background:#fdd}\n"
-               ".verdict0{color:#2e7d32}\n.verdict1,.verdict2{color:#c62828}\ncode{background:#f4f4f4}\n"
-               "</style>\n</head>\n<body>\n",
+    fprintf(f,
+            "<!DOCTYPE html>\n<html xmlns=\"http://www.w3.org/1999/xhtml\" lang=\"en\">\n<head>\n<meta "
+            "charset=\"utf-8\"/>\n"
+            "<title>dsv4 verify: %s</title>\n<style>\n"
+            "body{font-family:sans-serif;margin:20px;max-width:1100px;color:#222}\n"
+            "table{border-collapse:collapse;font-size:12px;margin-bottom:16px}\n"
+            "td,th{border:1px solid #ccc;padding:2px 6px;text-align:left}\n"
+            "th{background:#f0f0f0}\ntd.bad{background:#fdd}\n"
+            ".verdict0{color:#2e7d32}\n.verdict1,.verdict2{color:#c62828}\ncode{background:#f4f4f4}\n"
+            "</style>\n</head>\n<body>\n",
             verdict[r->status]);
     fprintf(f, "<h1>dsv4 verify: <span class=\"verdict%d\">%s</span></h1>\n<table>\n", r->status, verdict[r->status]);
     const dsv4_verify_file *fs[2] = {&r->golden, &r->candidate};
@@ -484,8 +522,10 @@ int dsv4_verify_write_html(const dsv4_verify_result *r, const char *path)
             fprintf(f, "</p>\n");
         }
         if (r->token_diff_position >= 0)
-            fprintf(f, "<p class=\"verdict1\">Tokens differ from position %d (golden %d, candidate %d); %d stored positions after it "
-                       "are not compared.</p>\n",
+            fprintf(f,
+                    "<p class=\"verdict1\">Tokens differ from position %d (golden %d, candidate %d); %d stored "
+                    "positions after it "
+                    "are not compared.</p>\n",
                     r->token_diff_position, r->token_golden, r->token_candidate, r->n_positions_not_compared);
         for (int side = 0; side < 2; side++) {
             dsv4_verify_presence which = side ? DSV4_VERIFY_ONLY_CANDIDATE : DSV4_VERIFY_ONLY_GOLDEN;
@@ -506,7 +546,8 @@ int dsv4_verify_write_html(const dsv4_verify_result *r, const char *path)
         plot_map(f, r);
         table_layers(f, r);
         table_probes(f, r);
-        fprintf(f, "<p>Every number of every row: <code>dsv4 verify --json</code>. How to read this page: docs/verify.md.</p>\n"
+        fprintf(f, "<p>Every number of every row: <code>dsv4 verify --json</code>. How to read this page: "
+                   "docs/verify.md.</p>\n"
                    "</body>\n</html>\n");
     }
     int bad = ferror(f);

@@ -28,7 +28,8 @@ static json_t *coord(const dsv4_dataset_info *info, int64_t flat)
     int64_t idx[4] = {0, 0, 0, 0};
     for (int d = nd - 1; d >= 0; d--) {
         int64_t ext = info->ndim > 1 ? info->shape[d + 1] : 1;
-        if (d == 0 || ext <= 0) idx[d] = flat;
+        if (d == 0 || ext <= 0)
+            idx[d] = flat;
         else {
             idx[d] = flat % ext;
             flat /= ext;
@@ -132,8 +133,8 @@ static json_t *result_obj(const dsv4_verify_result *r)
     json_object_set_new(o, "bytes_read", json_integer(r->bytes_read));
     json_t *layers = json_array();
     for (int l = 0; l < r->n_layers; l++)
-        json_array_append_new(layers, json_pack("{s:i, s:s, s:s}", "layer", l, "attention", r->layer_attention[l], "mlp",
-                                                r->layer_mlp[l]));
+        json_array_append_new(layers, json_pack("{s:i, s:s, s:s}", "layer", l, "attention", r->layer_attention[l],
+                                                "mlp", r->layer_mlp[l]));
     json_object_set_new(o, "layers", layers);
     json_t *pos = json_array();
     for (int i = 0; i < r->n_positions; i++) json_array_append_new(pos, json_integer(r->positions[i]));
@@ -171,10 +172,10 @@ static json_t *result_obj(const dsv4_verify_result *r)
         dsv4_verify_topk_summary s;
         dsv4_verify_topk_summarise(r, i, &s);
         json_array_append_new(topk, json_pack("{s:i, s:i, s:o, s:o, s:o, s:o, s:i, s:i, s:i}", "layer", s.layer, "rows",
-                                              s.n_rows, "recall_min", num(s.recall_min), "recall_mean", num(s.recall_mean),
-                                              "jaccard_min", num(s.jaccard_min), "jaccard_mean", num(s.jaccard_mean),
-                                              "rows_differ", s.rows_differ, "accepted", (int)s.accepted, "strict",
-                                              (int)s.strict));
+                                              s.n_rows, "recall_min", num(s.recall_min), "recall_mean",
+                                              num(s.recall_mean), "jaccard_min", num(s.jaccard_min), "jaccard_mean",
+                                              num(s.jaccard_mean), "rows_differ", s.rows_differ, "accepted",
+                                              (int)s.accepted, "strict", (int)s.strict));
     }
     json_object_set_new(o, "topk", topk);
     dsv4_verify_logits_summary ls;

@@ -19,10 +19,14 @@
 static void cell_text(const dsv4_verify_cell *c, char *buf, size_t n)
 {
     char v[32];
-    if (c->probe < 0) snprintf(buf, n, ".");
-    else if (c->structure) snprintf(buf, n, "struct!");
-    else if (c->nonfinite) snprintf(buf, n, "NaN!");
-    else snprintf(buf, n, "%s%s", dsv4_verify_fmt_short(c->metric, c->value, v, sizeof v), c->failed ? "!" : "");
+    if (c->probe < 0)
+        snprintf(buf, n, ".");
+    else if (c->structure)
+        snprintf(buf, n, "struct!");
+    else if (c->nonfinite)
+        snprintf(buf, n, "NaN!");
+    else
+        snprintf(buf, n, "%s%s", dsv4_verify_fmt_short(c->metric, c->value, v, sizeof v), c->failed ? "!" : "");
 }
 
 static int narrow_metric(dsv4_verify_metric m)
@@ -78,7 +82,9 @@ static void print_table(FILE *f, const dsv4_verify_result *r, int color)
         if ((int)strlen(labels[j]) + 1 > width[j]) width[j] = (int)strlen(labels[j]) + 1;
         if ((int)strlen(metric_abbrev(metric[j])) + 1 > width[j]) width[j] = (int)strlen(metric_abbrev(metric[j])) + 1;
     }
-    fprintf(f, "\nper layer: worst over positions of each probe's gated metric (! fails; hc = worst of the 6 mHC probes)\n");
+    fprintf(
+        f,
+        "\nper layer: worst over positions of each probe's gated metric (! fails; hc = worst of the 6 mHC probes)\n");
     fprintf(f, "%-3s %-9s", "L", "type");
     for (int j = 0; j < nl; j++) fprintf(f, "%-*s", width[j], labels[j]);
     fprintf(f, "\n%-13s", "");
@@ -99,8 +105,10 @@ static void print_table(FILE *f, const dsv4_verify_result *r, int color)
             char txt[32];
             dsv4_verify_cell_at(r, l, labels[j], &c);
             cell_text(&c, txt, sizeof txt);
-            if (c.failed) fprintf(f, "%s%-*s%s", RED(color), width[j], txt, OFF(color));
-            else fprintf(f, "%-*s", width[j], txt);
+            if (c.failed)
+                fprintf(f, "%s%-*s%s", RED(color), width[j], txt, OFF(color));
+            else
+                fprintf(f, "%-*s", width[j], txt);
         }
         fprintf(f, "\n");
     }
@@ -113,8 +121,8 @@ static void print_table(FILE *f, const dsv4_verify_result *r, int color)
         char txt[32];
         dsv4_verify_cell_at(r, -1, dsv4_verify_probe_label(p->probe), &c);
         cell_text(&c, txt, sizeof txt);
-        fprintf(f, "%s %s %s %s%s%s", first ? "final:" : " ", p->probe, metric_abbrev(c.metric), c.failed ? RED(color) : "",
-                txt, c.failed ? OFF(color) : "");
+        fprintf(f, "%s %s %s %s%s%s", first ? "final:" : " ", p->probe, metric_abbrev(c.metric),
+                c.failed ? RED(color) : "", txt, c.failed ? OFF(color) : "");
         first = 0;
     }
     if (!first) fprintf(f, "\n");
@@ -129,8 +137,11 @@ static void print_topk(FILE *f, const dsv4_verify_result *r, int color)
         dsv4_verify_topk_summary s;
         dsv4_verify_topk_summarise(r, i, &s);
         if (!header) {
-            fprintf(f, "\ntop-k per CSA layer (sets; a pick outside the golden set is accepted when its golden score >= k-th - tol,\n"
-                       "tol = tie_abs + tie_rel*max|score| = %g + %g*max|score|)\n", p->tie_abs, p->tie_rel);
+            fprintf(f,
+                    "\ntop-k per CSA layer (sets; a pick outside the golden set is accepted when its golden score >= "
+                    "k-th - tol,\n"
+                    "tol = tie_abs + tie_rel*max|score| = %g + %g*max|score|)\n",
+                    p->tie_abs, p->tie_rel);
             fprintf(f, "%-3s %-6s %-17s %-17s %-9s %-9s %s\n", "L", "rows", "recall min/mean", "jaccard min/mean",
                     "rows!=G", "accepted", "strict");
             header = 1;
@@ -138,8 +149,9 @@ static void print_topk(FILE *f, const dsv4_verify_result *r, int color)
         char rec[40], jac[40];
         snprintf(rec, sizeof rec, "%.4f/%.4f", s.recall_min, s.recall_mean);
         snprintf(jac, sizeof jac, "%.4f/%.4f", s.jaccard_min, s.jaccard_mean);
-        fprintf(f, "%-3d %-6d %-17s %-17s %-9d %-9ld %s%ld%s%s\n", p->layer, s.n_rows, rec, jac, s.rows_differ, s.accepted,
-                s.strict ? RED(color) : "", s.strict, s.strict ? OFF(color) : "", p->note[0] ? "  (no golden scores)" : "");
+        fprintf(f, "%-3d %-6d %-17s %-17s %-9d %-9ld %s%ld%s%s\n", p->layer, s.n_rows, rec, jac, s.rows_differ,
+                s.accepted, s.strict ? RED(color) : "", s.strict, s.strict ? OFF(color) : "",
+                p->note[0] ? "  (no golden scores)" : "");
     }
 }
 
@@ -150,7 +162,9 @@ static void print_logits(FILE *f, const dsv4_verify_result *r, int color)
     if (s.probe < 0) return;
     const dsv4_verify_probe *p = &r->probes[s.probe];
     char a[32], b[32], c[32];
-    fprintf(f, "\nlogits (%d positions): argmax equal %d/%d, tie-accepted %d, %sstrict %d%s; top-5 overlap min %.2f mean %.2f\n",
+    fprintf(f,
+            "\nlogits (%d positions): argmax equal %d/%d, tie-accepted %d, %sstrict %d%s; top-5 overlap min %.2f mean "
+            "%.2f\n",
             s.n_rows, s.argmax_equal, s.n_rows, s.argmax_tie, s.argmax_strict ? RED(color) : "", s.argmax_strict,
             s.argmax_strict ? OFF(color) : "", s.top5_min, s.top5_mean);
     fprintf(f, "  KL(golden||candidate) max %s (position %d) mean %s; rel_l2 max %s (position %d)%s\n",
@@ -164,12 +178,14 @@ int dsv4_verify_write_text(const dsv4_verify_result *r, FILE *f, int color)
 {
     const dsv4_verify_file *g = &r->golden, *c = &r->candidate;
     if (g->path) {
-        fprintf(f, "golden     %s  [%s; %s, prompt %d + decode %d]\n", g->path, g->producer, g->mode, g->prompt_len, g->n_decode);
-        fprintf(f, "candidate  %s  [%s; %s, prompt %d + decode %d]\n", c->path ? c->path : "?", c->producer ? c->producer : "?",
-                c->mode ? c->mode : "?", c->prompt_len, c->n_decode);
+        fprintf(f, "golden     %s  [%s; %s, prompt %d + decode %d]\n", g->path, g->producer, g->mode, g->prompt_len,
+                g->n_decode);
+        fprintf(f, "candidate  %s  [%s; %s, prompt %d + decode %d]\n", c->path ? c->path : "?",
+                c->producer ? c->producer : "?", c->mode ? c->mode : "?", c->prompt_len, c->n_decode);
     }
-    if (r->profile_name[0]) fprintf(f, "profile    %s (%s)%s\n", r->profile_name, r->profile_source,
-                                    r->digests_differ ? "; WEIGHTS DIFFER (--allow-different-weights)" : "");
+    if (r->profile_name[0])
+        fprintf(f, "profile    %s (%s)%s\n", r->profile_name, r->profile_source,
+                r->digests_differ ? "; WEIGHTS DIFFER (--allow-different-weights)" : "");
     if (r->status == DSV4_VERIFY_ERROR) {
         fprintf(f, "\n%sVERDICT: COULD NOT COMPARE%s: %s\n", RED(color), OFF(color), r->error);
         return 0;
@@ -181,20 +197,24 @@ int dsv4_verify_write_text(const dsv4_verify_result *r, FILE *f, int color)
     for (int i = 0; i < r->n_probes; i++) failing += r->probes[i].n_failed_rows > 0;
     if (r->status == DSV4_VERIFY_PASS) {
         fprintf(f, "\n%sVERDICT: PASS%s  every gated metric within the %s profile%s\n", GREEN(color), OFF(color),
-                r->profile_name, (r->n_only_golden || r->n_only_candidate) ? " (but see the probes in only one file)" : "");
+                r->profile_name,
+                (r->n_only_golden || r->n_only_candidate) ? " (but see the probes in only one file)" : "");
     } else {
         if (failing)
             fprintf(f, "\n%sVERDICT: DIVERGED%s  %ld of %ld checks fail, in %d probe%s%s\n", RED(color), OFF(color),
                     r->n_failed_checks, r->n_checks, failing, failing == 1 ? "" : "s",
                     r->token_diff_position >= 0 ? ", and the token streams part" : "");
         else
-            fprintf(f, "\n%sVERDICT: DIVERGED%s  the token streams part at position %d; every probe before it is within "
-                       "tolerance\n", RED(color), OFF(color), r->token_diff_position);
+            fprintf(f,
+                    "\n%sVERDICT: DIVERGED%s  the token streams part at position %d; every probe before it is within "
+                    "tolerance\n",
+                    RED(color), OFF(color), r->token_diff_position);
         const dsv4_verify_divergence *d = &r->first;
         char where[256], v[32], t[32];
         fprintf(f, "%sfirst divergence: %s%s\n", BOLD(color), dsv4_verify_where(r, d, where, sizeof where), OFF(color));
-        fprintf(f, "  %s = %s %s %s;  %s\n", dsv4_verify_metric_name(d->metric), dsv4_verify_fmt(d->metric, d->value, v, sizeof v),
-                dsv4_verify_metric_is_min(d->metric) ? "<" : ">", dsv4_verify_fmt(d->metric, d->tolerance, t, sizeof t), d->detail);
+        fprintf(f, "  %s = %s %s %s;  %s\n", dsv4_verify_metric_name(d->metric),
+                dsv4_verify_fmt(d->metric, d->value, v, sizeof v), dsv4_verify_metric_is_min(d->metric) ? "<" : ">",
+                dsv4_verify_fmt(d->metric, d->tolerance, t, sizeof t), d->detail);
     }
     print_table(f, r, color);
     print_topk(f, r, color);
@@ -209,8 +229,9 @@ int dsv4_verify_write_text(const dsv4_verify_result *r, FILE *f, int color)
             notes++;
         }
     if (r->token_diff_position >= 0)
-        fprintf(f, "\n%stokens differ from position %d%s (golden %d, candidate %d): the runs parted there; %d stored "
-                   "position%s after it not compared\n",
+        fprintf(f,
+                "\n%stokens differ from position %d%s (golden %d, candidate %d): the runs parted there; %d stored "
+                "position%s after it not compared\n",
                 RED(color), r->token_diff_position, OFF(color), r->token_golden, r->token_candidate,
                 r->n_positions_not_compared, r->n_positions_not_compared == 1 ? "" : "s");
     else

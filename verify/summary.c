@@ -101,9 +101,12 @@ void dsv4_verify_logits_summarise(const dsv4_verify_result *r, dsv4_verify_logit
         const dsv4_verify_row *row = &p->rows[i];
         if (isnan(row->v[DSV4_METRIC_ARGMAX])) continue;
         s->n_rows++;
-        if (row->argmax_g == row->argmax_c) s->argmax_equal++;
-        else if (row->v[DSV4_METRIC_ARGMAX] == 0) s->argmax_tie++;
-        else s->argmax_strict++;
+        if (row->argmax_g == row->argmax_c)
+            s->argmax_equal++;
+        else if (row->v[DSV4_METRIC_ARGMAX] == 0)
+            s->argmax_tie++;
+        else
+            s->argmax_strict++;
         double v = row->v[DSV4_METRIC_TOP5];
         t5 += v;
         nt++;
@@ -148,12 +151,17 @@ const char *dsv4_verify_where(const dsv4_verify_result *r, const dsv4_verify_div
     const dsv4_verify_probe *p = &r->probes[d->probe_index];
     char pos[64];
     if (d->entry >= 0) {
-        if (d->position >= 0) snprintf(pos, sizeof pos, "position %d (entry %d closes there)", d->position, d->entry);
-        else snprintf(pos, sizeof pos, "entry %d", d->entry);
+        if (d->position >= 0)
+            snprintf(pos, sizeof pos, "position %d (entry %d closes there)", d->position, d->entry);
+        else
+            snprintf(pos, sizeof pos, "entry %d", d->entry);
     } else {
         snprintf(pos, sizeof pos, "position %d", d->position);
     }
-    if (p->layer >= 0) snprintf(buf, n, "%s, layer %d (%s), %s", pos, p->layer, dsv4_verify_layer_type(r, p->layer, t, sizeof t), p->probe);
-    else snprintf(buf, n, "%s, %s", pos, p->dataset);
+    if (p->layer >= 0)
+        snprintf(buf, n, "%s, layer %d (%s), %s", pos, p->layer, dsv4_verify_layer_type(r, p->layer, t, sizeof t),
+                 p->probe);
+    else
+        snprintf(buf, n, "%s, %s", pos, p->dataset);
     return buf;
 }

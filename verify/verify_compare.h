@@ -10,12 +10,12 @@ typedef struct dsv4_cmp_ctx {
     dsv4_verify_result *r;
     const dsv4_verify_options *o;
     dsv4_verify_profile *prof;
-    dsv4_dump *g, *c;          /* both open */
-    const dsv4_config *cfg;    /* golden config, NULL when config_json could not be parsed */
-    int *grow, *crow;          /* [r->n_positions] the file rows of the compared positions */
-    int pos_limit;             /* positions >= pos_limit are not compared (inputs differ); INT_MAX none */
-    int entry_limit;           /* entries closing at >= entry_limit are not compared */
-    void *scratch;             /* span buffer for non-contiguous row sets */
+    dsv4_dump *g, *c;       /* both open */
+    const dsv4_config *cfg; /* golden config, NULL when config_json could not be parsed */
+    int *grow, *crow;       /* [r->n_positions] the file rows of the compared positions */
+    int pos_limit;          /* positions >= pos_limit are not compared (inputs differ); INT_MAX none */
+    int entry_limit;        /* entries closing at >= entry_limit are not compared */
+    void *scratch;          /* span buffer for non-contiguous row sets */
     size_t scratch_cap;
 } dsv4_cmp_ctx;
 
@@ -24,15 +24,15 @@ int dsv4_cmp_probe(dsv4_cmp_ctx *x, dsv4_verify_probe *p);
 
 /* Judge row p->rows[ri] against p's gates (and the non-finite/structure gates), count the checks, and
  * update the first divergence. g/c/aux: the row data (for the divergence's detail line), may be NULL. */
-void dsv4_cmp_judge(dsv4_cmp_ctx *x, dsv4_verify_probe *p, int ri, const void *g, const void *c,
-                    const void *aux_g, const void *aux_c, int64_t aux_n);
+void dsv4_cmp_judge(dsv4_cmp_ctx *x, dsv4_verify_probe *p, int ri, const void *g, const void *c, const void *aux_g,
+                    const void *aux_c, int64_t aux_n);
 
 /* A new row for p (grows p->rows); NULL when out of memory. */
 dsv4_verify_row *dsv4_cmp_new_row(dsv4_verify_probe *p, int position, int entry);
 
 /* Read rows[0..n) (ascending file rows) of dataset name into dst [n, row_elems]; reads the span
  * rows[0]..rows[n-1] once through the scratch buffer when the rows are not contiguous. */
-int dsv4_cmp_read_rows(dsv4_cmp_ctx *x, const dsv4_dump *d, const char *name, const int *rows, int n,
-                       size_t row_bytes, void *dst);
+int dsv4_cmp_read_rows(dsv4_cmp_ctx *x, const dsv4_dump *d, const char *name, const int *rows, int n, size_t row_bytes,
+                       void *dst);
 
 #endif

@@ -53,12 +53,12 @@ typedef struct dsv4_verify_topk_summary {
     int probe, layer, n_rows;
     double recall_min, recall_mean, jaccard_min, jaccard_mean;
     long accepted, strict;
-    int rows_differ;           /* rows whose set differs from the golden */
+    int rows_differ; /* rows whose set differs from the golden */
 } dsv4_verify_topk_summary;
 void dsv4_verify_topk_summarise(const dsv4_verify_result *r, int probe, dsv4_verify_topk_summary *s);
 
 typedef struct dsv4_verify_logits_summary {
-    int probe, n_rows;         /* probe -1: no logits compared */
+    int probe, n_rows; /* probe -1: no logits compared */
     int argmax_equal, argmax_tie, argmax_strict;
     double top5_min, top5_mean, kl_max, kl_mean, rel_l2_max;
     int kl_max_position, rel_l2_max_position;

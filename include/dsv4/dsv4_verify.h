@@ -87,20 +87,20 @@ typedef struct dsv4_verify_gate {
 
 /* One compared row: a position of a per-position probe, or an entry of a per-entry probe. */
 typedef struct dsv4_verify_row {
-    int position;          /* the position (per-entry: the position closing the entry; -1 unknown ratio) */
-    int entry;             /* per-entry row index, else -1 */
+    int position; /* the position (per-entry: the position closing the entry; -1 unknown ratio) */
+    int entry;    /* per-entry row index, else -1 */
     double v[DSV4_METRIC_COUNT];
-    int64_t max_abs_at;    /* flat index inside the row of the largest |c - g|, -1 none */
-    int64_t nonfinite_at;  /* flat index of the first non-finite mismatch, -1 none */
+    int64_t max_abs_at;     /* flat index inside the row of the largest |c - g|, -1 none */
+    int64_t nonfinite_at;   /* flat index of the first non-finite mismatch, -1 none */
     int argmax_g, argmax_c; /* logits only, else -1 */
-    unsigned failed;       /* bit m set: metric m broke its gate on this row */
+    unsigned failed;        /* bit m set: metric m broke its gate on this row */
 } dsv4_verify_row;
 
 typedef struct dsv4_verify_probe {
-    char dataset[96];  /* "layers/3/attn_out", "final/logits" */
-    char probe[48];    /* "attn_out", "logits" */
-    int layer;         /* decoder layer, or -1 for final/ */
-    int order;         /* rank inside its layer in model order (docs/verify.md) */
+    char dataset[96]; /* "layers/3/attn_out", "final/logits" */
+    char probe[48];   /* "attn_out", "logits" */
+    int layer;        /* decoder layer, or -1 for final/ */
+    int order;        /* rank inside its layer in model order (docs/verify.md) */
     dsv4_verify_kind kind;
     dsv4_verify_presence presence;
     dsv4_dataset_info golden_info, candidate_info; /* zeroed for the missing side */
@@ -109,25 +109,25 @@ typedef struct dsv4_verify_probe {
     double tie_abs, tie_rel; /* tie tolerance (topk_idx, logits argmax): tie_abs + tie_rel * max|golden row| */
     dsv4_verify_row *rows;   /* [n_rows], owned by the result */
     int n_rows;
-    double worst[DSV4_METRIC_COUNT]; /* worst value over rows (max, or min for min-type); NAN if never set */
-    int worst_row[DSV4_METRIC_COUNT];/* row index of worst[m], -1 */
-    double mean[DSV4_METRIC_COUNT];  /* mean over rows where defined, NAN otherwise */
+    double worst[DSV4_METRIC_COUNT];  /* worst value over rows (max, or min for min-type); NAN if never set */
+    int worst_row[DSV4_METRIC_COUNT]; /* row index of worst[m], -1 */
+    double mean[DSV4_METRIC_COUNT];   /* mean over rows where defined, NAN otherwise */
     int n_failed_rows;
-    int first_failed_row;    /* in model order (rows are ascending), -1 none */
-    char note[320];          /* a remark for the reader, e.g. why every top-k mismatch is strict */
+    int first_failed_row; /* in model order (rows are ascending), -1 none */
+    char note[320];       /* a remark for the reader, e.g. why every top-k mismatch is strict */
 } dsv4_verify_probe;
 
 /* The first (position, layer, probe) that breaks its tolerance. */
 typedef struct dsv4_verify_divergence {
     int found;
-    int position;           /* -1 when not tied to a position */
-    int layer;              /* decoder layer, -1 final/ or tokens */
-    int entry;              /* per-entry row, else -1 */
-    int probe_index;        /* into result->probes, -1 for the token stream */
-    char dataset[96];       /* "layers/3/attn_out", or "tokens" */
+    int position;     /* -1 when not tied to a position */
+    int layer;        /* decoder layer, -1 final/ or tokens */
+    int entry;        /* per-entry row, else -1 */
+    int probe_index;  /* into result->probes, -1 for the token stream */
+    char dataset[96]; /* "layers/3/attn_out", or "tokens" */
     dsv4_verify_metric metric;
     double value, tolerance;
-    char detail[320];       /* e.g. "max |d| 1.2e-02 at [2,311]" */
+    char detail[320]; /* e.g. "max |d| 1.2e-02 at [2,311]" */
 } dsv4_verify_divergence;
 
 typedef struct dsv4_verify_file {
@@ -136,37 +136,37 @@ typedef struct dsv4_verify_file {
 } dsv4_verify_file;
 
 typedef struct dsv4_verify_result {
-    int status;                       /* enum dsv4_verify_status */
-    char error[512];                  /* why status is DSV4_VERIFY_ERROR */
+    int status;      /* enum dsv4_verify_status */
+    char error[512]; /* why status is DSV4_VERIFY_ERROR */
     dsv4_verify_file golden, candidate;
     char profile_name[64];
-    char profile_source[512];         /* the file it was read from */
-    int digests_differ;               /* 1 when allowed by the option and they differ */
-    int n_layers;                     /* from golden config (or the datasets when the config cannot be read) */
-    char (*layer_attention)[12];      /* [n_layers] "sliding"/"csa"/"hca"/"?" */
-    char (*layer_mlp)[12];            /* [n_layers] "hash_moe"/"moe"/"?" */
-    int *positions;                   /* [n_positions] compared positions, ascending */
+    char profile_source[512];    /* the file it was read from */
+    int digests_differ;          /* 1 when allowed by the option and they differ */
+    int n_layers;                /* from golden config (or the datasets when the config cannot be read) */
+    char (*layer_attention)[12]; /* [n_layers] "sliding"/"csa"/"hca"/"?" */
+    char (*layer_mlp)[12];       /* [n_layers] "hash_moe"/"moe"/"?" */
+    int *positions;              /* [n_positions] compared positions, ascending */
     int n_positions;
-    int token_diff_position;          /* first position where /tokens differ, -1 none */
-    int token_golden, token_candidate;/* the tokens there */
-    int n_positions_not_compared;     /* common stored positions dropped because the inputs differ */
-    dsv4_verify_probe *probes;        /* [n_probes] in model order, both-file and one-file probes */
+    int token_diff_position;           /* first position where /tokens differ, -1 none */
+    int token_golden, token_candidate; /* the tokens there */
+    int n_positions_not_compared;      /* common stored positions dropped because the inputs differ */
+    dsv4_verify_probe *probes;         /* [n_probes] in model order, both-file and one-file probes */
     int n_probes;
-    int n_compared;                   /* probes present in both */
+    int n_compared; /* probes present in both */
     int n_only_golden, n_only_candidate;
-    long n_checks, n_failed_checks;   /* (row, gate) pairs evaluated / broken */
+    long n_checks, n_failed_checks; /* (row, gate) pairs evaluated / broken */
     dsv4_verify_divergence first;
-    double seconds;                   /* wall time of the comparison */
-    long long bytes_read;             /* uncompressed bytes read from both files */
+    double seconds;       /* wall time of the comparison */
+    long long bytes_read; /* uncompressed bytes read from both files */
 } dsv4_verify_result;
 
 typedef struct dsv4_verify_options {
-    const char *profile;              /* "fp32", "bf16" or a JSON file; NULL = "fp32" */
-    const char *const *tol;           /* [n_tol] "PROBE=METRIC:VALUE" overrides, applied in order */
+    const char *profile;    /* "fp32", "bf16" or a JSON file; NULL = "fp32" */
+    const char *const *tol; /* [n_tol] "PROBE=METRIC:VALUE" overrides, applied in order */
     int n_tol;
-    const char *probes;               /* comma-separated fnmatch globs on the dataset or probe name; NULL = all */
-    int layer_lo, layer_hi;           /* inclusive; -1 = open. final/ counts as layer n_layers */
-    int pos_lo, pos_hi;               /* inclusive; -1 = open */
+    const char *probes;     /* comma-separated fnmatch globs on the dataset or probe name; NULL = all */
+    int layer_lo, layer_hi; /* inclusive; -1 = open. final/ counts as layer n_layers */
+    int pos_lo, pos_hi;     /* inclusive; -1 = open */
     int allow_different_weights;
 } dsv4_verify_options;
 
@@ -199,8 +199,8 @@ void dsv4_verify_dense_f32(const float *g, const float *c, int64_t n, dsv4_verif
 
 /* topk_idx rows g, c [k] i32 (-1 = no pick). gscores [n_scores] f32: the golden indexer_scores row, or NULL
  * (then every pick outside G is strict). Fills strict, accepted, recall, jaccard. */
-void dsv4_verify_topk(const int32_t *g, const int32_t *c, int k, const float *gscores, int64_t n_scores,
-                      double tie_abs, double tie_rel, dsv4_verify_row *row);
+void dsv4_verify_topk(const int32_t *g, const int32_t *c, int k, const float *gscores, int64_t n_scores, double tie_abs,
+                      double tie_rel, dsv4_verify_row *row);
 /* The tie threshold used by dsv4_verify_topk for a golden picks/scores row: entries scoring >= *kth - *tol
  * are acceptable. Returns the number of valid golden picks. */
 int dsv4_verify_topk_threshold(const int32_t *g, int k, const float *gscores, int64_t n_scores, double tie_abs,

@@ -36,8 +36,14 @@ void synth_spec_init(synth_spec *s)
     s->nan_index = 0;
 }
 
-static const char *layer_type(int l) { return l == 0 ? "sliding_attention" : (l % 2 ? "compressed_sparse_attention" : "heavily_compressed_attention"); }
-static int layer_ratio(int l) { return l == 0 ? 0 : (l % 2 ? 4 : 8); }
+static const char *layer_type(int l)
+{
+    return l == 0 ? "sliding_attention" : (l % 2 ? "compressed_sparse_attention" : "heavily_compressed_attention");
+}
+static int layer_ratio(int l)
+{
+    return l == 0 ? 0 : (l % 2 ? 4 : 8);
+}
 
 char *synth_config_json(const synth_spec *s)
 {
@@ -45,29 +51,33 @@ char *synth_config_json(const synth_spec *s)
     char *b = malloc(cap);
     if (!b) return NULL;
     size_t n = 0;
-    n += (size_t)snprintf(b + n, cap - n,
-                          "{\"architectures\": [\"DeepseekV4ForCausalLM\"], \"model_type\": \"deepseek_v4\",\n"
-                          " \"vocab_size\": %d, \"hidden_size\": %d, \"num_hidden_layers\": %d, \"num_attention_heads\": 4,\n"
-                          " \"num_key_value_heads\": 1, \"head_dim\": %d, \"qk_rope_head_dim\": 8, \"partial_rotary_factor\": %g,\n"
-                          " \"q_lora_rank\": 32, \"o_groups\": 2, \"o_lora_rank\": 16, \"sliding_window\": 8,\n"
-                          " \"layer_types\": [",
-                          s->vocab, s->hidden, s->n_layers, s->head_dim, 8.0 / s->head_dim);
-    for (int l = 0; l < s->n_layers; l++) n += (size_t)snprintf(b + n, cap - n, "%s\"%s\"", l ? ", " : "", layer_type(l));
+    n += (size_t)snprintf(
+        b + n, cap - n,
+        "{\"architectures\": [\"DeepseekV4ForCausalLM\"], \"model_type\": \"deepseek_v4\",\n"
+        " \"vocab_size\": %d, \"hidden_size\": %d, \"num_hidden_layers\": %d, \"num_attention_heads\": 4,\n"
+        " \"num_key_value_heads\": 1, \"head_dim\": %d, \"qk_rope_head_dim\": 8, \"partial_rotary_factor\": %g,\n"
+        " \"q_lora_rank\": 32, \"o_groups\": 2, \"o_lora_rank\": 16, \"sliding_window\": 8,\n"
+        " \"layer_types\": [",
+        s->vocab, s->hidden, s->n_layers, s->head_dim, 8.0 / s->head_dim);
+    for (int l = 0; l < s->n_layers; l++)
+        n += (size_t)snprintf(b + n, cap - n, "%s\"%s\"", l ? ", " : "", layer_type(l));
     n += (size_t)snprintf(b + n, cap - n, "],\n \"mlp_layer_types\": [");
-    for (int l = 0; l < s->n_layers; l++) n += (size_t)snprintf(b + n, cap - n, "%s\"%s\"", l ? ", " : "", l == 0 ? "hash_moe" : "moe");
-    snprintf(b + n, cap - n,
-             "],\n \"compress_rates\": {\"compressed_sparse_attention\": 4, \"heavily_compressed_attention\": 8},\n"
-             " \"index_n_heads\": 16, \"index_head_dim\": %d, \"index_topk\": %d,\n"
-             " \"n_routed_experts\": %d, \"n_shared_experts\": 1, \"num_experts_per_tok\": %d,\n"
-             " \"moe_intermediate_size\": 32, \"num_hash_layers\": 1, \"scoring_func\": \"sqrtsoftplus\",\n"
-             " \"topk_method\": \"noaux_tc\", \"norm_topk_prob\": true, \"routed_scaling_factor\": 1.5,\n"
-             " \"swiglu_limit\": 10.0, \"hidden_act\": \"silu\", \"hc_mult\": 4, \"hc_sinkhorn_iters\": 20,\n"
-             " \"hc_eps\": 1e-06, \"rms_norm_eps\": 1e-06, \"max_position_embeddings\": 65536,\n"
-             " \"rope_theta\": 10000.0, \"compress_rope_theta\": 160000.0,\n"
-             " \"rope_scaling\": {\"type\": \"yarn\", \"factor\": 16, \"original_max_position_embeddings\": 256,\n"
-             "                  \"beta_fast\": 32, \"beta_slow\": 1},\n"
-             " \"tie_word_embeddings\": false, \"bos_token_id\": 0, \"eos_token_id\": 1, \"torch_dtype\": \"float32\"}\n",
-             s->index_head_dim, s->index_topk, s->n_experts, s->k_experts);
+    for (int l = 0; l < s->n_layers; l++)
+        n += (size_t)snprintf(b + n, cap - n, "%s\"%s\"", l ? ", " : "", l == 0 ? "hash_moe" : "moe");
+    snprintf(
+        b + n, cap - n,
+        "],\n \"compress_rates\": {\"compressed_sparse_attention\": 4, \"heavily_compressed_attention\": 8},\n"
+        " \"index_n_heads\": 16, \"index_head_dim\": %d, \"index_topk\": %d,\n"
+        " \"n_routed_experts\": %d, \"n_shared_experts\": 1, \"num_experts_per_tok\": %d,\n"
+        " \"moe_intermediate_size\": 32, \"num_hash_layers\": 1, \"scoring_func\": \"sqrtsoftplus\",\n"
+        " \"topk_method\": \"noaux_tc\", \"norm_topk_prob\": true, \"routed_scaling_factor\": 1.5,\n"
+        " \"swiglu_limit\": 10.0, \"hidden_act\": \"silu\", \"hc_mult\": 4, \"hc_sinkhorn_iters\": 20,\n"
+        " \"hc_eps\": 1e-06, \"rms_norm_eps\": 1e-06, \"max_position_embeddings\": 65536,\n"
+        " \"rope_theta\": 10000.0, \"compress_rope_theta\": 160000.0,\n"
+        " \"rope_scaling\": {\"type\": \"yarn\", \"factor\": 16, \"original_max_position_embeddings\": 256,\n"
+        "                  \"beta_fast\": 32, \"beta_slow\": 1},\n"
+        " \"tie_word_embeddings\": false, \"bos_token_id\": 0, \"eos_token_id\": 1, \"torch_dtype\": \"float32\"}\n",
+        s->index_head_dim, s->index_topk, s->n_experts, s->k_experts);
     return b;
 }
 
@@ -90,7 +100,8 @@ static uint64_t mix(uint64_t x)
 
 static uint64_t row_seed(uint64_t seed, const char *name, int64_t row)
 {
-    return mix(hash_str(seed * 0x9e3779b97f4a7c15ull + 0xcbf29ce484222325ull, name) + (uint64_t)row * 0x632be59bd9b4e019ull);
+    return mix(hash_str(seed * 0x9e3779b97f4a7c15ull + 0xcbf29ce484222325ull, name) +
+               (uint64_t)row * 0x632be59bd9b4e019ull);
 }
 
 static double unif(uint64_t *s) /* [0, 1) */
@@ -198,8 +209,10 @@ static void candidate_edits(const synth_ctx *x, const char *name, int layer, int
 static int dense(synth_ctx *x, int layer, const char *probe, int ndim, int64_t d0, int64_t d1, double lo, double hi)
 {
     char name[64];
-    if (layer >= 0) snprintf(name, sizeof name, "layers/%d/%s", layer, probe);
-    else snprintf(name, sizeof name, "final/%s", probe);
+    if (layer >= 0)
+        snprintf(name, sizeof name, "layers/%d/%s", layer, probe);
+    else
+        snprintf(name, sizeof name, "final/%s", probe);
     if (skip(x, name)) return 0;
     int64_t shape[2] = {d0, d1}, n = ndim == 2 ? d0 * d1 : d0;
     for (int i = 0; i < x->n_positions; i++) {
@@ -304,7 +317,9 @@ int synth_write(const char *path, const synth_spec *s, int candidate)
     dsv4_config cfg;
     int rc = dsv4_config_parse(cj, "synth config", &cfg);
     dsv4_dump_meta meta = {
-        .producer = s->producer ? s->producer : candidate ? "synth candidate" : "synth golden",
+        .producer = s->producer ? s->producer
+                    : candidate ? "synth candidate"
+                                : "synth golden",
         .config_json = cj,
         .weights_digest = s->digest ? s->digest : "5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed",
         .prompt_len = s->prompt_len,
@@ -383,8 +398,11 @@ int synth_copy_perturbed(const char *src, const char *dst, int layer, double rel
     const dsv4_config *cfg;
     int nt, np;
     const int32_t *tok = dsv4_dump_tokens(d, &nt), *pos = dsv4_dump_positions(d, &np);
-    dsv4_dump_meta meta = {dsv4_dump_attr(d, "producer"), dsv4_dump_attr(d, "config_json"),
-                           dsv4_dump_attr(d, "weights_digest"), dsv4_dump_prompt_len(d), dsv4_dump_n_decode(d),
+    dsv4_dump_meta meta = {dsv4_dump_attr(d, "producer"),
+                           dsv4_dump_attr(d, "config_json"),
+                           dsv4_dump_attr(d, "weights_digest"),
+                           dsv4_dump_prompt_len(d),
+                           dsv4_dump_n_decode(d),
                            dsv4_dump_attr(d, "mode")};
     dsv4_dump_writer *w = NULL;
     rc = dsv4_dump_config(d, &cfg);
@@ -408,7 +426,8 @@ int synth_copy_perturbed(const char *src, const char *dst, int layer, double rel
         if (!rc && hit) perturb(buf, info.shape[0] * (int64_t)row, rel, mix(seed + (uint64_t)i));
         if (!rc && per_entry) rc = dsv4_dump_writer_array(w, name, info.dtype, info.ndim, info.shape, buf);
         for (int64_t r = 0; !rc && !per_entry && r < info.shape[0]; r++)
-            rc = dsv4_dump_writer_row(w, name, (int)r, info.dtype, info.ndim - 1, info.shape + 1, (char *)buf + (size_t)r * row * 4);
+            rc = dsv4_dump_writer_row(w, name, (int)r, info.dtype, info.ndim - 1, info.shape + 1,
+                                      (char *)buf + (size_t)r * row * 4);
         free(buf);
     }
     if (!rc) {

@@ -14,31 +14,31 @@
 #include <stdint.h>
 
 typedef struct synth_spec {
-    int n_layers;          /* layer 0 sliding, then csa, hca, csa, ... */
-    int hidden;            /* D */
+    int n_layers; /* layer 0 sliding, then csa, hca, csa, ... */
+    int hidden;   /* D */
     int head_dim, index_head_dim, index_topk;
     int n_experts, k_experts, vocab;
     int prompt_len, n_decode;
     const int32_t *positions; /* stored positions, ascending; NULL = all */
     int n_positions;
     uint64_t seed;
-    const char *digest;    /* weights_digest, NULL = a fixed one */
-    const char *producer;  /* NULL = "synth golden" / "synth candidate" */
-    const char *mode;      /* NULL = "forced" */
+    const char *digest;   /* weights_digest, NULL = a fixed one */
+    const char *producer; /* NULL = "synth golden" / "synth candidate" */
+    const char *mode;     /* NULL = "forced" */
     /* candidate only ------------------------------------------------------------------------------------ */
-    double noise;          /* relative rms noise on every float probe of layer >= noise_layer and final/ */
-    int noise_layer;       /* -1 = none */
-    int noise_position;    /* ...at positions >= this (entries: closing at >= this) */
-    double base_noise;     /* relative rms noise on every float probe everywhere (0 = exact copy) */
-    int tie_layer, tie_position, tie_count;  /* golden: tie_count*2 scores tied at the k-th rank there;
+    double noise;       /* relative rms noise on every float probe of layer >= noise_layer and final/ */
+    int noise_layer;    /* -1 = none */
+    int noise_position; /* ...at positions >= this (entries: closing at >= this) */
+    double base_noise;  /* relative rms noise on every float probe everywhere (0 = exact copy) */
+    int tie_layer, tie_position, tie_count; /* golden: tie_count*2 scores tied at the k-th rank there;
                                                  candidate: swaps tie_count picks for the tied non-picks */
-    int low_layer, low_position, low_count;  /* candidate: swaps low_count picks for the lowest-scored entries */
-    const char *nan_dataset; /* candidate: one NaN in this dataset ... */
-    int nan_position;        /* ... at this position (per-entry datasets: entry row) ... */
-    int64_t nan_index;       /* ... at this flat index of the row */
-    const char *omit_dataset; /* not written in this file (either role) */
-    int omit_role;            /* 0: omitted from the golden, 1: from the candidate */
-    int token_diff_position;  /* candidate: /tokens differ from here on (-1 none) */
+    int low_layer, low_position, low_count; /* candidate: swaps low_count picks for the lowest-scored entries */
+    const char *nan_dataset;                /* candidate: one NaN in this dataset ... */
+    int nan_position;                       /* ... at this position (per-entry datasets: entry row) ... */
+    int64_t nan_index;                      /* ... at this flat index of the row */
+    const char *omit_dataset;               /* not written in this file (either role) */
+    int omit_role;                          /* 0: omitted from the golden, 1: from the candidate */
+    int token_diff_position;                /* candidate: /tokens differ from here on (-1 none) */
 } synth_spec;
 
 /* A small default: 4 layers, D 64, 24-token prompt + 16 decode steps, index_topk 4, no perturbation. */
