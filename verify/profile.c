@@ -180,12 +180,16 @@ int dsv4_verify_profile_load(const char *name_or_path, dsv4_verify_profile **out
     if (!name_or_path || !*name_or_path) name_or_path = "fp32";
     dsv4_verify_profile *p = calloc(1, sizeof *p);
     if (!p) return dsv4_error(DSV4_ERR_NOMEM, "profile: out of memory");
-    int is_file = strchr(name_or_path, '/') || strstr(name_or_path, ".json") || access(name_or_path, R_OK) == 0;
+    /* a path (has '/' or ends in .json) is a file; a bare word is a shipped profile, or a file of that name
+     * in the working directory when no shipped profile has it */
+    size_t len = strlen(name_or_path);
+    int is_file = strchr(name_or_path, '/') || (len > 5 && !strcmp(name_or_path + len - 5, ".json"));
     int rc = 0;
-    if (is_file)
+    if (is_file) snprintf(p->source, sizeof p->source, "%s", name_or_path);
+    else if ((rc = profile_locate(name_or_path, p->source, sizeof p->source)) && access(name_or_path, R_OK) == 0) {
         snprintf(p->source, sizeof p->source, "%s", name_or_path);
-    else
-        rc = profile_locate(name_or_path, p->source, sizeof p->source);
+        rc = 0;
+    }
     if (rc) {
         free(p);
         return rc;
