@@ -536,10 +536,12 @@ static int run(dsv4_cmp_ctx *x, const char *golden_path, const char *candidate_p
         d->metric = DSV4_METRIC_MISMATCH;
         d->value = 1;
         d->tolerance = 0;
+        int greedy = !strcmp(r->golden.mode, "greedy") || !strcmp(r->candidate.mode, "greedy");
         snprintf(d->detail, sizeof d->detail,
-                 "golden token %d, candidate token %d: the runs fed different tokens from here on (greedy runs "
-                 "that parted); later positions are not compared",
-                 r->token_golden, r->token_candidate);
+                 "golden token %d, candidate token %d: the runs fed different tokens from here on (%s); later "
+                 "positions are not compared",
+                 r->token_golden, r->token_candidate,
+                 greedy ? "greedy runs whose argmax parted" : "different forced tokens");
         r->n_checks++;
         r->n_failed_checks++;
     }
