@@ -1,11 +1,14 @@
 /* test_verify_speed.c - comparing two ~50 MB dumps takes under 2 s (issue 4): the verifier streams datasets
- * in row slices and its metrics are one pass in double. Prints the measured time and sizes. Under the
- * sanitizers (several times slower) the time is printed but only a loose bound is checked. */
+ * in row slices and its metrics are one pass in double. Prints the measured wall and CPU times and sizes.
+ * The gate is the CPU time (user + sys) of the dsv4 process: the verifier is single-threaded, so on an idle
+ * machine its wall time is its CPU time, and unlike the wall time it does not grow when ctest -j runs other
+ * tests beside it. Under the sanitizers (several times slower) only a loose bound is checked. */
 #define _POSIX_C_SOURCE 200809L
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 
@@ -26,6 +29,14 @@ static double now_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static double children_cpu_s(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_CHILDREN, &ru);
+    return (double)ru.ru_utime.tv_sec + 1e-6 * (double)ru.ru_utime.tv_usec + (double)ru.ru_stime.tv_sec +
+           1e-6 * (double)ru.ru_stime.tv_usec;
 }
 
 static long long file_size(const char *path)
@@ -58,30 +69,36 @@ START_TEST(fifty_megabytes_under_two_seconds)
     double t_write = now_s() - t0;
     long long sg = file_size(g), sc = file_size(c);
     printf("dumps: golden %.1f MB, candidate %.1f MB (written in %.1f s)\n", sg / 1e6, sc / 1e6, t_write);
+    fflush(stdout);
     ck_assert_msg(sg >= 50000000 && sc >= 50000000, "dumps smaller than 50 MB: %lld, %lld", sg, sc);
     /* the command as a user runs it (process start, both files opened, every probe compared, report) */
     char cmd[9000];
     snprintf(cmd, sizeof cmd, "'%s' verify '%s' '%s' --quiet", dsv4_test_bin(), g, c);
-    double best = 1e9;
-    for (int rep = 0; rep < 2; rep++) { /* the first run also warms the page cache */
+    double best = 1e9, best_cpu = 1e9;
+    for (int rep = 0; rep < 3; rep++) { /* the first run also warms the page cache */
+        double c0 = children_cpu_s();
         t0 = now_s();
         int st = dsv4_test_run(cmd, NULL);
-        double t = now_s() - t0;
+        double t = now_s() - t0, cpu = children_cpu_s() - c0;
         ck_assert_int_eq(st, 0);
         if (t < best) best = t;
-        printf("dsv4 verify on 2 x %.0f MB: %.3f s (run %d)\n", sg / 1e6, t, rep + 1);
+        if (cpu < best_cpu) best_cpu = cpu;
+        printf("dsv4 verify on 2 x %.0f MB: %.3f s wall, %.3f s CPU (run %d)\n", sg / 1e6, t, cpu, rep + 1);
+        fflush(stdout);
     }
     dsv4_verify_result *r = NULL;
     ck_assert_int_eq(dsv4_verify_run(g, c, NULL, &r), 0);
+    fflush(stdout);
     printf("library: %.3f s, %.1f MB of probe data read and compared, %ld checks, %d probes\n", r->seconds,
            r->bytes_read / 1e6, r->n_checks, r->n_compared);
     ck_assert_int_eq(r->status, DSV4_VERIFY_PASS);
     ck_assert(r->bytes_read > 2LL * 50000000);
     dsv4_verify_result_free(r);
+    fflush(stdout);
     if (DSV4_SANITIZED)
-        ck_assert_msg(best < 30.0, "verify took %.2f s under the sanitizers", best);
+        ck_assert_msg(best_cpu < 30.0, "verify took %.2f s CPU under the sanitizers", best_cpu);
     else
-        ck_assert_msg(best < 2.0, "verify took %.2f s (issue 4: under 2 s)", best);
+        ck_assert_msg(best_cpu < 2.0, "verify took %.2f s CPU, %.2f s wall (issue 4: under 2 s)", best_cpu, best);
 }
 END_TEST
 
