@@ -1,0 +1,87 @@
+/* dsv4_opt.h - the optimized CUDA path (design.md "The paths"; model-spec §4-§12) on one GPU.
+ *
+ * A batch of C sequences decoded together, each with its own length: every step feeds one token to each ACTIVE
+ * sequence at that sequence's next position (an inactive one keeps its state and position). A prompt is fed as
+ * consecutive steps; this is exact, since prefill and decode run the same state machine (model-spec §7.6), and
+ * batch prefill of many tokens at once is a later optimisation. Per sequence the caches are allocated once for
+ * max_context positions (window ring, compressed pools of max_context/r entries, compressor states, indexer key
+ * pool); the step allocates nothing (dsv4_opt_device_alloc_count proves it) and is bitwise deterministic.
+ * Weights live on the GPU in bf16 (dequantised by the shared loader), in fp32 where model-spec keeps fp32 (mHC
+ * parameters, sinks, router bias, compressor position bias, norm weights). Linears are cuBLAS bf16 GEMMs with
+ * fp32 accumulation.
+ *
+ * Every named optimization has its switch; the second value of each enum is the naive variant ("the original").
+ * Probes: one chosen sequence (dump_seq) of the batch is dumped with the reference's probe names and semantics.
+ */
+#ifndef DSV4_OPT_H
+#define DSV4_OPT_H
+
+#include "dsv4.h"
+#include "dsv4_dump.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum dsv4_opt_attn { DSV4_OPT_ATTN_MMA, DSV4_OPT_ATTN_SIMT } dsv4_opt_attn;
+typedef enum dsv4_opt_indexer { DSV4_OPT_INDEXER_BF16, DSV4_OPT_INDEXER_FP32 } dsv4_opt_indexer;
+typedef enum dsv4_opt_mhc { DSV4_OPT_MHC_CASTFREE, DSV4_OPT_MHC_ROUNDTRIP } dsv4_opt_mhc;
+typedef enum dsv4_opt_index_context { DSV4_OPT_INDEX_LIVE, DSV4_OPT_INDEX_MAX } dsv4_opt_index_context;
+typedef enum dsv4_opt_kv { DSV4_OPT_KV_BF16, DSV4_OPT_KV_FP8 } dsv4_opt_kv;
+
+typedef struct dsv4_opt_options {
+    int n_seq;                /* C: sequences decoded together, >= 1 */
+    int max_context;          /* positions each sequence may reach (caches sized for it), >= 1, <= 1048576 */
+    dsv4_opt_attn attn;
+    dsv4_opt_indexer indexer;
+    dsv4_opt_mhc mhc;
+    dsv4_opt_index_context index_context;
+    dsv4_opt_kv kv;           /* fp8: e4m3 nope channels with per-64 ue8m0 scales (values held in bf16 slots) */
+    int cuda_graph;           /* 1: replay a captured step graph (one per batch shape), 0: launch eagerly */
+    int dump_seq;             /* the sequence whose probes go to the sink, 0 <= dump_seq < n_seq */
+    int device;               /* CUDA device ordinal */
+} dsv4_opt_options;
+
+/* The defaults: every optimization on, C = 1, max_context 4096, graphs on, dump sequence 0, device 0. */
+void dsv4_opt_options_default(dsv4_opt_options *o);
+/* "mma", "simt", "bf16", "fp32", "castfree", "roundtrip", "live", "max", "bf16", "fp8". */
+const char *dsv4_opt_attn_name(dsv4_opt_attn v);
+const char *dsv4_opt_indexer_name(dsv4_opt_indexer v);
+const char *dsv4_opt_mhc_name(dsv4_opt_mhc v);
+const char *dsv4_opt_index_context_name(dsv4_opt_index_context v);
+const char *dsv4_opt_kv_name(dsv4_opt_kv v);
+/* Parse one switch by its command-line name ("attn", "indexer", "mhc", "index-context", "kv") and value into o.
+ * DSV4_ERR_USAGE with the allowed values on a bad name or value. */
+int dsv4_opt_options_set(dsv4_opt_options *o, const char *name, const char *value);
+
+typedef struct dsv4_opt dsv4_opt; /* opaque */
+
+/* Uploads the weights, allocates caches and scratch for o->n_seq sequences of o->max_context positions on
+ * o->device. Borrows m (read-only) for the call only. DSV4_ERR_UNSUPPORTED in a build without CUDA. */
+int dsv4_opt_init(dsv4_model *m, const dsv4_opt_options *o, dsv4_opt **out);
+void dsv4_opt_free(dsv4_opt *o);
+
+/* One decode step. tokens [C] (entries of inactive sequences are ignored); active [C] 0/1 or NULL = all active.
+ * Each active sequence consumes its token at its next position. probe: sink for dump_seq's probes (NULL: none;
+ * probing runs the step eagerly and synchronises after each layer). logits [vocab] (may be NULL): dump_seq's
+ * logits. next [C] (may be NULL): each sequence's greedy argmax (ties: lowest id). DSV4_ERR_USAGE when an active
+ * sequence is at max_context or a token is outside the vocabulary. */
+int dsv4_opt_step(dsv4_opt *o, const int32_t *tokens, const uint8_t *active, dsv4_probe_sink *probe,
+                  float *logits, int32_t *next);
+/* Positions consumed so far by sequence `seq`. */
+int dsv4_opt_position(const dsv4_opt *o, int seq);
+/* Start sequence `seq` afresh at position 0 (its compressor states are cleared; caches are reused). */
+int dsv4_opt_reset(dsv4_opt *o, int seq);
+/* Write dump_seq's per-entry probes (compressed_kv, indexer_kv) to the sink; once, at the end of a run. */
+int dsv4_opt_dump_entries(dsv4_opt *o, dsv4_probe_sink *probe);
+/* "dsv4 0.1 optimized cuda bf16 sm_90 attn=mma indexer=bf16 mhc=castfree index_context=live kv=bf16" */
+const char *dsv4_opt_producer(const dsv4_opt *o);
+/* Device allocations made by the optimized path since the process started (every cudaMalloc it does). */
+long dsv4_opt_device_alloc_count(void);
+/* Device bytes held by o: weights, caches (state) and scratch. */
+void dsv4_opt_memory(const dsv4_opt *o, size_t *weights, size_t *state, size_t *scratch);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DSV4_OPT_H */

@@ -1,0 +1,189 @@
+/* elementwise.cu - embedding gather, fused RMSNorm/RoPE/FP8-sim/bf16 store, casts, fills, argmax.
+ *
+ * Quiet traps:
+ * - RoPE rotates interleaved PAIRS (c, c+1) of the TRAILING channels: x'_c = x_c cos - x_{c+1} sin,
+ *   x'_{c+1} = x_{c+1} cos + x_c sin (model-spec §3).
+ * - The FP8 simulation runs after the norm and the RoPE and never touches the rope channels.
+ * - The window-ring write is skipped for an inactive sequence (out_slot < 0): its ring keeps older positions.
+ */
+#include <math.h>
+
+#include "elementwise.cuh"
+#include "opt_common.cuh"
+
+enum { EW_THREADS = 256, EW_MAX_DIM = 4096 };
+
+__global__ void embed_kernel(dsv4_embed_params p)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t total = (size_t)p.n_tok * p.n_streams * p.dim;
+    if (i >= total) return;
+    int d = (int)(i % p.dim);
+    int c = (int)(i / ((size_t)p.n_streams * p.dim));
+    p.X[i] = p.embed[(size_t)p.tokens[c] * p.dim + d];
+}
+
+__global__ void __launch_bounds__(EW_THREADS) norm_rope_kernel(dsv4_norm_rope_params p)
+{
+    __shared__ float v[EW_MAX_DIM];
+    const int row = blockIdx.x, t = row / p.heads, h = row % p.heads, dim = p.dim;
+    uint16_t *dst;
+    if (p.out_slot) {
+        const int s = p.out_slot[t];
+        dst = s < 0 ? NULL : p.out + (size_t)t * p.out_seq_stride + (size_t)s * dim;
+    } else {
+        dst = p.out ? p.out + (size_t)t * p.out_tok_stride + (size_t)h * dim : NULL;
+    }
+    const size_t src = (size_t)t * p.x_tok_stride + (size_t)h * dim;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < dim; i += EW_THREADS) {
+        float a = p.x_bf16 ? dsv4_bf16_bits_to_f32(((const uint16_t *)p.x)[src + i]) : ((const float *)p.x)[src + i];
+        v[i] = a;
+        ss += a * a;
+    }
+    if (p.norm) {
+        const float r = 1.0f / sqrtf(dsv4_block_sum(ss) / (float)dim + p.eps);
+        for (int i = threadIdx.x; i < dim; i += EW_THREADS) v[i] = p.weight ? p.weight[i] * (v[i] * r) : v[i] * r;
+    }
+    __syncthreads();
+    const int np = p.rope_pairs, r0 = dim - 2 * np;
+    for (int i = threadIdx.x; i < np; i += EW_THREADS) {
+        float cs = p.cos[(size_t)t * np + i], sn = p.sin[(size_t)t * np + i];
+        float x0 = v[r0 + 2 * i], x1 = v[r0 + 2 * i + 1];
+        v[r0 + 2 * i] = x0 * cs + (-x1) * sn;
+        v[r0 + 2 * i + 1] = x1 * cs + x0 * sn;
+    }
+    __syncthreads();
+    if (p.fp8_nope) dsv4_fp8_nope_sim_smem(v, r0);
+    for (int i = threadIdx.x; i < dim; i += EW_THREADS) {
+        float a = v[i] * p.post_scale;
+        if (dst) dst[i] = dsv4_f32_to_bf16_bits(a);
+        if (p.out_f32) p.out_f32[(size_t)row * dim + i] = a;
+    }
+}
+
+__global__ void cast_b2f_kernel(float *dst, const uint16_t *src, size_t n)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] = dsv4_bf16_bits_to_f32(src[i]);
+}
+__global__ void cast_f2b_kernel(uint16_t *dst, const float *src, size_t n)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] = dsv4_f32_to_bf16_bits(src[i]);
+}
+__global__ void fill_kernel(float *dst, float value, size_t n)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] = value;
+}
+
+__global__ void __launch_bounds__(EW_THREADS) argmax_kernel(int32_t *out, const float *x, int n, int64_t stride)
+{
+    __shared__ float bv[EW_THREADS];
+    __shared__ int bi[EW_THREADS];
+    const float *r = x + (size_t)blockIdx.x * stride;
+    float best = -INFINITY;
+    int besti = -1;
+    for (int i = threadIdx.x; i < n; i += EW_THREADS) {
+        float a = r[i];
+        if (a == a && (besti < 0 || a > best)) {
+            best = a;
+            besti = i;
+        }
+    }
+    bv[threadIdx.x] = best;
+    bi[threadIdx.x] = besti;
+    __syncthreads();
+    for (int s = EW_THREADS / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) {
+            float ov = bv[threadIdx.x + s];
+            int oi = bi[threadIdx.x + s];
+            int mi = bi[threadIdx.x];
+            if (oi >= 0 && (mi < 0 || ov > bv[threadIdx.x] || (ov == bv[threadIdx.x] && oi < mi))) {
+                bv[threadIdx.x] = ov;
+                bi[threadIdx.x] = oi;
+            }
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) out[blockIdx.x] = bi[0] < 0 ? 0 : bi[0];
+}
+
+__global__ void __launch_bounds__(EW_THREADS) fp8_sim_kernel(uint16_t *rows, int dim, int n_nope)
+{
+    __shared__ float v[EW_MAX_DIM];
+    uint16_t *r = rows + (size_t)blockIdx.x * dim;
+    for (int i = threadIdx.x; i < n_nope; i += EW_THREADS) v[i] = dsv4_bf16_bits_to_f32(r[i]);
+    __syncthreads();
+    dsv4_fp8_nope_sim_smem(v, n_nope);
+    for (int i = threadIdx.x; i < n_nope; i += EW_THREADS) r[i] = dsv4_f32_to_bf16_bits(v[i]);
+}
+
+/* ------------------------------------------------------------------------------------------- host */
+static int ew_blocks(size_t n) { return (int)((n + 255) / 256); }
+
+int dsv4_opt_cast_bf16_to_f32(float *dst, const uint16_t *src, size_t n, cudaStream_t stream)
+{
+    DSV4_CHECK(dst && src, "cast: NULL buffer");
+    if (!n) return 0;
+    cast_b2f_kernel<<<ew_blocks(n), 256, 0, stream>>>(dst, src, n);
+    DSV4_LAUNCH_CHECK("cast_b2f_kernel");
+    return 0;
+}
+int dsv4_opt_cast_f32_to_bf16(uint16_t *dst, const float *src, size_t n, cudaStream_t stream)
+{
+    DSV4_CHECK(dst && src, "cast: NULL buffer");
+    if (!n) return 0;
+    cast_f2b_kernel<<<ew_blocks(n), 256, 0, stream>>>(dst, src, n);
+    DSV4_LAUNCH_CHECK("cast_f2b_kernel");
+    return 0;
+}
+int dsv4_opt_fill_f32(float *dst, float value, size_t n, cudaStream_t stream)
+{
+    DSV4_CHECK(dst, "fill: NULL buffer");
+    if (!n) return 0;
+    fill_kernel<<<ew_blocks(n), 256, 0, stream>>>(dst, value, n);
+    DSV4_LAUNCH_CHECK("fill_kernel");
+    return 0;
+}
+int dsv4_opt_argmax(int32_t *out, const float *x, int n_rows, int n, int64_t stride, cudaStream_t stream)
+{
+    DSV4_CHECK(out && x && n_rows >= 1 && n >= 1 && stride >= n, "argmax: bad arguments");
+    argmax_kernel<<<n_rows, EW_THREADS, 0, stream>>>(out, x, n, stride);
+    DSV4_LAUNCH_CHECK("argmax_kernel");
+    return 0;
+}
+int dsv4_opt_fp8_nope_sim(uint16_t *rows, int n_rows, int dim, int n_nope, cudaStream_t stream)
+{
+    DSV4_CHECK(rows && n_rows >= 1 && n_nope >= 0 && n_nope <= dim && dim <= EW_MAX_DIM, "fp8_nope_sim: bad arguments");
+    if (!n_nope) return 0;
+    fp8_sim_kernel<<<n_rows, EW_THREADS, 0, stream>>>(rows, dim, n_nope);
+    DSV4_LAUNCH_CHECK("fp8_sim_kernel");
+    return 0;
+}
+
+int dsv4_opt_embed(const dsv4_embed_params *p)
+{
+    DSV4_CHECK(p && p->n_tok >= 1 && p->n_streams >= 1 && p->dim >= 1 && p->tokens && p->embed && p->X,
+               "embed: bad params");
+    size_t total = (size_t)p->n_tok * p->n_streams * p->dim;
+    embed_kernel<<<ew_blocks(total), 256, 0, p->stream>>>(*p);
+    DSV4_LAUNCH_CHECK("embed_kernel");
+    return 0;
+}
+
+int dsv4_opt_norm_rope(const dsv4_norm_rope_params *p)
+{
+    DSV4_CHECK(p != NULL, "norm_rope: params is NULL");
+    if (p->dim < 1 || p->dim > EW_MAX_DIM)
+        return dsv4_error(DSV4_ERR_UNSUPPORTED, "norm_rope: dim %d unsupported (1..%d)", p->dim, EW_MAX_DIM);
+    DSV4_CHECK(p->n_tok >= 1 && p->heads >= 1 && p->x && (p->out || p->out_f32), "norm_rope: n_tok %d, heads %d or NULL x/out",
+               p->n_tok, p->heads);
+    DSV4_CHECK(p->rope_pairs >= 0 && 2 * p->rope_pairs <= p->dim && (p->rope_pairs == 0 || (p->cos && p->sin)),
+               "norm_rope: %d rope pairs for dim %d, or cos/sin NULL", p->rope_pairs, p->dim);
+    DSV4_CHECK(!p->out_slot || p->heads == 1, "norm_rope: out_slot needs heads == 1");
+    norm_rope_kernel<<<p->n_tok * p->heads, EW_THREADS, 0, p->stream>>>(*p);
+    DSV4_LAUNCH_CHECK("norm_rope_kernel");
+    return 0;
+}

@@ -1,0 +1,68 @@
+/* elementwise.cuh - row-wise and elementwise kernels of the optimized path (model-spec §3, §4, §6): embedding
+ * gather into the residual streams, the fused RMSNorm + RoPE + FP8-KV-simulation + bf16 store used for q_norm, the
+ * per-head query norm, the window KV and the final norm, bf16/f32 casts, fills, and the greedy argmax.
+ */
+#ifndef DSV4_KERNELS_ELEMENTWISE_CUH
+#define DSV4_KERNELS_ELEMENTWISE_CUH
+
+#include <cuda_runtime_api.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* X[c, j, :] = embed[tokens[c], :] for every stream j. */
+typedef struct dsv4_embed_params {
+    int n_tok, n_streams, dim;
+    const int32_t *tokens;   /* [C]; device; each in [0, vocab) (checked by the host) */
+    const uint16_t *embed;   /* [vocab, D] bf16; device */
+    uint16_t *X;             /* [C, n, D] bf16; device */
+    cudaStream_t stream;
+} dsv4_embed_params;
+
+/* One row per (token t, head h), row = t·heads + h, `dim` channels:
+ *   v = x (f32 or bf16 input); if norm: v = v / sqrt(mean(v²) + eps) (· weight if given);
+ *   if rope_pairs: interleaved RoPE of the trailing 2·rope_pairs channels with cos/sin row t;
+ *   if fp8_nope: FP8 e4m3 simulation of channels [0, dim - 2·rope_pairs) per 64 (ue8m0 scales);
+ *   out_bf16 row (t, h) = bf16(v); out_f32 (if given) row (t, h) = v.
+ * Destination rows: out + t·out_tok_stride + h·dim, or, when out_slot != NULL, out + t·out_seq_stride +
+ * out_slot[t]·dim (one head only; out_slot[t] < 0: not written) - the window-ring write of the KV. */
+typedef struct dsv4_norm_rope_params {
+    int n_tok, heads, dim;       /* dim <= 4096 */
+    const void *x;               /* f32 or bf16 (x_bf16 = 1); row (t, h) at x + t·x_tok_stride + h·dim; device */
+    int x_bf16;
+    int64_t x_tok_stride;
+    int norm;                    /* 1: RMSNorm */
+    const float *weight;         /* [dim] f32 or NULL (unweighted); device */
+    float eps;
+    int rope_pairs;
+    const float *cos, *sin;      /* [n_tok, rope_pairs] f32; device; NULL when rope_pairs == 0 */
+    int fp8_nope;
+    uint16_t *out;               /* bf16; device */
+    int64_t out_tok_stride;
+    const int32_t *out_slot;     /* [n_tok] or NULL; device */
+    int64_t out_seq_stride;
+    float *out_f32;              /* [n_tok, heads, dim] f32 copy or NULL; device */
+    float post_scale;            /* multiplies the final value (1 for all but special uses) */
+    cudaStream_t stream;
+} dsv4_norm_rope_params;
+
+/* dst[i] = f32(src[i]) (bf16 -> f32) or dst = bf16(src) for n elements. */
+int dsv4_opt_cast_bf16_to_f32(float *dst, const uint16_t *src, size_t n, cudaStream_t stream);
+int dsv4_opt_cast_f32_to_bf16(uint16_t *dst, const float *src, size_t n, cudaStream_t stream);
+/* dst[i] = value for n elements. */
+int dsv4_opt_fill_f32(float *dst, float value, size_t n, cudaStream_t stream);
+/* out[c] = the lowest index of the largest of x[c, 0..n) (NaN never wins). One block per row. */
+int dsv4_opt_argmax(int32_t *out, const float *x, int n_rows, int n, int64_t stride, cudaStream_t stream);
+/* rows [n_rows, dim] bf16 in place: FP8 simulation of channels [0, n_nope) per 64. */
+int dsv4_opt_fp8_nope_sim(uint16_t *rows, int n_rows, int dim, int n_nope, cudaStream_t stream);
+
+int dsv4_opt_embed(const dsv4_embed_params *p);
+int dsv4_opt_norm_rope(const dsv4_norm_rope_params *p);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DSV4_KERNELS_ELEMENTWISE_CUH */

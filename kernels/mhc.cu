@@ -1,0 +1,282 @@
+/* mhc.cu - mHC pre / post / hc_head of the optimized path (model-spec §5.1-§5.3), cast-free and roundtrip.
+ *
+ * FOUR PLACES THIS GOES WRONG QUIETLY (as in reference/ref_mhc.c):
+ * 1. Sinkhorn: one row softmax (+eps), ONE column normalisation, then (iters-1) x (row, column): ends on a column.
+ * 2. comb[j][k] is the weight FROM stream j TO stream k: X'[k] = post[k]·out + Σ_j comb[j][k]·X[j].
+ * 3. pre = sigmoid(..) + hc_eps; post = 2·sigmoid(..) without eps.
+ * 4. The RMS is over the whole flattened n·D vector, unweighted: m = rho·(fn·v) with rho = rsqrt(mean(v²)+eps).
+ * Cast-free layout: part[c][chunk][0..n_mix-1] = Σ fn·v over the chunk, part[..][n_mix] = Σ v²; the finish kernel
+ * sums the chunks in ascending order (deterministic).
+ */
+#include <math.h>
+
+#include "mhc.cuh"
+#include "opt_common.cuh"
+
+enum { MHC_MAX_N = 4, MHC_MAX_MIX = 24, MHC_CHUNK = 2048, MHC_THREADS = 256 };
+
+static __device__ __forceinline__ float mhc_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+/* Coefficients of one token from its raw mix m (already times rho): thread 0 only. */
+static __device__ void mhc_coeffs(const float *m, int n, int head, int iters, float eps, const float *base,
+                                  const float *scale, float *pre, float *post, float *comb)
+{
+    for (int j = 0; j < n; j++) pre[j] = mhc_sigmoid(m[j] * scale[0] + base[j]) + eps;
+    if (head) return;
+    for (int j = 0; j < n; j++) post[j] = 2.0f * mhc_sigmoid(m[n + j] * scale[1] + base[n + j]);
+    float c[MHC_MAX_N * MHC_MAX_N];
+    for (int i = 0; i < n * n; i++) c[i] = m[2 * n + i] * scale[2] + base[2 * n + i];
+    for (int j = 0; j < n; j++) {
+        float mx = c[j * n];
+        for (int k = 1; k < n; k++) mx = fmaxf(mx, c[j * n + k]);
+        float s = 0.0f;
+        for (int k = 0; k < n; k++) {
+            c[j * n + k] = expf(c[j * n + k] - mx);
+            s += c[j * n + k];
+        }
+        for (int k = 0; k < n; k++) c[j * n + k] = c[j * n + k] / s + eps;
+    }
+    for (int it = 0; it < iters; it++) {
+        if (it > 0)
+            for (int j = 0; j < n; j++) {
+                float s = 0.0f;
+                for (int k = 0; k < n; k++) s += c[j * n + k];
+                for (int k = 0; k < n; k++) c[j * n + k] /= s + eps;
+            }
+        for (int k = 0; k < n; k++) {
+            float s = 0.0f;
+            for (int j = 0; j < n; j++) s += c[j * n + k];
+            for (int j = 0; j < n; j++) c[j * n + k] /= s + eps;
+        }
+    }
+    for (int i = 0; i < n * n; i++) comb[i] = c[i];
+}
+
+/* ------------------------------------------------------------------------------------------- cast-free */
+/* grid (n_chunks, C): partial projection and sum of squares of one chunk of one token's flattened streams. */
+template <int NMIX>
+__global__ void __launch_bounds__(MHC_THREADS) mhc_partial_kernel(const uint16_t *__restrict__ X,
+                                                                  const float *__restrict__ fn, int nD,
+                                                                  float *__restrict__ part)
+{
+    const int chunk = blockIdx.x, c = blockIdx.y, n_chunks = gridDim.x;
+    const uint16_t *x = X + (size_t)c * nD;
+    float acc[NMIX + 1];
+#pragma unroll
+    for (int r = 0; r <= NMIX; r++) acc[r] = 0.0f;
+    const int i0 = chunk * MHC_CHUNK, i1 = min(nD, i0 + MHC_CHUNK);
+    for (int i = i0 + threadIdx.x; i < i1; i += MHC_THREADS) {
+        float v = dsv4_bf16_bits_to_f32(x[i]);
+        acc[NMIX] += v * v;
+#pragma unroll
+        for (int r = 0; r < NMIX; r++) acc[r] += __ldg(fn + (size_t)r * nD + i) * v;
+    }
+    float *out = part + ((size_t)c * n_chunks + chunk) * (NMIX + 1);
+#pragma unroll
+    for (int r = 0; r <= NMIX; r++) {
+        float s = dsv4_block_sum(acc[r]);
+        if (threadIdx.x == 0) out[r] = s;
+    }
+}
+
+/* grid C: sum the partials, coefficients, collapse and the site's RMSNorm. mix_in != NULL (roundtrip): the
+ * projection comes from the SGEMM ([C, n_mix]) and the sum of squares from part ([C]). */
+__global__ void __launch_bounds__(MHC_THREADS) mhc_finish_kernel(dsv4_mhc_pre_params p, int n_mix, int n_chunks,
+                                                                 const float *__restrict__ part,
+                                                                 const float *__restrict__ mix_in)
+{
+    __shared__ float m[MHC_MAX_MIX], pre[MHC_MAX_N];
+    const int c = blockIdx.x, n = p.n_streams, D = p.dim, nD = n * D;
+    if (threadIdx.x == 0) {
+        float s[MHC_MAX_MIX + 1];
+        for (int r = 0; r <= n_mix; r++) s[r] = 0.0f;
+        if (mix_in) {
+            for (int r = 0; r < n_mix; r++) s[r] = mix_in[(size_t)c * n_mix + r];
+            s[n_mix] = part[c];
+        } else {
+            for (int k = 0; k < n_chunks; k++)
+                for (int r = 0; r <= n_mix; r++) s[r] += part[((size_t)c * n_chunks + k) * (n_mix + 1) + r];
+        }
+        float rho = 1.0f / sqrtf(s[n_mix] / (float)nD + p.norm_eps);
+        for (int r = 0; r < n_mix; r++) m[r] = s[r] * rho;
+        float lpre[MHC_MAX_N], lpost[MHC_MAX_N], lcomb[MHC_MAX_N * MHC_MAX_N];
+        mhc_coeffs(m, n, p.head, p.sinkhorn_iters, p.hc_eps, p.base, p.scale, lpre, lpost, lcomb);
+        for (int j = 0; j < n; j++) {
+            pre[j] = lpre[j];
+            p.pre[(size_t)c * n + j] = lpre[j];
+            if (!p.head) p.post[(size_t)c * n + j] = lpost[j];
+        }
+        if (!p.head)
+            for (int i = 0; i < n * n; i++) p.comb[(size_t)c * n * n + i] = lcomb[i];
+    }
+    __syncthreads();
+    if (mix_in) return; /* roundtrip: collapse and norm are their own kernels */
+    const uint16_t *x = p.X + (size_t)c * nD;
+    float ss = 0.0f;
+    for (int d = threadIdx.x; d < D; d += MHC_THREADS) {
+        float a = 0.0f;
+        for (int j = 0; j < n; j++) a += pre[j] * dsv4_bf16_bits_to_f32(x[(size_t)j * D + d]);
+        p.x[(size_t)c * D + d] = a;
+        ss += a * a;
+    }
+    if (!p.norm_w) return;
+    float r = 1.0f / sqrtf(dsv4_block_sum(ss) / (float)D + p.norm_eps);
+    for (int d = threadIdx.x; d < D; d += MHC_THREADS)
+        p.xn[(size_t)c * D + d] = dsv4_f32_to_bf16_bits(p.norm_w[d] * (p.x[(size_t)c * D + d] * r));
+}
+
+/* ------------------------------------------------------------------------------------------- roundtrip */
+__global__ void mhc_cast_kernel(const uint16_t *__restrict__ X, float *__restrict__ Xf, size_t n)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) Xf[i] = dsv4_bf16_bits_to_f32(X[i]);
+}
+__global__ void __launch_bounds__(MHC_THREADS) mhc_sumsq_kernel(const float *__restrict__ Xf, int nD,
+                                                                float *__restrict__ ss)
+{
+    const float *x = Xf + (size_t)blockIdx.x * nD;
+    float s = 0.0f;
+    for (int i = threadIdx.x; i < nD; i += MHC_THREADS) s += x[i] * x[i];
+    s = dsv4_block_sum(s);
+    if (threadIdx.x == 0) ss[blockIdx.x] = s;
+}
+__global__ void mhc_collapse_kernel(const float *__restrict__ Xf, const float *__restrict__ pre, int n, int D,
+                                    int C, float *__restrict__ x)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= C * D) return;
+    int c = i / D, d = i % D;
+    float a = 0.0f;
+    for (int j = 0; j < n; j++) a += pre[c * n + j] * Xf[((size_t)c * n + j) * D + d];
+    x[i] = a;
+}
+__global__ void __launch_bounds__(MHC_THREADS) mhc_norm_kernel(const float *__restrict__ x,
+                                                               const float *__restrict__ w, int D, float eps,
+                                                               uint16_t *__restrict__ xn)
+{
+    const float *r = x + (size_t)blockIdx.x * D;
+    float ss = 0.0f;
+    for (int d = threadIdx.x; d < D; d += MHC_THREADS) ss += r[d] * r[d];
+    float rr = 1.0f / sqrtf(dsv4_block_sum(ss) / (float)D + eps);
+    for (int d = threadIdx.x; d < D; d += MHC_THREADS)
+        xn[(size_t)blockIdx.x * D + d] = dsv4_f32_to_bf16_bits(w[d] * (r[d] * rr));
+}
+
+/* ------------------------------------------------------------------------------------------- post */
+template <typename T> static __device__ __forceinline__ float mhc_ld(const T *p, size_t i);
+template <> __device__ __forceinline__ float mhc_ld<uint16_t>(const uint16_t *p, size_t i)
+{
+    return dsv4_bf16_bits_to_f32(p[i]);
+}
+template <> __device__ __forceinline__ float mhc_ld<float>(const float *p, size_t i) { return p[i]; }
+
+template <typename T>
+__global__ void mhc_post_kernel(const T *__restrict__ X, const float *__restrict__ out,
+                                const float *__restrict__ post, const float *__restrict__ comb, int n, int D, int C,
+                                uint16_t *__restrict__ Xo)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= C * D) return;
+    int c = i / D, d = i % D;
+    float xs[MHC_MAX_N];
+    for (int j = 0; j < n; j++) xs[j] = mhc_ld<T>(X, ((size_t)c * n + j) * D + d);
+    float o = out[i];
+    const float *cb = comb + (size_t)c * n * n;
+    for (int k = 0; k < n; k++) {
+        float a = 0.0f;
+        for (int j = 0; j < n; j++) a += cb[j * n + k] * xs[j];
+        Xo[((size_t)c * n + k) * D + d] = dsv4_f32_to_bf16_bits(post[c * n + k] * o + a);
+    }
+}
+
+/* ------------------------------------------------------------------------------------------- host */
+static int mhc_n_mix(const dsv4_mhc_pre_params *p) { return p->head ? p->n_streams : (2 + p->n_streams) * p->n_streams; }
+
+size_t dsv4_opt_mhc_pre_workspace_bytes(const dsv4_mhc_pre_params *p)
+{
+    const int n_mix = mhc_n_mix(p);
+    const size_t nD = (size_t)p->n_streams * p->dim;
+    if (p->kernel == DSV4_MHC_KERNEL_ROUNDTRIP) return ((size_t)p->n_tok * (n_mix + 1) * sizeof(float) + 15) & ~(size_t)15;
+    return ((size_t)p->n_tok * dsv4_ceil_div((int64_t)nD, MHC_CHUNK) * (n_mix + 1) * sizeof(float) + 15) & ~(size_t)15;
+}
+
+template <int NMIX> static void mhc_launch_partial(dim3 g, const dsv4_mhc_pre_params *p, int nD, float *part)
+{
+    mhc_partial_kernel<NMIX><<<g, MHC_THREADS, 0, p->stream>>>(p->X, p->fn, nD, part);
+}
+
+int dsv4_opt_mhc_pre(const dsv4_mhc_pre_params *p)
+{
+    DSV4_CHECK(p != NULL, "mhc_pre: params is NULL");
+    DSV4_CHECK(p->n_tok >= 1 && p->dim >= 1, "mhc_pre: n_tok %d, dim %d", p->n_tok, p->dim);
+    if (p->n_streams < 1 || p->n_streams > MHC_MAX_N)
+        return dsv4_error(DSV4_ERR_UNSUPPORTED, "mhc_pre: hc_mult %d unsupported (1..%d)", p->n_streams, MHC_MAX_N);
+    DSV4_CHECK(p->X && p->fn && p->base && p->scale && p->pre && p->x, "mhc_pre: X, fn, base, scale, pre, x are NULL");
+    DSV4_CHECK(p->head || (p->post && p->comb && p->sinkhorn_iters >= 1), "mhc_pre: post/comb NULL or iters < 1");
+    DSV4_CHECK(!p->norm_w || p->xn, "mhc_pre: norm_w given without xn");
+    DSV4_CHECK(p->workspace && p->workspace_bytes >= dsv4_opt_mhc_pre_workspace_bytes(p),
+               "mhc_pre: workspace of %zu B needed, got %zu B", dsv4_opt_mhc_pre_workspace_bytes(p), p->workspace_bytes);
+    const int n = p->n_streams, D = p->dim, nD = n * D, C = p->n_tok, n_mix = mhc_n_mix(p);
+    float *part = (float *)p->workspace;
+    if (p->kernel == DSV4_MHC_KERNEL_CASTFREE) {
+        const int n_chunks = dsv4_ceil_div(nD, MHC_CHUNK);
+        dim3 g(n_chunks, C);
+        switch (n_mix) {
+        case 1: mhc_launch_partial<1>(g, p, nD, part); break;
+        case 2: mhc_launch_partial<2>(g, p, nD, part); break;
+        case 3: mhc_launch_partial<3>(g, p, nD, part); break;
+        case 4: mhc_launch_partial<4>(g, p, nD, part); break;
+        case 8: mhc_launch_partial<8>(g, p, nD, part); break;
+        case 15: mhc_launch_partial<15>(g, p, nD, part); break;
+        case 24: mhc_launch_partial<24>(g, p, nD, part); break;
+        default: return dsv4_error(DSV4_ERR_UNSUPPORTED, "mhc_pre: n_mix %d", n_mix);
+        }
+        DSV4_LAUNCH_CHECK("mhc_partial_kernel");
+        mhc_finish_kernel<<<C, MHC_THREADS, 0, p->stream>>>(*p, n_mix, n_chunks, part, NULL);
+        DSV4_LAUNCH_CHECK("mhc_finish_kernel");
+        return 0;
+    }
+    DSV4_CHECK(p->X_f32 && p->cublas, "mhc_pre roundtrip: X_f32 and cublas must be set");
+    const size_t total = (size_t)C * nD;
+    mhc_cast_kernel<<<dsv4_ceil_div((int64_t)total, 256), 256, 0, p->stream>>>(p->X, p->X_f32, total);
+    DSV4_LAUNCH_CHECK("mhc_cast_kernel");
+    float *mix = part + C; /* part[0..C) sums of squares, then [C, n_mix] projections */
+    const float one = 1.0f, zero = 0.0f;
+    if (cublasSetStream(p->cublas, p->stream) != CUBLAS_STATUS_SUCCESS)
+        return dsv4_error(DSV4_ERR_CUDA, "mhc_pre: cublasSetStream failed");
+    cublasStatus_t st = cublasSgemm(p->cublas, CUBLAS_OP_T, CUBLAS_OP_N, n_mix, C, nD, &one, p->fn, nD, p->X_f32, nD,
+                                    &zero, mix, n_mix);
+    if (st != CUBLAS_STATUS_SUCCESS) return dsv4_error(DSV4_ERR_CUDA, "mhc_pre: cublasSgemm failed (%d)", (int)st);
+    mhc_sumsq_kernel<<<C, MHC_THREADS, 0, p->stream>>>(p->X_f32, nD, part);
+    DSV4_LAUNCH_CHECK("mhc_sumsq_kernel");
+    mhc_finish_kernel<<<C, MHC_THREADS, 0, p->stream>>>(*p, n_mix, 0, part, mix);
+    DSV4_LAUNCH_CHECK("mhc_finish_kernel");
+    mhc_collapse_kernel<<<dsv4_ceil_div((int64_t)C * D, 256), 256, 0, p->stream>>>(p->X_f32, p->pre, n, D, C, p->x);
+    DSV4_LAUNCH_CHECK("mhc_collapse_kernel");
+    if (p->norm_w) {
+        mhc_norm_kernel<<<C, MHC_THREADS, 0, p->stream>>>(p->x, p->norm_w, D, p->norm_eps, p->xn);
+        DSV4_LAUNCH_CHECK("mhc_norm_kernel");
+    }
+    return 0;
+}
+
+int dsv4_opt_mhc_post(const dsv4_mhc_post_params *p)
+{
+    DSV4_CHECK(p != NULL, "mhc_post: params is NULL");
+    DSV4_CHECK(p->n_tok >= 1 && p->dim >= 1, "mhc_post: n_tok %d, dim %d", p->n_tok, p->dim);
+    if (p->n_streams < 1 || p->n_streams > MHC_MAX_N)
+        return dsv4_error(DSV4_ERR_UNSUPPORTED, "mhc_post: hc_mult %d unsupported (1..%d)", p->n_streams, MHC_MAX_N);
+    DSV4_CHECK(p->out && p->post && p->comb && p->X_out, "mhc_post: out, post, comb, X_out are NULL");
+    const int total = p->n_tok * p->dim, nb = dsv4_ceil_div(total, 256);
+    if (p->kernel == DSV4_MHC_KERNEL_ROUNDTRIP) {
+        DSV4_CHECK(p->X_f32, "mhc_post roundtrip: X_f32 is NULL");
+        mhc_post_kernel<float><<<nb, 256, 0, p->stream>>>(p->X_f32, p->out, p->post, p->comb, p->n_streams, p->dim,
+                                                          p->n_tok, p->X_out);
+    } else {
+        DSV4_CHECK(p->X && (const void *)p->X != (const void *)p->X_out, "mhc_post: X NULL or aliasing X_out");
+        mhc_post_kernel<uint16_t><<<nb, 256, 0, p->stream>>>(p->X, p->out, p->post, p->comb, p->n_streams, p->dim,
+                                                             p->n_tok, p->X_out);
+    }
+    DSV4_LAUNCH_CHECK("mhc_post_kernel");
+    return 0;
+}

@@ -1,0 +1,167 @@
+/* moe.cu - MoE routing, grouped routed experts and the shared expert's SwiGLU (model-spec §10, §3).
+ *
+ * Quiet traps (as reference/ref_moe.c):
+ * - The correction bias only SELECTS; the weights are the plain scores of the selected experts, normalised
+ *   (+1e-20) and times routed_scaling_factor. Hash layers select by tid2eid[token] and weight by the gate scores.
+ * - Top-k ties keep the lower expert id first (strictly-greater insertion, as dsv4_ref_topk); NaN ranks last.
+ * - SwiGLU clamps the gate from above only and the up projection on both sides, routed AND shared.
+ * - softplus uses torch's threshold (z > 20 -> z).
+ * Layout of the grouped kernels: one warp per output row; a warp's dot product is lane partials over bf16 pairs
+ * then a butterfly (fixed order), so results are bitwise deterministic.
+ */
+#include <math.h>
+
+#include "moe.cuh"
+#include "opt_common.cuh"
+
+enum { MOE_MAX_E = 1024, MOE_MAX_K = 16, MOE_WARPS = 8 };
+
+static __device__ __forceinline__ float moe_sqrtsoftplus(float z)
+{
+    float sp = z > 20.0f ? z : log1pf(expf(z));
+    return sqrtf(sp);
+}
+static __device__ __forceinline__ float moe_key(float s) { return s != s ? -INFINITY : s; }
+
+__global__ void moe_route_kernel(dsv4_moe_route_params p)
+{
+    __shared__ float s[MOE_MAX_E];
+    const int c = blockIdx.x, E = p.n_experts, k = p.k;
+    const float *lg = p.logits + (size_t)c * p.logit_stride;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) s[e] = moe_sqrtsoftplus(lg[e]);
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+    int32_t ids[MOE_MAX_K];
+    if (p.bias) {
+        float key[MOE_MAX_K];
+        int have = 0;
+        for (int e = 0; e < E; e++) {
+            float v = moe_key(s[e] + p.bias[e]);
+            if (have == k && !(v > key[k - 1])) continue;
+            int j = have < k ? have++ : k - 1;
+            while (j > 0 && v > key[j - 1]) {
+                ids[j] = ids[j - 1];
+                key[j] = key[j - 1];
+                j--;
+            }
+            ids[j] = e;
+            key[j] = v;
+        }
+    } else {
+        for (int j = 0; j < k; j++) ids[j] = p.tid2eid[(size_t)p.tokens[c] * k + j];
+    }
+    float sum = 0.0f, wv[MOE_MAX_K];
+    for (int j = 0; j < k; j++) {
+        wv[j] = s[ids[j]];
+        sum += wv[j];
+    }
+    for (int j = 0; j < k; j++) {
+        p.ids[(size_t)c * k + j] = ids[j];
+        p.weights[(size_t)c * k + j] = wv[j] / (sum + 1e-20f) * p.routed_scale;
+    }
+}
+
+/* Σ_i a[i]·x[i] over n (even) bf16 weights a and f32 x (shared memory), by one warp. */
+static __device__ __forceinline__ float moe_warp_dot(const uint16_t *__restrict__ a, const float *x, int n)
+{
+    const int lane = threadIdx.x & 31;
+    const uint32_t *a2 = reinterpret_cast<const uint32_t *>(a);
+    float acc = 0.0f;
+    for (int i = lane; i < n / 2; i += 32) {
+        uint32_t w = __ldg(a2 + i);
+        acc += dsv4_bf16_lo(w) * x[2 * i] + dsv4_bf16_hi(w) * x[2 * i + 1];
+    }
+    return dsv4_warp_sum(acc);
+}
+
+/* grid (ceil(I / MOE_WARPS), C·k): intermediate rows of one (token, expert) pair. */
+__global__ void __launch_bounds__(MOE_WARPS * 32) moe_up_kernel(dsv4_moe_experts_params p)
+{
+    extern __shared__ float xs[]; /* [D] */
+    const int pair = blockIdx.y, c = pair / p.k, D = p.dim, I = p.inter;
+    for (int i = threadIdx.x; i < D; i += blockDim.x) xs[i] = dsv4_bf16_bits_to_f32(p.x[(size_t)c * D + i]);
+    __syncthreads();
+    const int m = blockIdx.x * MOE_WARPS + (threadIdx.x >> 5);
+    if (m >= I) return;
+    const int e = p.ids[pair];
+    const uint16_t *w = p.w13 + (size_t)e * 2 * I * D;
+    float g = moe_warp_dot(w + (size_t)m * D, xs, D);
+    float u = moe_warp_dot(w + (size_t)(I + m) * D, xs, D);
+    if ((threadIdx.x & 31) != 0) return;
+    g = fminf(g, p.limit);
+    u = fminf(fmaxf(u, -p.limit), p.limit);
+    float h = g / (1.0f + expf(-g)) * u * p.weights[pair];
+    p.h[(size_t)pair * I + m] = dsv4_f32_to_bf16_bits(h);
+}
+
+/* grid (ceil(D / MOE_WARPS), C): output rows of one token, the k experts summed in order, then the shared one. */
+__global__ void __launch_bounds__(MOE_WARPS * 32) moe_down_kernel(dsv4_moe_experts_params p)
+{
+    extern __shared__ float hs[]; /* [k, I] */
+    const int c = blockIdx.y, D = p.dim, I = p.inter, k = p.k;
+    for (int i = threadIdx.x; i < k * I; i += blockDim.x) hs[i] = dsv4_bf16_bits_to_f32(p.h[(size_t)c * k * I + i]);
+    __syncthreads();
+    const int row = blockIdx.x * MOE_WARPS + (threadIdx.x >> 5);
+    if (row >= D) return;
+    float acc = 0.0f;
+    for (int j = 0; j < k; j++) {
+        const int e = p.ids[(size_t)c * k + j];
+        acc += moe_warp_dot(p.w2 + ((size_t)e * D + row) * I, hs + (size_t)j * I, I);
+    }
+    if ((threadIdx.x & 31) != 0) return;
+    if (p.shared) acc = acc + p.shared[(size_t)c * p.shared_stride + row];
+    p.out[(size_t)c * D + row] = acc;
+}
+
+__global__ void swiglu_kernel(dsv4_swiglu_params p)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= p.n_tok * p.inter) return;
+    int c = i / p.inter, m = i % p.inter;
+    const float *gu = p.gu + (size_t)c * p.gu_stride;
+    float g = fminf(gu[p.g_off + m], p.limit);
+    float u = fminf(fmaxf(gu[p.u_off + m], -p.limit), p.limit);
+    p.h[i] = dsv4_f32_to_bf16_bits(g / (1.0f + expf(-g)) * u);
+}
+
+int dsv4_opt_moe_route(const dsv4_moe_route_params *p)
+{
+    DSV4_CHECK(p != NULL, "moe_route: params is NULL");
+    if (p->n_experts < 1 || p->n_experts > MOE_MAX_E || p->k < 1 || p->k > MOE_MAX_K || p->k > p->n_experts)
+        return dsv4_error(DSV4_ERR_UNSUPPORTED, "moe_route: %d experts, k %d unsupported", p->n_experts, p->k);
+    DSV4_CHECK(p->n_tok >= 1 && p->logits && p->ids && p->weights, "moe_route: n_tok %d or NULL buffers", p->n_tok);
+    DSV4_CHECK(p->bias || (p->tid2eid && p->tokens), "moe_route: hash routing needs tid2eid and tokens");
+    moe_route_kernel<<<p->n_tok, 128, 0, p->stream>>>(*p);
+    DSV4_LAUNCH_CHECK("moe_route_kernel");
+    return 0;
+}
+
+int dsv4_opt_moe_experts(const dsv4_moe_experts_params *p)
+{
+    DSV4_CHECK(p != NULL, "moe_experts: params is NULL");
+    DSV4_CHECK(p->n_tok >= 1 && p->k >= 1 && p->dim >= 2 && p->inter >= 2 && p->dim % 2 == 0 && p->inter % 2 == 0,
+               "moe_experts: n_tok %d, k %d, dim %d, inter %d (dim and inter even)", p->n_tok, p->k, p->dim, p->inter);
+    DSV4_CHECK(p->x && p->ids && p->weights && p->w13 && p->w2 && p->h && p->out, "moe_experts: NULL buffer");
+    const size_t up_smem = (size_t)p->dim * sizeof(float), down_smem = (size_t)p->k * p->inter * sizeof(float);
+    if (up_smem > 48 * 1024 || down_smem > 96 * 1024)
+        return dsv4_error(DSV4_ERR_UNSUPPORTED, "moe_experts: dim %d / k·inter %d too large for shared memory",
+                          p->dim, p->k * p->inter);
+    if (down_smem > 48 * 1024)
+        DSV4_CUDA_CHECK(cudaFuncSetAttribute(moe_down_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             (int)down_smem));
+    dim3 gu(dsv4_ceil_div(p->inter, MOE_WARPS), p->n_tok * p->k);
+    moe_up_kernel<<<gu, MOE_WARPS * 32, up_smem, p->stream>>>(*p);
+    DSV4_LAUNCH_CHECK("moe_up_kernel");
+    dim3 gd(dsv4_ceil_div(p->dim, MOE_WARPS), p->n_tok);
+    moe_down_kernel<<<gd, MOE_WARPS * 32, down_smem, p->stream>>>(*p);
+    DSV4_LAUNCH_CHECK("moe_down_kernel");
+    return 0;
+}
+
+int dsv4_opt_swiglu(const dsv4_swiglu_params *p)
+{
+    DSV4_CHECK(p != NULL && p->n_tok >= 1 && p->inter >= 1 && p->gu && p->h, "swiglu: bad params");
+    swiglu_kernel<<<dsv4_ceil_div((int64_t)p->n_tok * p->inter, 256), 256, 0, p->stream>>>(*p);
+    DSV4_LAUNCH_CHECK("swiglu_kernel");
+    return 0;
+}

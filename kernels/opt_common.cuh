@@ -1,0 +1,98 @@
+/* opt_common.cuh - device helpers shared by the optimized path's own kernel families (mhc, compressor, moe,
+ * elementwise, step): fixed-order block reductions, activation loads, and the FP8 e4m3 simulation of the KV nope
+ * channels (model-spec §3 act_quant, block 64, ue8m0 scales).
+ *
+ * Quiet traps:
+ *  - The reductions are a butterfly inside each warp and then warp 0 over the warp sums: the order depends only on
+ *    blockDim, so results are bitwise identical run to run (no atomics).
+ *  - dsv4_block_sum ends with a __syncthreads: every thread of the block must call it (no early returns before).
+ *  - ue8m0 scale s = 2^ceil(log2(amax/448)) with amax floored at 1e-4; q = e4m3(clamp(x/s, ±448)) round to
+ *    nearest even; the stored value is q·s, which a bf16 holds exactly (3 mantissa bits, exponent in range).
+ */
+#ifndef DSV4_KERNELS_OPT_COMMON_CUH
+#define DSV4_KERNELS_OPT_COMMON_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "common.cuh"
+
+static __device__ __forceinline__ float dsv4_warp_sum(float v)
+{
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+static __device__ __forceinline__ float dsv4_warp_max(float v)
+{
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* Sum of v over the block (blockDim.x a multiple of 32, <= 1024); every thread gets the result. */
+static __device__ __forceinline__ float dsv4_block_sum(float v)
+{
+    __shared__ float part[32];
+    __shared__ float total;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = dsv4_warp_sum(v);
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        float s = lane < nw ? part[lane] : 0.0f;
+        s = dsv4_warp_sum(s);
+        if (lane == 0) total = s;
+    }
+    __syncthreads();
+    float r = total;
+    __syncthreads();
+    return r;
+}
+
+static __device__ __forceinline__ float dsv4_bf16_bits_to_f32(uint16_t b)
+{
+    return __uint_as_float((uint32_t)b << 16);
+}
+static __device__ __forceinline__ uint16_t dsv4_f32_to_bf16_bits(float f)
+{
+    __nv_bfloat16 h = __float2bfloat16_rn(f);
+    return *reinterpret_cast<uint16_t *>(&h);
+}
+
+/* x quantised to e4m3 with the ue8m0 scale of its block (amax = max |x| over the block) and dequantised. */
+static __device__ __forceinline__ float dsv4_fp8_e4m3_sim(float x, float amax)
+{
+    float a = fmaxf(amax, 1e-4f);
+    float s = exp2f(ceilf(log2f(a / 448.0f)));
+    float v = fminf(fmaxf(x / s, -448.0f), 448.0f);
+    __nv_fp8_storage_t q = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
+    __half_raw hr = __nv_cvt_fp8_to_halfraw(q, __NV_E4M3);
+    return __half2float(__half(hr)) * s;
+}
+
+/* In place on the first n_nope values of v [dim] in shared memory: FP8 simulation per block of 64 channels (the
+ * last block may be partial). Call with all threads; ends with a __syncthreads. */
+static __device__ __forceinline__ void dsv4_fp8_nope_sim_smem(float *v, int n_nope)
+{
+    __shared__ float amax[64]; /* n_nope <= 4096 */
+    const int nb = (n_nope + 63) / 64;
+    for (int b = threadIdx.x; b < nb; b += blockDim.x) {
+        float a = 0.0f;
+        for (int i = b * 64; i < n_nope && i < b * 64 + 64; i++) a = fmaxf(a, fabsf(v[i]));
+        amax[b] = a;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < n_nope; i += blockDim.x) v[i] = dsv4_fp8_e4m3_sim(v[i], amax[i / 64]);
+    __syncthreads();
+}
+
+/* cos/sin of pos·θ_i: the angle formed in fp32 like the reference, the functions in double. */
+static __device__ __forceinline__ void dsv4_rope_cos_sin(float inv_freq, int64_t pos, float *c, float *s)
+{
+    float a = inv_freq * (float)pos;
+    *c = (float)cos((double)a);
+    *s = (float)sin((double)a);
+}
+
+#endif /* DSV4_KERNELS_OPT_COMMON_CUH */

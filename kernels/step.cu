@@ -1,0 +1,68 @@
+/* step.cu - device-side bookkeeping of one decode step: ring slots, live entry counts, RoPE tables, gather lists.
+ *
+ * Quiet traps:
+ * - The ring slot of position p is p mod W, written BEFORE the attention of p (the window includes the current
+ *   token; the slot it overwrites held p - W, which is no longer in the window).
+ * - Entry w is visible iff w < (p+1) div r (a window closing at p is already visible to p).
+ */
+#include "opt_common.cuh"
+#include "step.cuh"
+
+__global__ void step_setup_kernel(dsv4_step_setup_params p)
+{
+    const int c = blockIdx.x;
+    const int64_t pos = p.pos[c];
+    const int act = p.active[c];
+    if (threadIdx.x == 0) {
+        p.ring_slot[c] = act ? (int32_t)(pos % p.window) : -1;
+        p.live_csa[c] = act && p.ratio_csa > 0 ? (int32_t)((pos + 1) / p.ratio_csa) : 0;
+        p.live_hca[c] = act && p.ratio_hca > 0 ? (int32_t)((pos + 1) / p.ratio_hca) : 0;
+    }
+    for (int i = threadIdx.x; i < p.rope_pairs; i += blockDim.x) {
+        size_t o = (size_t)c * p.rope_pairs + i;
+        dsv4_rope_cos_sin(p.inv_main[i], pos, &p.cos_main[o], &p.sin_main[o]);
+        dsv4_rope_cos_sin(p.inv_cmp[i], pos, &p.cos_cmp[o], &p.sin_cmp[o]);
+    }
+}
+
+__global__ void step_index_kernel(dsv4_step_index_params p)
+{
+    const int c = blockIdx.x, W = p.window, n_idx = W + p.n_extra;
+    const int64_t pos = p.pos[c];
+    int32_t *out = p.idx + (size_t)c * n_idx;
+    for (int j = threadIdx.x; j < n_idx; j += blockDim.x) {
+        int32_t v;
+        if (j < W) {
+            int64_t t = pos - (W - 1) + j;
+            v = t >= 0 ? (int32_t)(t % W) : -1;
+        } else if (p.kind == DSV4_STEP_INDEX_CSA) {
+            int32_t w = p.topk[(size_t)c * p.n_extra + (j - W)];
+            v = w >= 0 ? W + w : -1;
+        } else {
+            int w = j - W;
+            v = w < p.live[c] ? W + w : -1;
+        }
+        out[j] = v;
+    }
+}
+
+int dsv4_opt_step_setup(const dsv4_step_setup_params *p)
+{
+    DSV4_CHECK(p && p->n_seq >= 1 && p->window >= 1 && p->pos && p->active && p->ring_slot && p->live_csa &&
+               p->live_hca, "step_setup: bad params");
+    DSV4_CHECK(p->rope_pairs == 0 || (p->inv_main && p->inv_cmp && p->cos_main && p->sin_main && p->cos_cmp &&
+               p->sin_cmp), "step_setup: rope tables are NULL");
+    step_setup_kernel<<<p->n_seq, 64, 0, p->stream>>>(*p);
+    DSV4_LAUNCH_CHECK("step_setup_kernel");
+    return 0;
+}
+
+int dsv4_opt_step_index(const dsv4_step_index_params *p)
+{
+    DSV4_CHECK(p && p->n_seq >= 1 && p->window >= 1 && p->n_extra >= 0 && p->pos && p->idx, "step_index: bad params");
+    DSV4_CHECK(p->kind == DSV4_STEP_INDEX_WINDOW || (p->kind == DSV4_STEP_INDEX_CSA && p->topk) ||
+               (p->kind == DSV4_STEP_INDEX_HCA && p->live), "step_index: kind %d without its input", (int)p->kind);
+    step_index_kernel<<<p->n_seq, 128, 0, p->stream>>>(*p);
+    DSV4_LAUNCH_CHECK("step_index_kernel");
+    return 0;
+}

@@ -1,0 +1,158 @@
+/* opt_internal.h - internals of the optimized path shared by its host files (opt_model.c: options, weights,
+ * caches, scratch, init/free; opt_step.c: the decode step, its CUDA graphs and the probes).
+ *
+ * Ownership: three device arenas, one per lifetime (style rule 9): weights (read-only after init), state (the
+ * per-sequence caches), scratch (the step's work buffers, sized for C tokens). Every view below points into one
+ * of them; opt_free releases the three. All cudaMalloc calls go through opt_dev_alloc (counted).
+ *
+ * Invariants that fail quietly:
+ * - The attention KV buffer of a layer and sequence is [W + pool_cap, d] bf16: rows 0..W-1 the window ring
+ *   (slot = pos mod W), rows W + w the compressed entries (OFF's kv_cache layout, model-spec §9).
+ * - The fused x-projection of a layer: one GEMM of the normed attention input against the rows
+ *   [wq_a | wkv | cmp_wkv | cmp_wgate | idx_wkv | idx_wgate | idx_wproj] (absent parts have 0 rows); the fused
+ *   ffn projection: [gate | sh_w1 | sh_w3]. Consumers read their columns at the recorded offsets.
+ * - Host positions are the truth: the device pos[] is uploaded from them at every step (also inside a graph,
+ *   through a pinned staging buffer the graph's copy node reads when it runs).
+ */
+#ifndef DSV4_OPT_INTERNAL_H
+#define DSV4_OPT_INTERNAL_H
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+
+#include "dsv4/dsv4_opt.h"
+
+#define DSV4_OPT_CUDA(call)                                                                                      \
+    do {                                                                                                         \
+        cudaError_t e_ = (call);                                                                                 \
+        if (e_ != cudaSuccess)                                                                                   \
+            return dsv4_error(DSV4_ERR_CUDA, "%s: %s (%s:%d)", #call, cudaGetErrorString(e_), __FILE__, __LINE__); \
+    } while (0)
+#define DSV4_OPT_CUBLAS(call)                                                                                    \
+    do {                                                                                                         \
+        cublasStatus_t s_ = (call);                                                                              \
+        if (s_ != CUBLAS_STATUS_SUCCESS)                                                                         \
+            return dsv4_error(DSV4_ERR_CUDA, "%s: cuBLAS status %d (%s:%d)", #call, (int)s_, __FILE__, __LINE__);  \
+    } while (0)
+#define DSV4_OPT_TRY(expr)                                                                                       \
+    do {                                                                                                         \
+        int rc_ = (expr);                                                                                        \
+        if (rc_) return rc_;                                                                                     \
+    } while (0)
+
+typedef struct opt_layer {
+    dsv4_attn_type attn;
+    dsv4_mlp_type mlp;
+    int ratio;                       /* 0 sliding, else compress ratio */
+    /* f32 */
+    float *hc_attn_fn, *hc_attn_base, *hc_attn_scale; /* [24, n·D], [24], [3] */
+    float *hc_ffn_fn, *hc_ffn_base, *hc_ffn_scale;
+    float *attn_norm, *ffn_norm;     /* [D] */
+    float *q_norm;                   /* [q_r] */
+    float *kv_norm;                  /* [d] */
+    float *sinks;                    /* [H] */
+    float *cmp_ape, *cmp_norm;       /* [r, width], [d] */
+    float *idx_ape, *idx_norm;       /* [r, 2·d_I], [d_I] */
+    float *gate_bias;                /* [E] (learned) or NULL */
+    int32_t *tid2eid;                /* [V, k] (hash) or NULL */
+    /* bf16 */
+    uint16_t *w_x;                   /* [n_x, D] fused x-projection */
+    int n_x, off_qa, off_kv, off_ckv, off_cg, off_ikv, off_ig, off_iw;
+    uint16_t *wq_b;                  /* [H·d, q_r] */
+    uint16_t *idx_wq_b;              /* [H_I·d_I, q_r] */
+    uint16_t *wo_a;                  /* [G·o_r, H·d/G] */
+    uint16_t *wo_b;                  /* [D, G·o_r] */
+    uint16_t *w_f;                   /* [E + 2I, D] fused ffn projection: gate | sh_w1 | sh_w3 */
+    uint16_t *w13;                   /* [E][2I, D] */
+    uint16_t *w2;                    /* [E][D, I] */
+    uint16_t *sh_w2;                 /* [D, I] */
+    /* state (per sequence, C of each) */
+    uint16_t *kvc;                   /* [C][W + pool_cap, d] */
+    int pool_cap;                    /* max_context / r entries (>= 1), 0 sliding */
+    float *cmp_kv, *cmp_score;       /* [C][rows, width] */
+    uint16_t *ipool;                 /* [C][pool_cap, d_I] (csa) */
+    float *icmp_kv, *icmp_score;     /* [C][2r, 2·d_I] */
+} opt_layer;
+
+typedef struct opt_graph {
+    int key_csa, key_hca;            /* the step's work sizes the graph was captured with */
+    cudaGraphExec_t exec;
+} opt_graph;
+enum { OPT_MAX_GRAPHS = 64 };
+
+struct dsv4_opt {
+    dsv4_opt_options opt;
+    dsv4_config cfg;
+    int C, D, n, V, H, d, qr, HI, dI, E, K, NI, W, G, o_r, np, topk;
+    char producer[192];
+    opt_layer *layers;               /* [L] host array of views */
+    /* arenas */
+    void *w_mem, *s_mem, *x_mem;
+    size_t w_bytes, s_bytes, x_bytes;
+    /* global weights */
+    uint16_t *embed, *head;          /* [V, D] bf16 (head may alias embed when tied) */
+    float *norm;                     /* [D] */
+    float *hc_head_fn, *hc_head_base, *hc_head_scale;
+    float *inv_main, *inv_cmp;       /* [np] */
+    /* step inputs: device and pinned host staging */
+    int32_t *d_in;                   /* [3, C]: tokens, pos, active */
+    int32_t *h_in;                   /* pinned [3, C] */
+    int32_t *h_next;                 /* pinned [C] */
+    int *pos;                        /* [C] host positions (truth) */
+    /* scratch views (C rows each) */
+    uint16_t *X, *X2;                /* [C, n, D] */
+    float *Xf;                       /* [C, n, D] roundtrip copy */
+    float *pre, *post, *comb;        /* [C, n], [C, n], [C, n, n] */
+    float *xa;                       /* [C, D] */
+    uint16_t *xn;                    /* [C, D] */
+    float *proj;                     /* [C, n_x_max] */
+    int n_x_max;
+    uint16_t *qr_b;                  /* [C, q_r] */
+    float *qfull;                    /* [C, max(H·d, H_I·d_I)] */
+    uint16_t *q, *qI;                /* [C, H·d], [C, H_I·d_I] */
+    float *wI;                       /* [C, H_I] */
+    float *kvf;                      /* [C, d] probe copy of the window KV */
+    float *iscore;                   /* [C, pool_cap_csa] */
+    int pool_cap_csa, pool_cap_hca;
+    int32_t *topk_ids;               /* [C, topk] */
+    int32_t *idx;                    /* [C, W + max extra] */
+    uint16_t *o;                     /* [C, H·d] */
+    uint16_t *z;                     /* [C, G·o_r] */
+    float *aout, *fout;              /* [C, D] */
+    float *fproj;                    /* [C, E + 2I] */
+    int32_t *rids;                   /* [C, k] */
+    float *rw;                       /* [C, k] */
+    uint16_t *h_sh, *h_r;            /* [C, I], [C, k, I] */
+    float *y_sh;                     /* [C, D] */
+    float *logits;                   /* [C, V] */
+    int32_t *next;                   /* [C] */
+    int32_t *ring_slot, *live_csa, *live_hca; /* [C] */
+    float *cos_m, *sin_m, *cos_c, *sin_c;     /* [C, np] */
+    void *ws;                        /* shared workspace of the kernels (mHC, attention, indexer, top-k) */
+    size_t ws_bytes;
+    void *cublas_ws;
+    size_t cublas_ws_bytes;
+    /* runtime */
+    cudaStream_t stream;
+    cublasHandle_t cublas;
+    opt_graph graphs[OPT_MAX_GRAPHS];
+    int n_graphs;
+    /* probing state of the current step */
+    dsv4_probe_sink *probe;
+    float *h_probe;                  /* pinned host staging for probe rows */
+    size_t h_probe_floats;
+};
+
+/* Counted cudaMalloc (style rule 10). */
+int opt_dev_alloc(void **p, size_t bytes, const char *what);
+
+/* y [S, n_out] (f32 or bf16 by y_f32) = x [S, n_in] bf16 (row stride ldx) · W [n_out, n_in]ᵀ bf16; ldy = row
+ * stride of y. fp32 accumulation (CUBLAS_COMPUTE_32F). */
+int opt_gemm(dsv4_opt *o, void *y, int y_f32, int ldy, const uint16_t *x, int ldx, const uint16_t *W, int n_out,
+             int n_in, int S);
+
+/* Work sizes of a step for the sequences active in it: CSA indexer/top-k entries and HCA extra gather entries. */
+void opt_step_sizes(const dsv4_opt *o, const uint8_t *active, int *n_csa, int *n_hca);
+
+#endif /* DSV4_OPT_INTERNAL_H */
