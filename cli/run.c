@@ -1,4 +1,4 @@
-/* run.c - `dsv4 run`: run a path (ref-cpu, ref-gpu) over a prompt and its decode steps, forced or greedy, and
+/* run.c - `dsv4 run`: run a path (ref-cpu, ref-gpu, opt) over a prompt and its decode steps, forced or greedy, and
  * write the probes to an HDF5 dump (dump-format.md).
  *
  * Tokens come from a golden dump (--tokens-from: /tokens, prompt_len, n_decode, mode and /positions, so the
@@ -6,6 +6,8 @@
  * greedy decoding). The prompt is one prefill by default; --decode-from K prefills 0..K-1 and feeds every
  * later position as a one-token decode step (K = 0: token by token from position 0). Greedy feeds the argmax
  * of the previous position's logits (ties -> lowest id).
+ * The optimized path (--path opt) feeds the prompt as one-token steps (exact: the same state machine) and can
+ * run a batch of C copies of the sequence, copy c starting c steps later, dumping the copy --dump-seq.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
@@ -18,18 +20,23 @@
 #include "commands.h"
 #include "dsv4/dsv4.h"
 #include "dsv4/dsv4_dump.h"
+#include "dsv4/dsv4_opt.h"
 #include "dsv4/dsv4_ref.h"
 
 static void run_usage(FILE *f)
 {
     fprintf(f,
-            "usage: dsv4 run --model DIR [--path ref-cpu|ref-gpu] (--tokens-from GOLDEN.h5 | --prompt-tokens FILE)\n"
+            "usage: dsv4 run --model DIR [--path ref-cpu|ref-gpu|opt] (--tokens-from GOLDEN.h5 | --prompt-tokens FILE)\n"
             "                [--decode N] [--greedy | --forced] [--decode-from K]\n"
-            "                [--dump-positions LIST|all|decode] [--dump OUT.h5]\n\n"
+            "                [--dump-positions LIST|all|decode] [--dump OUT.h5]\n"
+            "                [--attn mma|simt] [--indexer bf16|fp32] [--mhc castfree|roundtrip]\n"
+            "                [--index-context live|max] [--kv bf16|fp8] [--max-context N] [--batch C]\n"
+            "                [--dump-seq I] [--graph on|off]\n\n"
             "Runs the model over a prompt (one prefill) and N one-token decode steps, and writes every probe of\n"
             "dump-format.md for the chosen positions to OUT.h5.\n\n"
             "  --model DIR            model folder: config.json + *.safetensors\n"
-            "  --path P               ref-cpu (fp32 CPU reference, default) or ref-gpu (fp32 GPU reference)\n"
+            "  --path P               ref-cpu (fp32 CPU reference, default), ref-gpu (fp32 GPU reference) or opt\n"
+            "                         (optimized CUDA path, bf16; the prompt runs as one-token steps)\n"
             "  --tokens-from G.h5     take /tokens, prompt_len, n_decode, mode and /positions from a dump\n"
             "  --prompt-tokens FILE   prompt token ids, whitespace separated (decoding is greedy)\n"
             "  --decode N             decode steps after the prompt (default: the dump's n_decode, else 0)\n"
@@ -41,7 +48,13 @@ static void run_usage(FILE *f)
             "                         'decode' (the last prompt position and every decode position), e.g.\n"
             "                         0,3,10-20,decode;\n"
             "                         default: the dump's /positions with --tokens-from, else all\n"
-            "  --dump OUT.h5          write the dump (written to a temporary name, renamed when complete)\n\n"
+            "  --dump OUT.h5          write the dump (written to a temporary name, renamed when complete)\n"
+            "opt only (first value = default; the second is the naive variant of design.md):\n"
+            "  --attn, --indexer, --mhc, --index-context, --kv   the switches, e.g. --mhc roundtrip\n"
+            "  --max-context N        positions the caches are allocated for (default: the run's tokens)\n"
+            "  --batch C              decode C copies together, copy c starting c steps later (default 1)\n"
+            "  --dump-seq I           the copy whose probes are dumped (default 0)\n"
+            "  --graph on|off         replay the decode step as a CUDA graph (default on)\n\n"
             "The dump's prompt_len is the prompt length whatever --decode-from says (its root attribute\n"
             "'prefill_len' records K), so dumps of one prompt line up. A progress line (tokens/s, ETA) goes to\n"
             "stderr on runs longer than a few seconds. Exit status: 0 ok, 1 the run failed, 2 bad usage or\n"
@@ -179,6 +192,8 @@ static void progress_update(run_progress *pr, int done, int total)
 typedef struct run_args {
     const char *model, *path, *tokens_from, *prompt_tokens, *positions, *dump;
     int decode, greedy, forced, decode_from;
+    dsv4_opt_options opt; /* --path opt */
+    int max_context;      /* 0: the run's length */
 } run_args;
 
 static int parse_args(int argc, char **argv, run_args *a)
@@ -187,6 +202,8 @@ static int parse_args(int argc, char **argv, run_args *a)
     a->path = "ref-cpu";
     a->decode = -1;
     a->decode_from = -1;
+    dsv4_opt_options_default(&a->opt);
+    a->max_context = 0;
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -205,6 +222,27 @@ static int parse_args(int argc, char **argv, run_args *a)
         else if (!strcmp(o, "--dump")) TAKE(dump);
         else if (!strcmp(o, "--greedy")) a->greedy = 1;
         else if (!strcmp(o, "--forced")) a->forced = 1;
+        else if (!strcmp(o, "--attn") || !strcmp(o, "--indexer") || !strcmp(o, "--mhc") ||
+                 !strcmp(o, "--index-context") || !strcmp(o, "--kv")) {
+            if (!v) return dsv4_error(DSV4_ERR_USAGE, "%s needs a value", o);
+            int rc = dsv4_opt_options_set(&a->opt, o + 2, v);
+            if (rc) return rc;
+            i++;
+        } else if (!strcmp(o, "--graph")) {
+            if (!v || (strcmp(v, "on") && strcmp(v, "off")))
+                return dsv4_error(DSV4_ERR_USAGE, "--graph: want on or off");
+            a->opt.cuda_graph = !strcmp(v, "on");
+            i++;
+        } else if (!strcmp(o, "--max-context") || !strcmp(o, "--batch") || !strcmp(o, "--dump-seq")) {
+            char *end;
+            if (!v) return dsv4_error(DSV4_ERR_USAGE, "%s needs a value", o);
+            long n = strtol(v, &end, 10);
+            if (*end || n < 0 || n > (1 << 20)) return dsv4_error(DSV4_ERR_USAGE, "%s: '%s' is not a count", o, v);
+            if (!strcmp(o, "--max-context")) a->max_context = (int)n;
+            else if (!strcmp(o, "--batch")) a->opt.n_seq = (int)n;
+            else a->opt.dump_seq = (int)n;
+            i++;
+        }
         else if (!strcmp(o, "--decode") || !strcmp(o, "--decode-from")) {
             char *end;
             if (!v) return dsv4_error(DSV4_ERR_USAGE, "%s needs a value", o);
@@ -221,8 +259,11 @@ static int parse_args(int argc, char **argv, run_args *a)
     if (!!a->tokens_from == !!a->prompt_tokens)
         return dsv4_error(DSV4_ERR_USAGE, "give exactly one of --tokens-from and --prompt-tokens");
     if (a->greedy && a->forced) return dsv4_error(DSV4_ERR_USAGE, "--greedy and --forced exclude each other");
-    if (strcmp(a->path, "ref-cpu") && strcmp(a->path, "ref-gpu"))
-        return dsv4_error(DSV4_ERR_USAGE, "--path '%s': want ref-cpu or ref-gpu", a->path);
+    if (strcmp(a->path, "ref-cpu") && strcmp(a->path, "ref-gpu") && strcmp(a->path, "opt"))
+        return dsv4_error(DSV4_ERR_USAGE, "--path '%s': want ref-cpu, ref-gpu or opt", a->path);
+    if (a->opt.n_seq < 1 || a->opt.dump_seq >= a->opt.n_seq)
+        return dsv4_error(DSV4_ERR_USAGE, "--batch %d / --dump-seq %d: want 0 <= dump-seq < batch", a->opt.n_seq,
+                          a->opt.dump_seq);
     return 0;
 }
 
@@ -298,6 +339,37 @@ fail:
     return rc;
 }
 
+/* --path opt: C copies of the sequence, copy c fed position s - c at global step s (so the copies have different
+ * lengths at every step); a greedy copy feeds its own argmax. pl->tokens receives the dumped copy's tokens. */
+static int run_opt_steps(dsv4_opt *op, const dsv4_opt_options *oo, run_plan *pl, dsv4_probe_sink *sink,
+                         run_progress *pr)
+{
+    const int C = oo->n_seq, T = pl->T, n_steps = T + C - 1;
+    int32_t *tok = malloc((size_t)C * T * sizeof *tok), *in = malloc((size_t)C * sizeof *in);
+    int32_t *next = malloc((size_t)C * sizeof *next);
+    uint8_t *act = malloc((size_t)C);
+    int rc = tok && in && next && act ? 0 : dsv4_error(DSV4_ERR_NOMEM, "out of memory");
+    for (int c = 0; !rc && c < C; c++) memcpy(tok + (size_t)c * T, pl->tokens, (size_t)T * sizeof *tok);
+    for (int s = 0; !rc && s < n_steps; s++) {
+        for (int c = 0; c < C; c++) {
+            int p = s - c;
+            act[c] = p >= 0 && p < T;
+            in[c] = 0;
+            if (!act[c]) continue;
+            if (tok[(size_t)c * T + p] < 0) tok[(size_t)c * T + p] = next[c]; /* greedy: p >= P >= 1 */
+            in[c] = tok[(size_t)c * T + p];
+        }
+        rc = dsv4_opt_step(op, in, act, sink, NULL, next);
+        progress_update(pr, s + 1, n_steps);
+    }
+    if (!rc) memcpy(pl->tokens, tok + (size_t)oo->dump_seq * T, (size_t)T * sizeof *tok);
+    free(tok);
+    free(in);
+    free(next);
+    free(act);
+    return rc;
+}
+
 static int exit_code(int rc) { return rc == DSV4_ERR_USAGE || rc == DSV4_ERR_IO || rc == DSV4_ERR_FORMAT ||
                                       rc == DSV4_ERR_CONFIG || rc == DSV4_ERR_MISSING || rc == DSV4_ERR_SHAPE ||
                                       rc == DSV4_ERR_UNSUPPORTED ? 2 : 1; }
@@ -317,6 +389,7 @@ int dsv4_cmd_run(int argc, char **argv)
     run_plan pl;
     dsv4_model *m = NULL;
     dsv4_ref *ref = NULL;
+    dsv4_opt *op = NULL;
     dsv4_dump_writer *w = NULL;
     dsv4_probe_sink *sink = NULL;
     int32_t *positions = NULL;
@@ -328,12 +401,18 @@ int dsv4_cmd_run(int argc, char **argv)
     }
     int K = a.decode_from >= 0 ? a.decode_from : pl.P;
     if (K > pl.P) K = pl.P;
+    const int use_opt = !strcmp(a.path, "opt");
+    if (use_opt) K = 0; /* the optimized path feeds the prompt as one-token steps */
 
     if ((rc = dsv4_model_open(a.model, &m))) goto out;
     const dsv4_config *cfg = dsv4_model_config(m);
-    if (!strcmp(a.path, "ref-cpu")) rc = dsv4_ref_cpu_init(m, pl.T, &ref);
+    if (use_opt) {
+        a.opt.max_context = a.max_context > 0 ? a.max_context : pl.T;
+        rc = dsv4_opt_init(m, &a.opt, &op);
+    } else if (!strcmp(a.path, "ref-cpu")) rc = dsv4_ref_cpu_init(m, pl.T, &ref);
     else rc = dsv4_ref_gpu_init(m, pl.T, &ref);
     if (rc) goto out;
+    const char *producer = op ? dsv4_opt_producer(op) : dsv4_ref_producer(ref);
 
     if (a.positions) rc = parse_positions(a.positions, pl.T, pl.P, &positions, &n_pos);
     else if (pl.gold_pos) {
@@ -348,7 +427,7 @@ int dsv4_cmd_run(int argc, char **argv)
         char digest[65];
         if ((rc = dsv4_model_weights_digest(m, digest))) goto out;
         dsv4_dump_meta meta = {
-            .producer = dsv4_ref_producer(ref),
+            .producer = producer,
             .config_json = dsv4_model_config_json(m),
             .weights_digest = digest,
             .prompt_len = pl.P,
@@ -376,16 +455,18 @@ int dsv4_cmd_run(int argc, char **argv)
     double t_dec0 = now_s();
     pr.last = t_dec0;
     pr.last_done = K;
-    for (int p = K; p < pl.T; p++) {
+    if (op) rc = run_opt_steps(op, &a.opt, &pl, sink, &pr);
+    for (int p = K; !op && p < pl.T; p++) {
         if (pl.tokens[p] < 0) pl.tokens[p] = argmax_lowest(logits, cfg->vocab_size); /* greedy: p >= P >= 1 */
         if ((rc = dsv4_ref_decode(ref, pl.tokens[p], sink, logits))) goto out;
         progress_update(&pr, p + 1, pl.T);
     }
+    if (rc) goto out;
     double t_dec = now_s() - t_dec0;
     if (pr.shown && pr.tty) fputc('\n', stderr);
 
     if (w) {
-        if ((rc = dsv4_ref_dump_entries(ref, sink))) goto out;
+        if ((rc = op ? dsv4_opt_dump_entries(op, sink) : dsv4_ref_dump_entries(ref, sink))) goto out;
         if (pl.greedy && (rc = dsv4_dump_writer_set_tokens(w, pl.tokens, pl.T))) goto out;
         dsv4_probe_sink_free(sink);
         sink = NULL;
@@ -396,7 +477,7 @@ int dsv4_cmd_run(int argc, char **argv)
     int n_steps = pl.T - K;
     printf("dsv4 run: %s, %d prompt tokens (prefill %d in %.3f s), %d decode steps in %.3f s (%.2f tokens/s), "
            "mode %s\n",
-           dsv4_ref_producer(ref), pl.P, K, t_pre, n_steps, t_dec, n_steps > 0 ? n_steps / t_dec : 0.0,
+           producer, pl.P, K, t_pre, n_steps, t_dec, n_steps > 0 ? n_steps / t_dec : 0.0,
            pl.greedy ? "greedy" : "forced");
     if (pl.T > pl.P) {
         printf("tokens after the prompt:");
@@ -409,6 +490,7 @@ out:
     dsv4_probe_sink_free(sink);
     dsv4_dump_writer_abort(w);
     dsv4_ref_free(ref);
+    dsv4_opt_free(op);
     dsv4_model_free(m);
     free(logits);
     free(positions);
