@@ -551,7 +551,10 @@ static void add_attn_tests(TCase *tc)
 int main(void)
 {
     dsv4_test_require_gpu();
-    ck_assert_int_eq(dsv4_ref_gpu_blas_init(&blas), 0);
+    if (dsv4_ref_gpu_blas_init(&blas)) {
+        fprintf(stderr, "test_ref_gpu_ops: %s\n", dsv4_last_error());
+        return 1;
+    }
     Suite *s = suite_create("ref_gpu_ops");
     TCase *tc = tcase_create("core");
     tcase_set_timeout(tc, 600);
