@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "model/internal.h"
 
@@ -469,6 +470,8 @@ done:
 int dsv4_file_read_text(const char *path, char **out, size_t *len_out)
 {
     *out = NULL;
+    struct stat st; /* a FIFO or a device would block or never end: only regular files are read */
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) return dsv4_error(DSV4_ERR_IO, "%s: not a regular file", path);
     FILE *f = fopen(path, "rb");
     if (!f) return dsv4_error(DSV4_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     char *buf = NULL;

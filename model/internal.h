@@ -35,11 +35,15 @@ typedef struct dsv4_st_file {
     size_t data_size;       /* bytes after the header */
     dsv4_st_entry *entries; /* [n] owned */
     int n;
+    int mapped;             /* 1: map is our mmap (unmapped by dsv4_st_free); 0: borrowed (dsv4_st_parse) */
 } dsv4_st_file;
 
 /* Open and validate `path`: header length, JSON (duplicate keys rejected), dtypes, dims, byte ranges,
  * overlaps. DSV4_ERR_IO if unreadable, DSV4_ERR_FORMAT with file and tensor named otherwise. */
 int dsv4_st_open(const char *path, dsv4_st_file **out);
+/* The same checks on a file already in memory: `buf` [size] is borrowed (must outlive *out), `origin` names it in
+ * messages. For the fuzzers and for callers that hold the bytes already. */
+int dsv4_st_parse(const void *buf, size_t size, const char *origin, dsv4_st_file **out);
 void dsv4_st_free(dsv4_st_file *f);
 
 /* ---------------------------------------------------------------------------------------- naming.c */

@@ -24,20 +24,25 @@ void dsv4_st_free(dsv4_st_file *f)
     if (!f) return;
     for (int i = 0; i < f->n; i++) free(f->entries[i].name);
     free(f->entries);
-    if (f->map) munmap((void *)f->map, f->size);
+    if (f->map && f->mapped) munmap((void *)f->map, f->size);
     free(f->path);
     free(f);
 }
 
 static int map_file(dsv4_st_file *f)
 {
-    int fd = open(f->path, O_RDONLY);
+    /* O_NONBLOCK: a FIFO named like a shard must not block the open; only regular files are mapped */
+    int fd = open(f->path, O_RDONLY | O_NONBLOCK);
     if (fd < 0) return dsv4_error(DSV4_ERR_IO, "%s: cannot open: %s", f->path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0) {
         int e = errno;
         close(fd);
         return dsv4_error(DSV4_ERR_IO, "%s: cannot stat: %s", f->path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return dsv4_error(DSV4_ERR_IO, "%s: not a regular file", f->path);
     }
     f->size = (size_t)st.st_size;
     if (f->size < 8) {
@@ -50,6 +55,7 @@ static int map_file(dsv4_st_file *f)
     close(fd);
     if (p == MAP_FAILED) return dsv4_error(DSV4_ERR_IO, "%s: cannot mmap: %s", f->path, strerror(e));
     f->map = p;
+    f->mapped = 1;
     return 0;
 }
 
@@ -190,6 +196,30 @@ static int parse_header(dsv4_st_file *f)
 done:
     json_decref(root);
     return rc;
+}
+
+int dsv4_st_parse(const void *buf, size_t size, const char *origin, dsv4_st_file **out)
+{
+    *out = NULL;
+    if (!origin) origin = "safetensors buffer";
+    dsv4_st_file *f = calloc(1, sizeof *f);
+    if (!f || !(f->path = strdup(origin))) {
+        free(f);
+        return dsv4_error(DSV4_ERR_NOMEM, "%s: out of memory", origin);
+    }
+    f->map = buf;
+    f->size = size;
+    int rc = 0;
+    if (size < 8 || !buf)
+        rc = dsv4_error(DSV4_ERR_FORMAT, "%s: truncated: %zu bytes, shorter than the 8-byte header length", origin,
+                        size);
+    if (!rc) rc = parse_header(f);
+    if (rc) {
+        dsv4_st_free(f);
+        return rc;
+    }
+    *out = f;
+    return 0;
 }
 
 int dsv4_st_open(const char *path, dsv4_st_file **out)
