@@ -10,6 +10,8 @@
  * - Two disk names mapping to one canonical name (e.g. both lm_head.weight and head.weight) is an error, not
  *   a silent pick.
  * - dsv4_model_f32 caches without locking: call it from one thread at a time.
+ * - A dequantised copy is checked against the host's memory before it is allocated (dsv4_mem_check_host): an FP4
+ *   checkpoint is 8x larger as f32, and an overcommitted malloc would otherwise end in an OOM kill.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <jansson.h>
@@ -388,9 +390,13 @@ int dsv4_model_f32(dsv4_model *m, const char *name, size_t expect_numel, const f
         return 0;
     }
     if (!m->cache[k]) {
+        char what[256];
+        snprintf(what, sizeof what, "%s: tensor %s dequantised to f32", t->file, name);
+        int rc = dsv4_mem_check_host((double)numel * sizeof(float), what);
+        if (rc) return rc;
         float *buf = malloc((numel ? numel : 1) * sizeof *buf);
         if (!buf) return dsv4_error(DSV4_ERR_NOMEM, "%s: tensor %s: out of memory (%zu floats)", t->file, name, numel);
-        int rc = dsv4_tensor_dequant_f32(t, buf, numel);
+        rc = dsv4_tensor_dequant_f32(t, buf, numel);
         if (rc) {
             free(buf);
             return rc;
@@ -420,6 +426,9 @@ int dsv4_model_read_bf16(const dsv4_model *m, const char *name, uint16_t *dst, s
         memcpy(dst, t->data, numel * 2);
         return 0;
     }
+    char what[256];
+    snprintf(what, sizeof what, "%s: tensor %s dequantised to f32 (for bf16)", t->file, name);
+    if ((rc = dsv4_mem_check_host((double)numel * sizeof(float), what))) return rc;
     float *tmp = malloc((numel ? numel : 1) * sizeof *tmp);
     if (!tmp) return dsv4_error(DSV4_ERR_NOMEM, "%s: tensor %s: out of memory", t->file, name);
     rc = dsv4_tensor_dequant_f32(t, tmp, numel);

@@ -8,6 +8,7 @@
  * - All weights are bound at init, so the decode step never asks the loader for anything (the loader
  *   allocates when it dequantises) and allocates nothing itself.
  * - prefill is only valid as the first call; decode may also start at position 0 (token-by-token prompt).
+ * - Sizes come from the config: check_memory bounds them (in double) against the host before anything is bound.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -21,6 +22,9 @@ static long dsv4_ref_allocs;
 
 void *dsv4_ref_alloc(size_t nbytes, const char *what)
 {
+    char buf[128];
+    snprintf(buf, sizeof buf, "reference: %s", what);
+    if (dsv4_mem_check_host((double)nbytes, buf)) return NULL; /* the message says how much */
     void *p = calloc(1, nbytes ? nbytes : 1);
     if (!p) {
         dsv4_error(DSV4_ERR_NOMEM, "reference: cannot allocate %zu bytes for %s", nbytes, what);
@@ -162,6 +166,56 @@ static int check_config(const dsv4_config *f, int max_tokens)
         return dsv4_error(DSV4_ERR_UNSUPPORTED, "reference: scoring_func '%s' (only sqrtsoftplus)",
                           f->scoring_func);
     return 0;
+}
+
+/* Memory the reference will hold, summed in double so that no size_t product of config values can wrap: every
+ * weight the config implies dequantised to f32 (aligned F32 tensors are served from the mmap), the decode state
+ * and the decode scratch. An upper bound of layout_state / dsv4_ref_scratch_layout, checked BEFORE any of it is
+ * allocated, so a config asking for more than the host has is refused with the size instead of an OOM kill; the
+ * bound for a full-length prefill must also stay far from wrapping size_t (its scratch is checked when allocated). */
+static int check_memory(dsv4_model *m, const dsv4_config *f, int max_tokens)
+{
+    double weights = 0, state = 0, T = max_tokens, d = f->head_dim, dI = f->index_head_dim;
+    dsv4_expected_tensor *ex = NULL;
+    int n_ex = 0;
+    if (dsv4_config_expected_tensors(f, &ex, &n_ex)) return dsv4_error(DSV4_ERR_NOMEM, "reference: out of memory");
+    for (int i = 0; i < n_ex; i++) {
+        const dsv4_tensor *t;
+        if (dsv4_model_tensor(m, ex[i].name, &t)) continue; /* binding reports it */
+        if (t->dtype == DSV4_DTYPE_F32 && ((uintptr_t)t->data & 3u) == 0) continue;
+        double numel = 1;
+        for (int k = 0; k < ex[i].ndim; k++) numel *= (double)ex[i].shape[k];
+        weights += 4 * numel;
+    }
+    free(ex);
+    double cmp_max = 0;
+    for (int L = 0; L < f->num_hidden_layers; L++) {
+        state += (double)f->sliding_window * d;
+        int r = f->attn_type[L] == DSV4_ATTN_SLIDING ? 0 : f->compress_ratio[L];
+        if (r <= 0) continue;
+        if (r > (1 << 24)) return dsv4_error(DSV4_ERR_CONFIG, "reference: layer %d compress ratio %d", L, r);
+        state += T / r * (d + dI) + 8.0 * r * (d + dI); /* pools + compressor states (overlap: 2r rows x 2d) */
+        if (T / r > cmp_max) cmp_max = T / r;
+    }
+    double m_max = (double)f->sliding_window + T, np = f->qk_rope_head_dim / 2 + 1, n = f->hc_mult;
+    double H = f->num_attention_heads, HI = f->index_n_heads, D = f->hidden_size;
+    if (m_max > 2147483647.0)
+        return dsv4_error(DSV4_ERR_CONFIG, "reference: sliding_window %d + max_tokens %d does not fit an int",
+                          f->sliding_window, max_tokens);
+    double per_token = 2 * n * D + 2 * n + n * n + 5 * D + f->q_lora_rank + 2 * H * d + 5 * d + 4 * dI + HI * dI +
+                       HI + (double)f->o_groups * f->o_lora_rank + 4 * np + f->index_topk + 1 +
+                       f->n_routed_experts + 3.0 * f->num_experts_per_tok + 2.0 * f->moe_intermediate_size + 50 * 16;
+    double fixed = 2 * np + d + dI + m_max * d + H * m_max + cmp_max * (1 + HI) + f->n_routed_experts + 3 * D +
+                   n * D + (2 + n) * n + f->vocab_size;
+    if (4 * (fixed + T * per_token) > 0x1p60)
+        return dsv4_error(DSV4_ERR_CONFIG, "reference: a %d-token prefill would need %.3g bytes of scratch",
+                          max_tokens, 4 * (fixed + T * per_token));
+    double total = weights + 4 * state + 4 * (fixed + per_token);
+    char what[256], a[32], b[32], c[32];
+    snprintf(what, sizeof what, "reference cpu (weights as f32 %s, decode state for %d tokens %s, scratch %s)",
+             dsv4_mem_format(weights, a, sizeof a), max_tokens, dsv4_mem_format(4 * state, b, sizeof b),
+             dsv4_mem_format(4 * (fixed + per_token), c, sizeof c));
+    return dsv4_mem_check_host(total, what);
 }
 
 /* Carve every layer's state from one arena (mem == NULL: count only). */
@@ -323,6 +377,7 @@ static int cpu_init(dsv4_model *m, int max_tokens, dsv4_ref_cpu *c)
     c->cfg = *cfg;
     const dsv4_config *f = &c->cfg;
     if ((rc = check_config(f, max_tokens))) return rc;
+    if ((rc = check_memory(m, f, max_tokens))) return rc;
     size_t D = f->hidden_size, V = f->vocab_size, n = f->hc_mult;
     int nl = f->num_hidden_layers;
     c->n_pairs = f->qk_rope_head_dim / 2;

@@ -200,6 +200,24 @@ typedef void (*dsv4_report_fn)(void *ctx, const char *line);
 int dsv4_model_check(const dsv4_model *m, dsv4_report_fn report, void *ctx);
 
 /* ---------------------------------------------------------------------------------------------------------
+ * Memory limits (model/memlimit.c). Call BEFORE a large allocation whose size comes from a config, a header or
+ * the command line, so that it is refused with a message instead of an OOM kill or a segfault. Sizes are
+ * doubles: sum them in double so a hostile config cannot wrap size_t first. `what` names the buffer or
+ * tensor ("layers.3.attn.wkv.weight dequantised to f32"); it starts the message.
+ */
+/* 0 if `bytes` fits the host's available memory (MemAvailable, cgroup limit, less a margin) and
+ * $DSV4_HOST_MEM_LIMIT (bytes, or K/M/G/T suffix) when set; else DSV4_ERR_NOMEM naming both sizes. */
+int dsv4_mem_check_host(double bytes, const char *what);
+/* The same against the current CUDA device (cudaMemGetInfo free, less a margin) and $DSV4_DEVICE_MEM_LIMIT.
+ * GPU paths call it before cudaMalloc of weights, caches and scratch. Without CUDA: the environment limit only. */
+int dsv4_mem_check_device(double bytes, const char *what);
+/* Report a failed cudaMalloc: DSV4_ERR_CUDA, "<what>: cannot allocate <size> on the GPU (<free> free of <total>):
+ * <why>" (why = cudaGetErrorString(err)). Returns the code, for `return dsv4_mem_device_alloc_failed(...)`. */
+int dsv4_mem_device_alloc_failed(double bytes, const char *what, const char *why);
+/* "1.5 GiB" into buf; returns buf. */
+const char *dsv4_mem_format(double bytes, char *buf, size_t size);
+
+/* ---------------------------------------------------------------------------------------------------------
  * Scalar conversions (exact, shared by every path; model-spec §2/§3).
  */
 float dsv4_bf16_to_f32(uint16_t b);
