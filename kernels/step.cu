@@ -4,6 +4,7 @@
  * - The ring slot of position p is p mod W, written BEFORE the attention of p (the window includes the current
  *   token; the slot it overwrites held p - W, which is no longer in the window).
  * - Entry w is visible iff w < (p+1) div r (a window closing at p is already visible to p).
+ * - CSA picks are filtered to live, distinct ids before they enter the gather list.
  */
 #include "opt_common.cuh"
 #include "step.cuh"
@@ -36,8 +37,12 @@ __global__ void step_index_kernel(dsv4_step_index_params p)
             int64_t t = pos - (W - 1) + j;
             v = t >= 0 ? (int32_t)(t % W) : -1;
         } else if (p.kind == DSV4_STEP_INDEX_CSA) {
-            int32_t w = p.topk[(size_t)c * p.n_extra + (j - W)];
-            v = w >= 0 ? W + w : -1;
+            /* a pick must be a live entry and listed once: a repeated id would be attended twice */
+            const int32_t *tk = p.topk + (size_t)c * p.n_extra;
+            int32_t w = tk[j - W];
+            int ok = w >= 0 && w < p.live[c];
+            for (int i = 0; ok && i < j - W; i++) ok = tk[i] != w;
+            v = ok ? W + w : -1;
         } else {
             int w = j - W;
             v = w < p.live[c] ? W + w : -1;
@@ -60,7 +65,7 @@ int dsv4_opt_step_setup(const dsv4_step_setup_params *p)
 int dsv4_opt_step_index(const dsv4_step_index_params *p)
 {
     DSV4_CHECK(p && p->n_seq >= 1 && p->window >= 1 && p->n_extra >= 0 && p->pos && p->idx, "step_index: bad params");
-    DSV4_CHECK(p->kind == DSV4_STEP_INDEX_WINDOW || (p->kind == DSV4_STEP_INDEX_CSA && p->topk) ||
+    DSV4_CHECK(p->kind == DSV4_STEP_INDEX_WINDOW || (p->kind == DSV4_STEP_INDEX_CSA && p->topk && p->live) ||
                (p->kind == DSV4_STEP_INDEX_HCA && p->live), "step_index: kind %d without its input", (int)p->kind);
     step_index_kernel<<<p->n_seq, 128, 0, p->stream>>>(*p);
     DSV4_LAUNCH_CHECK("step_index_kernel");

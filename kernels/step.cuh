@@ -33,7 +33,7 @@ typedef struct dsv4_step_index_params {
     dsv4_step_index_kind kind;
     const int32_t *pos;              /* [C]; device */
     const int32_t *topk;             /* CSA: [C, n_extra] picks; device */
-    const int32_t *live;             /* HCA: [C] visible entries; device */
+    const int32_t *live;             /* [C] visible entries (CSA: picks >= live are dropped); device */
     int32_t *idx;                    /* [C, window + n_extra] out; device */
     cudaStream_t stream;
 } dsv4_step_index_params;

@@ -168,7 +168,8 @@ static int attention(dsv4_opt *o, int L, int n_csa, int n_hca)
     if (ly->attn == DSV4_ATTN_CSA) DSV4_OPT_TRY(indexer(o, L, ly, n_csa));
 
     dsv4_step_index_params xp = {.n_seq = C, .window = W, .pos = o->d_in + C, .topk = o->topk_ids,
-                                 .live = o->live_hca, .idx = o->idx, .stream = o->stream};
+                                 .live = ly->attn == DSV4_ATTN_CSA ? o->live_csa : o->live_hca, .idx = o->idx,
+                                 .stream = o->stream};
     xp.kind = sliding ? DSV4_STEP_INDEX_WINDOW : ly->attn == DSV4_ATTN_CSA ? DSV4_STEP_INDEX_CSA : DSV4_STEP_INDEX_HCA;
     xp.n_extra = sliding ? 0 : ly->attn == DSV4_ATTN_CSA ? o->topk : n_hca;
     DSV4_OPT_TRY(dsv4_opt_step_index(&xp));

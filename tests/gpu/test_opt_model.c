@@ -1,0 +1,165 @@
+/* test_opt_model.c - the optimized path as a whole on golden/tiny and golden/topk512 (dsv4_opt.h):
+ * - the decode step allocates nothing: dsv4_opt_device_alloc_count is unchanged over a whole run of a staggered
+ *   batch (graph capture steps included), style rule 10;
+ * - graph replay == eager launch, bitwise, on every step's logits and greedy picks (the buckets make both run the
+ *   same launches);
+ * - two `dsv4 run --path opt` of the same input give bitwise identical dumps (every dataset compared with the
+ *   dump reader; the HDF5 files themselves may differ in timestamps), for the defaults and all naive variants;
+ * - the batch: sequence 1 of a staggered batch of 2 reproduces a batch of 1 within bf16 noise (same argmax).
+ */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dsv4/dsv4.h"
+#include "dsv4/dsv4_dump.h"
+#include "dsv4/dsv4_opt.h"
+#include "dsv4_test.h"
+
+/* the golden's tokens */
+static int32_t *golden_tokens(const char *set, int *n)
+{
+    char rel[128];
+    snprintf(rel, sizeof rel, "golden/%s/forced.h5", set);
+    dsv4_dump *g = NULL;
+    ck_assert_msg(dsv4_dump_open(dsv4_test_source_path(rel), &g) == 0, "%s", dsv4_last_error());
+    const int32_t *t = dsv4_dump_tokens(g, n);
+    int32_t *c = malloc((size_t)*n * sizeof *c);
+    memcpy(c, t, (size_t)*n * sizeof *c);
+    dsv4_dump_free(g);
+    return c;
+}
+
+static dsv4_model *open_set(const char *set)
+{
+    char rel[128];
+    snprintf(rel, sizeof rel, "golden/%s", set);
+    dsv4_model *m = NULL;
+    ck_assert_msg(dsv4_model_open(dsv4_test_source_path(rel), &m) == 0, "%s", dsv4_last_error());
+    return m;
+}
+
+START_TEST(test_no_alloc_and_graph_equals_eager)
+{
+    int T;
+    int32_t *tok = golden_tokens("tiny", &T);
+    dsv4_model *m = open_set("tiny");
+    const int V = dsv4_model_config(m)->vocab_size;
+    dsv4_opt_options o;
+    dsv4_opt_options_default(&o);
+    o.n_seq = 2;
+    o.max_context = T;
+    o.dump_seq = 1;
+    dsv4_opt *g = NULL, *e = NULL;
+    ck_assert_msg(dsv4_opt_init(m, &o, &g) == 0, "%s", dsv4_last_error());
+    o.cuda_graph = 0;
+    ck_assert_msg(dsv4_opt_init(m, &o, &e) == 0, "%s", dsv4_last_error());
+    float *lg = malloc((size_t)V * 4), *le = malloc((size_t)V * 4);
+    long before = dsv4_opt_device_alloc_count();
+    for (int s = 0; s < T + 5; s++) {
+        int32_t in[2] = {s < T ? tok[s] : 0, s >= 5 ? tok[s - 5] : 0};
+        uint8_t act[2] = {s < T, s >= 5};
+        int32_t ng[2], ne[2];
+        ck_assert_msg(dsv4_opt_step(g, in, act, NULL, lg, ng) == 0, "%s", dsv4_last_error());
+        ck_assert_msg(dsv4_opt_step(e, in, act, NULL, le, ne) == 0, "%s", dsv4_last_error());
+        if (s >= 5) {
+            ck_assert_msg(memcmp(lg, le, (size_t)V * 4) == 0, "step %d: graph and eager logits differ", s);
+            ck_assert_int_eq(ng[1], ne[1]);
+        }
+    }
+    ck_assert_int_eq(dsv4_opt_position(g, 0), T);
+    ck_assert_int_eq(dsv4_opt_position(g, 1), T);
+    ck_assert_msg(dsv4_opt_device_alloc_count() == before, "the decode steps made %ld device allocations",
+                  dsv4_opt_device_alloc_count() - before);
+    /* a position past max_context is refused with a message */
+    int32_t in[2] = {0, 0};
+    ck_assert_int_eq(dsv4_opt_step(g, in, NULL, NULL, NULL, NULL), DSV4_ERR_USAGE);
+    ck_assert(strstr(dsv4_last_error(), "max_context") != NULL);
+    /* reset restarts a sequence at 0 */
+    ck_assert_int_eq(dsv4_opt_reset(g, 1), 0);
+    ck_assert_int_eq(dsv4_opt_position(g, 1), 0);
+    free(lg);
+    free(le);
+    dsv4_opt_free(g);
+    dsv4_opt_free(e);
+    dsv4_model_free(m);
+    free(tok);
+}
+END_TEST
+
+/* Every dataset of a and b bitwise equal (and /tokens). */
+static void assert_dumps_equal(const char *pa, const char *pb)
+{
+    dsv4_dump *a = NULL, *b = NULL;
+    ck_assert_msg(dsv4_dump_open(pa, &a) == 0, "%s", dsv4_last_error());
+    ck_assert_msg(dsv4_dump_open(pb, &b) == 0, "%s", dsv4_last_error());
+    int na, nb;
+    const int32_t *ta = dsv4_dump_tokens(a, &na), *tb = dsv4_dump_tokens(b, &nb);
+    ck_assert_int_eq(na, nb);
+    ck_assert(memcmp(ta, tb, (size_t)na * 4) == 0);
+    ck_assert_int_eq(dsv4_dump_dataset_count(a), dsv4_dump_dataset_count(b));
+    ck_assert_int_gt(dsv4_dump_dataset_count(a), 10);
+    for (int i = 0; i < dsv4_dump_dataset_count(a); i++) {
+        const char *name = dsv4_dump_dataset_name(a, i);
+        dsv4_dataset_info ia, ib;
+        ck_assert_msg(dsv4_dump_info(a, name, &ia) == 0 && dsv4_dump_info(b, name, &ib) == 0, "%s", name);
+        ck_assert_int_eq(ia.ndim, ib.ndim);
+        size_t n = 1;
+        for (int k = 0; k < ia.ndim; k++) {
+            ck_assert_int_eq(ia.shape[k], ib.shape[k]);
+            n *= (size_t)ia.shape[k];
+        }
+        void *da = malloc(n * 4 + 4), *db = malloc(n * 4 + 4);
+        ck_assert(dsv4_dump_read_rows(a, name, 0, ia.shape[0], da) == 0);
+        ck_assert(dsv4_dump_read_rows(b, name, 0, ib.shape[0], db) == 0);
+        ck_assert_msg(memcmp(da, db, n * 4) == 0, "%s differs between two runs of the same input", name);
+        free(da);
+        free(db);
+    }
+    dsv4_dump_free(a);
+    dsv4_dump_free(b);
+}
+
+static void run_twice(const char *set, const char *args)
+{
+    char *dir = dsv4_test_mkdtemp("opt-det");
+    char cmd[2048], *out = NULL;
+    char g[512];
+    snprintf(g, sizeof g, "%s", dsv4_test_source_path(""));
+    for (int r = 0; r < 2; r++) {
+        snprintf(cmd, sizeof cmd, "%s run --model %sgolden/%s --path opt %s --tokens-from %sgolden/%s/forced.h5 "
+                 "--dump %s/run%d.h5 2>&1", dsv4_test_bin(), g, set, args, g, set, dir, r);
+        int st = dsv4_test_run(cmd, &out);
+        ck_assert_msg(st == 0, "%s\n%s", cmd, out ? out : "");
+        free(out);
+    }
+    char a[600], b[600];
+    snprintf(a, sizeof a, "%s/run0.h5", dir);
+    snprintf(b, sizeof b, "%s/run1.h5", dir);
+    assert_dumps_equal(a, b);
+    dsv4_test_rmtree(dir);
+}
+
+START_TEST(test_deterministic_default) { run_twice("topk512", ""); run_twice("tiny", "--batch 3 --dump-seq 1"); }
+END_TEST
+START_TEST(test_deterministic_naive)
+{
+    run_twice("tiny", "--attn simt --indexer fp32 --mhc roundtrip --index-context max --graph off");
+    run_twice("tiny", "--kv fp8");
+}
+END_TEST
+
+int main(void)
+{
+    dsv4_test_require_gpu();
+    Suite *s = suite_create("opt_model");
+    TCase *tc = tcase_create("opt_model");
+    tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, test_no_alloc_and_graph_equals_eager);
+    tcase_add_test(tc, test_deterministic_default);
+    tcase_add_test(tc, test_deterministic_naive);
+    suite_add_tcase(s, tc);
+    return dsv4_test_main(s);
+}
