@@ -30,6 +30,7 @@ static void print_usage(FILE *f)
 
 int main(int argc, char **argv)
 {
+    dsv4_tempfile_install_signal_handlers(); /* SIGINT/SIGTERM remove a dump or report being written */
     if (argc < 2) {
         print_usage(stderr);
         return 2;

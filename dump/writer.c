@@ -1,7 +1,8 @@
 /* writer.c - the dsv4-dump/1 writer (dump-format.md; API in include/dsv4/dsv4_dump.h).
  *
  * The file is built as "<path>.tmp.<pid>" and renamed over <path> only by commit, so a crash or an abort
- * never leaves a half-written dump under the final name.
+ * never leaves a half-written dump under the final name; the temporary is registered (model/tempfile.c) from
+ * before it is created until after the rename, so SIGINT/SIGTERM in the dsv4 command remove it.
  * Per-position datasets [R, row...] are created on their first row write, chunked by whole rows
  * (dsv4_dump_chunk: ~256 KiB per chunk, never more than 1 MiB) with shuffle + gzip 4.
  * Quiet trap: rows may arrive in any order and some never arrive; HDF5 would read an unwritten chunk as
@@ -27,6 +28,7 @@
 struct dsv4_dump_writer {
     char *path;            /* final name */
     char *tmp_path;        /* "<path>.tmp.<pid>" */
+    int tmp_slot;          /* its slot in the temporary-file registry (SIGINT/SIGTERM unlink it), or < 0 */
     hid_t file;
     int n_tokens;          /* T = prompt_len + n_decode */
     int n_positions;       /* R */
@@ -195,6 +197,7 @@ static int dsv4_dump_writer_close(dsv4_dump_writer *w)
 
 static void dsv4_dump_writer_destroy(dsv4_dump_writer *w)
 {
+    dsv4_tempfile_unregister(w->tmp_slot); /* after the rename or the unlink */
     free(w->path);
     free(w->tmp_path);
     free(w->positions);
@@ -224,6 +227,7 @@ int dsv4_dump_writer_open(const char *path, const dsv4_dump_meta *meta, const ds
     dsv4_dump_writer *w = calloc(1, sizeof *w);
     if (!w) return dsv4_error(DSV4_ERR_NOMEM, "%s: out of memory", path);
     w->file = -1;
+    w->tmp_slot = -1;
     w->n_tokens = n_tokens;
     w->n_positions = n_positions;
     size_t tlen = strlen(path) + 32;
@@ -236,6 +240,7 @@ int dsv4_dump_writer_open(const char *path, const dsv4_dump_meta *meta, const ds
     }
     snprintf(w->tmp_path, tlen, "%s.tmp.%ld", path, (long)getpid());
     if (n_positions) memcpy(w->positions, positions, (size_t)n_positions * sizeof *positions);
+    w->tmp_slot = dsv4_tempfile_register(w->tmp_path); /* before the file exists: no window without cleanup */
 
     /* STRONG: closing the file closes anything still open in it, so an error path never leaks the file. */
     hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);

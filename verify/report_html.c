@@ -470,8 +470,12 @@ int dsv4_verify_write_html(const dsv4_verify_result *r, const char *path)
 {
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    int slot = dsv4_tempfile_register(tmp); /* a signal while writing removes it (model/tempfile.c) */
     FILE *f = fopen(tmp, "w");
-    if (!f) return dsv4_error(DSV4_ERR_IO, "%s: cannot create the HTML report", tmp);
+    if (!f) {
+        dsv4_tempfile_unregister(slot);
+        return dsv4_error(DSV4_ERR_IO, "%s: cannot create the HTML report", tmp);
+    }
     static const char *const verdict[] = {"PASS", "DIVERGED", "COULD NOT COMPARE"};
     fprintf(f,
             "<!DOCTYPE html>\n<html xmlns=\"http://www.w3.org/1999/xhtml\" lang=\"en\">\n<head>\n<meta "
@@ -553,7 +557,9 @@ int dsv4_verify_write_html(const dsv4_verify_result *r, const char *path)
     int bad = ferror(f);
     if (fclose(f) || bad || rename(tmp, path)) {
         unlink(tmp);
+        dsv4_tempfile_unregister(slot);
         return dsv4_error(DSV4_ERR_IO, "%s: cannot write the HTML report", path);
     }
+    dsv4_tempfile_unregister(slot);
     return 0;
 }

@@ -2,7 +2,8 @@
  *
  * JSON has no NaN or infinity: a metric that does not apply to a row is left out of that row, and an
  * infinite value (rel_l2 of a zero golden row against a non-zero candidate) is written as the string "inf".
- * The file is written under a temporary name and renamed, like the dumps.
+ * The file is written under a temporary name and renamed, like the dumps; the temporary is registered so that
+ * SIGINT/SIGTERM remove it (model/tempfile.c).
  */
 #define _POSIX_C_SOURCE 200809L
 #include <jansson.h>
@@ -198,11 +199,14 @@ int dsv4_verify_write_json(const dsv4_verify_result *r, const char *path)
     if (!o) return dsv4_error(DSV4_ERR_NOMEM, "%s: cannot build the JSON report", path);
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    int slot = dsv4_tempfile_register(tmp); /* a signal while writing removes it (model/tempfile.c) */
     int rc = json_dump_file(o, tmp, JSON_INDENT(1) | JSON_REAL_PRECISION(10));
     json_decref(o);
     if (rc || rename(tmp, path)) {
         unlink(tmp);
+        dsv4_tempfile_unregister(slot);
         return dsv4_error(DSV4_ERR_IO, "%s: cannot write the JSON report", path);
     }
+    dsv4_tempfile_unregister(slot);
     return 0;
 }

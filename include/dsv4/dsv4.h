@@ -218,6 +218,21 @@ int dsv4_mem_device_alloc_failed(double bytes, const char *what, const char *why
 const char *dsv4_mem_format(double bytes, char *buf, size_t size);
 
 /* ---------------------------------------------------------------------------------------------------------
+ * Temporary files in progress (model/tempfile.c). A writer that builds "<path>.tmp.<pid>" and renames it into
+ * place registers the temporary name BEFORE creating it and unregisters it AFTER the rename (or its unlink);
+ * on SIGINT/SIGTERM/SIGHUP the handler unlinks every registered file, then the signal kills the process as it
+ * would have. So an interrupted dump or report leaves nothing, neither under the final name nor the temporary.
+ */
+/* Returns a slot id (>= 0) for dsv4_tempfile_unregister, or a negative error (path too long, 64 in progress). */
+int dsv4_tempfile_register(const char *path);
+void dsv4_tempfile_unregister(int id); /* id < 0: no-op */
+/* Unlinks every registered file (async-signal-safe; the handler's work, also usable at exit). */
+void dsv4_tempfile_remove_all(void);
+/* Installs the handler for SIGINT, SIGTERM and SIGHUP where their action is the default (the dsv4 command does,
+ * first thing; a library user may). */
+void dsv4_tempfile_install_signal_handlers(void);
+
+/* ---------------------------------------------------------------------------------------------------------
  * Scalar conversions (exact, shared by every path; model-spec §2/§3).
  */
 float dsv4_bf16_to_f32(uint16_t b);
