@@ -122,8 +122,9 @@ static int dsv4_dump_read_root(dsv4_dump *d)
     return 0;
 }
 
-/* Reads a 1-D integer dataset (tokens, positions) into a malloc'd int32 array. */
-static int dsv4_dump_read_ids(dsv4_dump *d, const char *name, int32_t **out, int *n)
+/* Reads a 1-D integer dataset (tokens, positions) of at most max_n entries into a malloc'd int32 array. The
+ * count is checked before anything is allocated: a declared shape costs nothing to write, its buffer does. */
+static int dsv4_dump_read_ids(dsv4_dump *d, const char *name, int64_t max_n, int32_t **out, int *n)
 {
     char msg[256];
     *out = NULL;
@@ -142,10 +143,15 @@ static int dsv4_dump_read_ids(dsv4_dump *d, const char *name, int32_t **out, int
         goto out;
     }
     H5Sget_simple_extent_dims(s, dims, NULL);
-    if (dims[0] > INT_MAX) {
-        dsv4_error(rc, "%s: /%s has %llu entries", d->path, name, (unsigned long long)dims[0]);
+    if (dims[0] > INT_MAX || (int64_t)dims[0] > max_n) {
+        dsv4_error(rc, "%s: /%s has %llu entries, expected at most %lld (prompt_len + n_decode)", d->path, name,
+                   (unsigned long long)dims[0], (long long)max_n);
         goto out;
     }
+    char what[4200];
+    snprintf(what, sizeof what, "%s: /%s", d->path, name);
+    if ((rc = dsv4_mem_check_host(((double)dims[0] + 1) * sizeof **out, what)) != 0) goto out;
+    rc = DSV4_ERR_SHAPE;
     *out = malloc(((size_t)dims[0] + 1) * sizeof **out);
     if (!*out) {
         rc = dsv4_error(DSV4_ERR_NOMEM, "%s: /%s: out of memory", d->path, name);
@@ -166,12 +172,12 @@ out:
 
 static int dsv4_dump_read_tokens(dsv4_dump *d)
 {
-    int rc = dsv4_dump_read_ids(d, "tokens", &d->tokens, &d->n_tokens);
+    int rc = dsv4_dump_read_ids(d, "tokens", (int64_t)d->prompt_len + d->n_decode, &d->tokens, &d->n_tokens);
     if (rc) return rc;
     if (d->n_tokens != d->prompt_len + d->n_decode)
         return dsv4_error(DSV4_ERR_SHAPE, "%s: /tokens has %d entries, expected prompt_len %d + n_decode %d = %d",
                           d->path, d->n_tokens, d->prompt_len, d->n_decode, d->prompt_len + d->n_decode);
-    rc = dsv4_dump_read_ids(d, "positions", &d->positions, &d->n_positions);
+    rc = dsv4_dump_read_ids(d, "positions", d->n_tokens, &d->positions, &d->n_positions);
     if (rc) return rc;
     for (int i = 0; i < d->n_positions; i++)
         if (d->positions[i] < 0 || d->positions[i] >= d->n_tokens || (i && d->positions[i] <= d->positions[i - 1]))

@@ -168,6 +168,9 @@ static int parse_rope(const cfg_ctx *c, json_t *d, const char *label, double the
         double omp;
         ROPE_NUM("factor", r->factor, 1.0);
         ROPE_NUM("original_max_position_embeddings", omp, (double)max_pos);
+        if (!(omp >= 0 && omp < 9e15)) /* a double out of int64's range would be undefined to convert */
+            return dsv4_error(DSV4_ERR_CONFIG, "%s: key \"%s.original_max_position_embeddings\" = %g is out of range",
+                              c->origin, label, omp);
         r->original_max_position_embeddings = (int64_t)omp;
         ROPE_NUM("beta_fast", r->beta_fast, 32.0);
         ROPE_NUM("beta_slow", r->beta_slow, 1.0);
@@ -453,6 +456,10 @@ int dsv4_config_parse(const char *json_text, const char *origin, dsv4_config *cf
     if ((rc = get_int(&c, root, "qk_rope_head_dim", 0, 0, &legacy_rope))) goto done;
     double prf_def = legacy_rope ? (double)legacy_rope / cfg->head_dim : 64.0 / 512.0;
     if ((rc = get_double(&c, root, "partial_rotary_factor", prf_def, &prf))) goto done;
+    if (!(fabs(cfg->head_dim * prf) < 2147483647.0)) { /* 64 * 1e25 is no int: undefined (found by fuzz_config) */
+        rc = dsv4_error(DSV4_ERR_CONFIG, "%s: key \"partial_rotary_factor\" = %g gives no valid rope dim", origin, prf);
+        goto done;
+    }
     cfg->qk_rope_head_dim = (int)(cfg->head_dim * prf);
     if (cfg->num_hidden_layers < 1 || cfg->num_hidden_layers > DSV4_MAX_LAYERS) {
         rc = validate(&c, cfg);
