@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# deps.sh - install what dsv4 needs to build on Debian 12 / Ubuntu 24.04, with apt-get, only if missing.
-# Sourced by setup.sh; safe to run twice. CUDA: nvcc is used when present (/usr/local/cuda or PATH);
+# deps.sh [EXTRA_PACKAGE...] - install what dsv4 needs to build on Debian 12 / Ubuntu 24.04, with apt-get, only
+# if missing. Sourced by setup.sh; safe to run twice. CUDA: nvcc is used when present (/usr/local/cuda or PATH);
 # without it the CPU paths are built and the GPU ones report that the build has no CUDA.
+# Extra packages are for optional steps only (test.sh: valgrind; clang + libclang-rt-N-dev for the fuzzers).
 set -euo pipefail
 
 dsv4_packages=(cmake make gcc pkg-config libhdf5-dev libopenblas-dev check libsubunit-dev libjansson-dev libssl-dev
-               python3)
+               python3 "$@")
 missing=()
 for p in "${dsv4_packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
