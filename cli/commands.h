@@ -7,5 +7,6 @@
 int dsv4_cmd_inspect(int argc, char **argv);
 int dsv4_cmd_verify(int argc, char **argv);
 int dsv4_cmd_run(int argc, char **argv);
+int dsv4_cmd_bench(int argc, char **argv);
 
 #endif

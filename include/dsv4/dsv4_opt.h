@@ -81,6 +81,37 @@ long dsv4_opt_device_alloc_count(void);
 /* Device bytes held by o: weights, caches (state) and scratch. */
 void dsv4_opt_memory(const dsv4_opt *o, size_t *weights, size_t *state, size_t *scratch);
 
+
+/* ---- Benchmarking (optimized/opt_random.cu, optimized/opt_bench.c; used by `dsv4 bench`) ----------------- */
+/* Like dsv4_opt_init, but from a config alone: every weight is generated on the GPU from `seed` (no files, no
+ * host staging; the same (cfg, seed) gives the same weights for any options). For throughput runs only. */
+int dsv4_opt_init_random(const dsv4_config *cfg, uint64_t seed, const dsv4_opt_options *o, dsv4_opt **out);
+/* Put every sequence at `position` with random valid state: window ring, compressed pools and indexer pool rows
+ * [0, position/r) filled with random RMS-1 rows, compressor states empty; positions set. For throughput runs. */
+int dsv4_opt_random_state(dsv4_opt *o, int position, uint64_t seed);
+/* n values offset + amp * U[-1, 1) from seed into device memory (bf16 bits / f32); stream: a cudaStream_t. */
+int dsv4_opt_random_bf16(void *dst, size_t n, uint64_t seed, float offset, float amp, void *stream);
+int dsv4_opt_random_f32(float *dst, size_t n, uint64_t seed, float offset, float amp, void *stream);
+
+typedef struct dsv4_opt_kernel_time {
+    char name[24];    /* "mhc_pre", "gemm_x", "gemm_wq_b", "indexer", "topk", "attn_csa", "attn_hca", "gemm_wo",
+                         "gemm_ffn", "moe_experts", "head" */
+    int layer;        /* the layer whose weights it used; -1: none (head) */
+    double us;        /* median of single launches, each with a cold L2 */
+    double bytes;     /* fewest bytes the launch must move */
+    double flops;     /* useful FLOPs */
+    int work;         /* indexer/top-k: entries per sequence the grid covers; attention: entries gathered */
+    int experts;      /* moe_experts: distinct routed experts the batch touches */
+} dsv4_opt_kernel_time;
+/* Time the main kernels of one decode step, each launched alone with the step's parameters on the current state
+ * (call after at least one dsv4_opt_step). Fills out[0 .. *n_out), max_out >= 12. */
+int dsv4_opt_time_kernels(dsv4_opt *o, int reps, dsv4_opt_kernel_time *out, int max_out, int *n_out);
+/* Indexer scores and top-k of the first CSA layer with n_live live entries per sequence: the grid sized as the
+ * step sizes it (live), or over the whole pool (max_context_work = 1). Median µs of each. Clobbers the step's
+ * live counts: the next dsv4_opt_step recomputes them. */
+int dsv4_opt_time_indexer(dsv4_opt *o, int n_live, int max_context_work, int reps, double *us_scores,
+                          double *us_topk);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,347 @@
+/* opt_bench.c - kernel-level timing of the optimized path's decode step, for `dsv4 bench`'s per-kernel roofline
+ * and its context-scaling curve: each kernel relaunched alone with the parameters the step gives it, on the
+ * object's current state.
+ *
+ * Invariants that fail quietly:
+ * - Run after at least one dsv4_opt_step: the step's per-step inputs (positions, live counts, RoPE rows, the
+ *   last CSA layer's picks) are what these launches read. Relaunching a kernel rewrites only scratch that the
+ *   next step recomputes (scores, picks, gather list, attention/MoE outputs) and never a cache, so timing here
+ *   leaves the decode state as it was. dsv4_opt_time_indexer writes live_csa and so must be followed by a step
+ *   (which recomputes it) before trusting live_csa again.
+ * - Each timed launch starts with a cold L2: a 3 x 60 MB memset runs before it, outside the events (the
+ *   conservative case, as bench/bench_common.cuh does). Bytes are the fewest the launch must move; FLOPs the
+ *   useful ones (2 per multiply-add of q.k, p.v and the GEMMs).
+ * - Experts touched: the distinct ids of the routed picks the last layer's router made for this batch, read back.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/indexer.cuh"
+#include "kernels/mhc.cuh"
+#include "kernels/moe.cuh"
+#include "kernels/sparse_attn.cuh"
+#include "kernels/step.cuh"
+#include "kernels/topk.cuh"
+#include "opt_internal.h"
+
+enum { FLUSH_BYTES = 3 * (60 << 20) };
+
+typedef int (*launch_fn)(dsv4_opt *o, const void *ctx);
+
+typedef struct timer {
+    cudaEvent_t e0, e1;
+    void *flush;
+} timer;
+
+static int timer_init(timer *t)
+{
+    memset(t, 0, sizeof *t);
+    DSV4_OPT_CUDA(cudaEventCreate(&t->e0));
+    DSV4_OPT_CUDA(cudaEventCreate(&t->e1));
+    DSV4_OPT_CUDA(cudaMalloc(&t->flush, FLUSH_BYTES)); /* outside the step: not an opt_dev_alloc */
+    return 0;
+}
+
+static void timer_free(timer *t)
+{
+    if (t->e0) cudaEventDestroy(t->e0);
+    if (t->e1) cudaEventDestroy(t->e1);
+    cudaFree(t->flush);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Median µs of `reps` single launches, each after a cold-L2 flush, after 2 warm-up launches. */
+static int time_launch(dsv4_opt *o, timer *t, launch_fn fn, const void *ctx, int reps, double *us)
+{
+    if (reps < 1) reps = 1;
+    double *v = malloc((size_t)reps * sizeof *v);
+    if (!v) return dsv4_error(DSV4_ERR_NOMEM, "opt_bench: out of host memory");
+    int rc = 0;
+    for (int i = 0; i < 2 && !rc; i++) rc = fn(o, ctx);
+    for (int i = 0; i < reps && !rc; i++) {
+        float ms = 0;
+        if (cudaMemsetAsync(t->flush, i & 0xff, FLUSH_BYTES, o->stream) != cudaSuccess ||
+            cudaEventRecord(t->e0, o->stream) != cudaSuccess) {
+            rc = dsv4_error(DSV4_ERR_CUDA, "opt_bench: flush/event failed");
+            break;
+        }
+        if ((rc = fn(o, ctx))) break;
+        if (cudaEventRecord(t->e1, o->stream) != cudaSuccess || cudaEventSynchronize(t->e1) != cudaSuccess ||
+            cudaEventElapsedTime(&ms, t->e0, t->e1) != cudaSuccess) {
+            rc = dsv4_error(DSV4_ERR_CUDA, "opt_bench: event timing failed: %s", cudaGetErrorString(cudaGetLastError()));
+            break;
+        }
+        v[i] = 1000.0 * ms;
+    }
+    if (!rc) {
+        qsort(v, (size_t)reps, sizeof *v, cmp_double);
+        *us = v[reps / 2];
+    }
+    free(v);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------------------ the launches */
+typedef struct kctx {
+    int L;            /* layer */
+    int n_work;       /* indexer / top-k grid */
+    int max_ctx;      /* indexer / top-k context */
+    int n_extra;      /* attention: gathered entries past the window */
+} kctx;
+
+static int k_mhc_pre(dsv4_opt *o, const void *vc)
+{
+    const opt_layer *ly = &o->layers[((const kctx *)vc)->L];
+    dsv4_mhc_pre_params mp;
+    memset(&mp, 0, sizeof mp);
+    mp.n_tok = o->C, mp.n_streams = o->n, mp.dim = o->D, mp.sinkhorn_iters = o->cfg.hc_sinkhorn_iters;
+    mp.hc_eps = (float)o->cfg.hc_eps, mp.norm_eps = (float)o->cfg.rms_norm_eps, mp.X = o->X;
+    mp.fn = ly->hc_attn_fn, mp.base = ly->hc_attn_base, mp.scale = ly->hc_attn_scale, mp.norm_w = ly->attn_norm;
+    mp.pre = o->pre, mp.post = o->post, mp.comb = o->comb, mp.x = o->xa, mp.xn = o->xn;
+    mp.kernel = (dsv4_mhc_kernel)o->opt.mhc, mp.X_f32 = o->Xf, mp.workspace = o->ws;
+    mp.workspace_bytes = o->ws_bytes, mp.cublas = o->cublas, mp.stream = o->stream;
+    DSV4_OPT_TRY(dsv4_opt_mhc_pre(&mp));
+    DSV4_OPT_CUBLAS(cublasSetStream(o->cublas, o->stream));
+    return 0;
+}
+
+static int k_gemm_x(dsv4_opt *o, const void *vc)
+{
+    const opt_layer *ly = &o->layers[((const kctx *)vc)->L];
+    return opt_gemm(o, o->proj, 1, ly->n_x, o->xn, o->D, ly->w_x, ly->n_x, o->D, o->C);
+}
+
+static int k_gemm_q(dsv4_opt *o, const void *vc)
+{
+    const opt_layer *ly = &o->layers[((const kctx *)vc)->L];
+    return opt_gemm(o, o->qfull, 1, o->H * o->d, o->qr_b, o->qr, ly->wq_b, o->H * o->d, o->qr, o->C);
+}
+
+static int k_indexer(dsv4_opt *o, const void *vc)
+{
+    const kctx *k = vc;
+    const opt_layer *ly = &o->layers[k->L];
+    dsv4_indexer_params ip;
+    memset(&ip, 0, sizeof ip);
+    ip.n_seq = o->C, ip.n_heads = o->HI, ip.head_dim = o->dI, ip.n_work = k->n_work, ip.q = o->qI;
+    ip.keys = ly->ipool, ip.key_seq_stride = (int64_t)ly->pool_cap * o->dI, ip.weights = o->wI;
+    ip.n_live = o->live_csa, ip.scores = o->iscore, ip.score_stride = o->pool_cap_csa;
+    ip.kernel = (dsv4_indexer_kernel)o->opt.indexer;
+    ip.context = k->max_ctx ? DSV4_INDEX_CONTEXT_MAX : DSV4_INDEX_CONTEXT_LIVE;
+    ip.scratch = o->opt.indexer == DSV4_OPT_INDEXER_FP32 ? o->ws : NULL;
+    ip.scratch_bytes = o->opt.indexer == DSV4_OPT_INDEXER_FP32 ? o->ws_bytes : 0;
+    ip.stream = o->stream;
+    return dsv4_opt_indexer_scores(&ip);
+}
+
+static int k_topk(dsv4_opt *o, const void *vc)
+{
+    const kctx *k = vc;
+    dsv4_topk_params tp;
+    memset(&tp, 0, sizeof tp);
+    tp.n_seq = o->C, tp.k = o->topk, tp.n_work = k->n_work, tp.scores = o->iscore;
+    tp.score_stride = o->pool_cap_csa, tp.n_live = o->live_csa;
+    tp.context = k->max_ctx ? DSV4_INDEX_CONTEXT_MAX : DSV4_INDEX_CONTEXT_LIVE;
+    tp.out = o->topk_ids, tp.workspace = o->ws, tp.workspace_bytes = o->ws_bytes, tp.stream = o->stream;
+    return dsv4_opt_topk(&tp);
+}
+
+static int build_index(dsv4_opt *o, const kctx *k)
+{
+    const opt_layer *ly = &o->layers[k->L];
+    dsv4_step_index_params xp;
+    memset(&xp, 0, sizeof xp);
+    xp.n_seq = o->C, xp.window = o->W, xp.pos = o->d_in + o->C, xp.topk = o->topk_ids;
+    xp.live = ly->attn == DSV4_ATTN_CSA ? o->live_csa : o->live_hca, xp.idx = o->idx, xp.stream = o->stream;
+    xp.kind = ly->attn == DSV4_ATTN_SLIDING ? DSV4_STEP_INDEX_WINDOW
+              : ly->attn == DSV4_ATTN_CSA   ? DSV4_STEP_INDEX_CSA
+                                            : DSV4_STEP_INDEX_HCA;
+    xp.n_extra = k->n_extra;
+    return dsv4_opt_step_index(&xp);
+}
+
+static int k_attn(dsv4_opt *o, const void *vc)
+{
+    const kctx *k = vc;
+    const opt_layer *ly = &o->layers[k->L];
+    const int sliding = ly->attn == DSV4_ATTN_SLIDING;
+    dsv4_sparse_attn_params ap;
+    memset(&ap, 0, sizeof ap);
+    ap.n_seq = o->C, ap.n_heads = o->H, ap.head_dim = o->d, ap.rope_dim = 2 * o->np, ap.n_idx = o->W + k->n_extra;
+    ap.n_slots = o->W + ly->pool_cap, ap.scale = 1.0f / sqrtf((float)o->d), ap.q = o->q, ap.kv = ly->kvc;
+    ap.kv_seq_stride = (int64_t)(o->W + ly->pool_cap) * o->d, ap.idx = o->idx, ap.sink = ly->sinks;
+    ap.rope_cos = sliding ? o->cos_m : o->cos_c, ap.rope_sin = sliding ? o->sin_m : o->sin_c, ap.out = o->o;
+    ap.out_dtype = DSV4_OUT_BF16, ap.kernel = (dsv4_attn_kernel)o->opt.attn, ap.workspace = o->ws;
+    ap.workspace_bytes = o->ws_bytes, ap.stream = o->stream;
+    return dsv4_opt_sparse_attn(&ap);
+}
+
+static int k_gemm_o(dsv4_opt *o, const void *vc)
+{
+    const opt_layer *ly = &o->layers[((const kctx *)vc)->L];
+    const int G = o->G, o_r = o->o_r, H = o->H, d = o->d, gin = H * d / G, C = o->C;
+    const float one = 1.0f, zero = 0.0f;
+    DSV4_OPT_CUBLAS(cublasGemmStridedBatchedEx(o->cublas, CUBLAS_OP_T, CUBLAS_OP_N, o_r, C, gin, &one, ly->wo_a,
+                                               CUDA_R_16BF, gin, (long long)o_r * gin, o->o, CUDA_R_16BF, H * d,
+                                               gin, &zero, o->z, CUDA_R_16BF, G * o_r, o_r, G, CUBLAS_COMPUTE_32F,
+                                               CUBLAS_GEMM_DEFAULT));
+    return opt_gemm(o, o->aout, 1, o->D, o->z, G * o_r, ly->wo_b, o->D, G * o_r, C);
+}
+
+static int k_gemm_ffn(dsv4_opt *o, const void *vc)
+{
+    const opt_layer *ly = &o->layers[((const kctx *)vc)->L];
+    const int nf = o->E + 2 * o->NI;
+    return opt_gemm(o, o->fproj, 1, nf, o->xn, o->D, ly->w_f, nf, o->D, o->C);
+}
+
+static int k_experts(dsv4_opt *o, const void *vc)
+{
+    const opt_layer *ly = &o->layers[((const kctx *)vc)->L];
+    dsv4_moe_experts_params ep;
+    memset(&ep, 0, sizeof ep);
+    ep.n_tok = o->C, ep.k = o->K, ep.dim = o->D, ep.inter = o->NI, ep.limit = (float)o->cfg.swiglu_limit;
+    ep.x = o->xn, ep.ids = o->rids, ep.weights = o->rw, ep.w13 = ly->w13, ep.w2 = ly->w2, ep.h = o->h_r;
+    ep.shared = o->y_sh, ep.shared_stride = o->D, ep.out = o->fout, ep.stream = o->stream;
+    return dsv4_opt_moe_experts(&ep);
+}
+
+static int k_head(dsv4_opt *o, const void *vc)
+{
+    (void)vc;
+    return opt_gemm(o, o->logits, 1, o->V, o->xn, o->D, o->head, o->V, o->D, o->C);
+}
+
+/* ------------------------------------------------------------------------------------ public */
+static int distinct_experts(dsv4_opt *o, int *n)
+{
+    const int nk = o->C * o->K;
+    int32_t *ids = malloc((size_t)nk * sizeof *ids);
+    char *seen = calloc((size_t)o->E, 1);
+    int rc = ids && seen ? 0 : dsv4_error(DSV4_ERR_NOMEM, "opt_bench: out of host memory");
+    if (!rc && cudaMemcpy(ids, o->rids, (size_t)nk * 4, cudaMemcpyDeviceToHost) != cudaSuccess)
+        rc = dsv4_error(DSV4_ERR_CUDA, "opt_bench: reading the router picks failed");
+    *n = 0;
+    for (int i = 0; !rc && i < nk; i++)
+        if (ids[i] >= 0 && ids[i] < o->E && !seen[ids[i]]) seen[ids[i]] = 1, ++*n;
+    free(ids);
+    free(seen);
+    return rc;
+}
+
+static int first_layer(const dsv4_opt *o, dsv4_attn_type t)
+{
+    for (int L = 0; L < o->cfg.num_hidden_layers; L++)
+        if (o->layers[L].attn == t) return L;
+    return -1;
+}
+
+int dsv4_opt_time_kernels(dsv4_opt *o, int reps, dsv4_opt_kernel_time *out, int max_out, int *n_out)
+{
+    DSV4_CHECK(o && out && n_out && max_out >= 12, "dsv4_opt_time_kernels: bad arguments");
+    *n_out = 0;
+    int n_csa = 0, n_hca = 0, n_exp = 0;
+    /* the work sizes of the last step: positions already advanced, so step back by one */
+    for (int c = 0; c < o->C; c++) o->pos[c]--;
+    opt_step_sizes(o, NULL, &n_csa, &n_hca);
+    for (int c = 0; c < o->C; c++) o->pos[c]++;
+    DSV4_OPT_TRY(distinct_experts(o, &n_exp));
+    timer t;
+    int rc = timer_init(&t);
+    const double C = o->C, D = o->D, n = o->n, H = o->H, d = o->d, HI = o->HI, dI = o->dI, NI = o->NI, K = o->K;
+    const double mix = (2 + n) * n;
+    const int Lc = first_layer(o, DSV4_ATTN_CSA), Lh = first_layer(o, DSV4_ATTN_HCA);
+    const int L0 = Lc >= 0 ? Lc : 0;
+    const int max_ctx = o->opt.index_context == DSV4_OPT_INDEX_MAX;
+    const opt_layer *l0 = &o->layers[L0];
+    struct {
+        const char *name;
+        int L;
+        launch_fn fn;
+        kctx k;
+        double bytes, flops;
+        int skip;
+    } ks[12];
+    int nk = 0;
+#define KADD(nm, layer, f, ctxv, b, fl, sk)                                                                      \
+    do {                                                                                                         \
+        ks[nk].name = (nm), ks[nk].L = (layer), ks[nk].fn = (f), ks[nk].k = (ctxv), ks[nk].bytes = (b);          \
+        ks[nk].flops = (fl), ks[nk].skip = (sk), nk++;                                                           \
+    } while (0)
+    kctx k0 = {L0, 0, 0, 0};
+    KADD("mhc_pre", L0, k_mhc_pre, k0, C * n * D * 2 + mix * n * D * 4 + C * D * 6, 2 * C * mix * n * D, 0);
+    KADD("gemm_x", L0, k_gemm_x, k0, (double)l0->n_x * D * 2 + C * D * 2 + C * l0->n_x * 4,
+         2 * C * l0->n_x * D, 0);
+    KADD("gemm_wq_b", L0, k_gemm_q, k0, H * d * o->qr * 2.0 + C * o->qr * 2 + C * H * d * 4, 2 * C * H * d * o->qr,
+         0);
+    const int nw = max_ctx ? o->pool_cap_csa : (n_csa > 0 ? n_csa : 1);
+    kctx ki = {L0, nw, max_ctx, 0};
+    /* live entries per sequence of the last step (all sequences share one position in dsv4 bench) */
+    double live = Lc >= 0 ? (double)((o->pos[0]) / o->layers[Lc].ratio) : 0;
+    KADD("indexer", Lc, k_indexer, ki, C * live * dI * 2 + C * HI * dI * 2 + C * live * 4, 2 * C * live * HI * dI,
+         Lc < 0);
+    KADD("topk", Lc, k_topk, ki, C * live * 4 + C * o->topk * 4, 0, Lc < 0);
+    kctx ka = {Lc, 0, 0, o->topk};
+    double nidx_c = o->W + (live < o->topk ? live : o->topk);
+    KADD("attn_csa", Lc, k_attn, ka, C * nidx_c * d * 2 + C * H * d * 4, 4 * C * H * nidx_c * d, Lc < 0);
+    kctx kh = {Lh, 0, 0, n_hca};
+    double hlive = Lh >= 0 ? (double)(o->pos[0] / o->layers[Lh].ratio) : 0;
+    KADD("attn_hca", Lh, k_attn, kh, C * (o->W + hlive) * d * 2 + C * H * d * 4, 4 * C * H * (o->W + hlive) * d,
+         Lh < 0);
+    KADD("gemm_wo", L0, k_gemm_o, k0, (H * d * o->o_r + D * o->G * o->o_r) * 2.0 + C * H * d * 2 + C * D * 4,
+         2 * C * (H * d * o->o_r + D * o->G * o->o_r), 0);
+    KADD("gemm_ffn", L0, k_gemm_ffn, k0, (o->E + 2 * NI) * D * 2 + C * D * 2 + C * (o->E + 2 * NI) * 4,
+         2 * C * (o->E + 2 * NI) * D, 0);
+    KADD("moe_experts", L0, k_experts, k0, n_exp * 3 * NI * D * 2 + C * D * 2 + C * D * 8, 2 * C * K * 3 * NI * D, 0);
+    KADD("head", -1, k_head, k0, (double)o->V * D * 2 + C * D * 2 + C * o->V * 4, 2 * C * o->V * D, 0);
+#undef KADD
+    for (int i = 0; i < nk && !rc; i++) {
+        if (ks[i].skip) continue;
+        if (ks[i].fn == k_attn) rc = build_index(o, &ks[i].k);
+        double us = 0;
+        if (!rc) rc = time_launch(o, &t, ks[i].fn, &ks[i].k, reps, &us);
+        if (rc) break;
+        dsv4_opt_kernel_time *r = &out[(*n_out)++];
+        memset(r, 0, sizeof *r);
+        snprintf(r->name, sizeof r->name, "%s", ks[i].name);
+        r->layer = ks[i].L, r->us = us, r->bytes = ks[i].bytes, r->flops = ks[i].flops;
+        r->work = ks[i].fn == k_indexer || ks[i].fn == k_topk ? nw : ks[i].fn == k_attn ? o->W + ks[i].k.n_extra : 0;
+        r->experts = ks[i].fn == k_experts ? n_exp : 0;
+    }
+    timer_free(&t);
+    return rc;
+}
+
+int dsv4_opt_time_indexer(dsv4_opt *o, int n_live, int max_context_work, int reps, double *us_scores,
+                          double *us_topk)
+{
+    const int Lc = o ? first_layer(o, DSV4_ATTN_CSA) : -1;
+    DSV4_CHECK(o && us_scores && us_topk, "dsv4_opt_time_indexer: NULL argument");
+    DSV4_CHECK(Lc >= 0, "dsv4_opt_time_indexer: the model has no CSA layer");
+    DSV4_CHECK(n_live >= 1 && n_live <= o->pool_cap_csa, "dsv4_opt_time_indexer: %d live entries outside [1, %d]",
+               n_live, o->pool_cap_csa);
+    int *h = malloc((size_t)o->C * sizeof *h);
+    if (!h) return dsv4_error(DSV4_ERR_NOMEM, "opt_bench: out of host memory");
+    for (int c = 0; c < o->C; c++) h[c] = n_live;
+    cudaError_t e = cudaMemcpy(o->live_csa, h, (size_t)o->C * 4, cudaMemcpyHostToDevice);
+    free(h);
+    if (e != cudaSuccess) return dsv4_error(DSV4_ERR_CUDA, "opt_bench: live counts: %s", cudaGetErrorString(e));
+    /* the live grid as the step sizes it: the power-of-two bucket of the live count, from 16, capped */
+    int b = 16;
+    while (b < n_live && b < o->pool_cap_csa) b *= 2;
+    if (b > o->pool_cap_csa) b = o->pool_cap_csa;
+    kctx k = {Lc, max_context_work ? o->pool_cap_csa : b, max_context_work, 0};
+    timer t;
+    int rc = timer_init(&t);
+    if (!rc) rc = time_launch(o, &t, k_indexer, &k, reps, us_scores);
+    if (!rc) rc = time_launch(o, &t, k_topk, &k, reps, us_topk);
+    timer_free(&t);
+    return rc;
+}
