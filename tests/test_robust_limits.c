@@ -281,6 +281,42 @@ START_TEST(test_header_claiming_2_to_the_60_elements)
 }
 END_TEST
 
+START_TEST(test_tid2eid_naming_an_expert_that_does_not_exist)
+{
+    /* a hash layer's token -> expert table indexes the experts: a value past n_routed_experts must not get in */
+    char *dir = tiny_model(NULL, DSV4_STW_OFFICIAL_F32, 1);
+    dsv4_model *m;
+    ck_assert_int_eq(dsv4_model_open(dir, &m), 0);
+    dsv4_stw *all = dsv4_stw_new();
+    for (int i = 0; i < dsv4_model_tensor_count(m); i++) {
+        const dsv4_tensor *t = dsv4_model_tensor_at(m, i);
+        if (!strcmp(t->name, "head.weight") && dsv4_model_config(m)->tie_word_embeddings) continue;
+        void *copy = malloc(t->nbytes ? t->nbytes : 1);
+        memcpy(copy, t->data, t->nbytes);
+        if (!strcmp(t->name, "layers.0.ffn.gate.tid2eid")) ((int64_t *)copy)[5] = 1000;
+        ck_assert_int_eq(dsv4_stw_add(all, t->disk_name, dsv4_dtype_name(t->dtype), t->ndim, t->shape, copy, t->nbytes),
+                         0);
+        free(copy);
+    }
+    const dsv4_config cfg = *dsv4_model_config(m);
+    dsv4_model_free(m);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    ck_assert_int_eq(dsv4_stw_write(all, path, NULL), 0);
+    dsv4_stw_free(all);
+    ck_assert_int_eq(dsv4_model_open(dir, &m), 0);
+    size_t n = (size_t)cfg.vocab_size * (size_t)cfg.num_experts_per_tok;
+    int32_t *ids = malloc(n * sizeof *ids);
+    expect_msg(dsv4_model_read_i32(m, "layers.0.ffn.gate.tid2eid", ids, n), DSV4_ERR_FORMAT,
+               "tensor layers.0.ffn.gate.tid2eid: element 5 = 1000 is outside [0, ", NULL);
+    free(ids);
+    dsv4_ref *r = (dsv4_ref *)1;
+    expect_msg(dsv4_ref_cpu_init(m, 16, &r), DSV4_ERR_FORMAT, "layers.0.ffn.gate.tid2eid", "outside");
+    dsv4_model_free(m);
+    dsv4_test_rmtree(dir);
+}
+END_TEST
+
 static Suite *robust_limits_suite(void)
 {
     Suite *s = suite_create("robust_limits");
@@ -300,6 +336,7 @@ static Suite *robust_limits_suite(void)
     tcase_add_test(tc, test_index_pointing_outside_the_folder);
     tcase_add_test(tc, test_config_with_a_billion_layers);
     tcase_add_test(tc, test_header_claiming_2_to_the_60_elements);
+    tcase_add_test(tc, test_tid2eid_naming_an_expert_that_does_not_exist);
     suite_add_tcase(s, tc);
     return s;
 }
