@@ -188,20 +188,22 @@ static int check_memory(dsv4_model *m, const dsv4_config *f, int max_tokens)
         weights += 4 * numel;
     }
     free(ex);
-    double cmp_max = 0;
+    double cmp_max = 0, extra_max = 0;
     for (int L = 0; L < f->num_hidden_layers; L++) {
         state += (double)f->sliding_window * d;
         int r = f->attn_type[L] == DSV4_ATTN_SLIDING ? 0 : f->compress_ratio[L];
         if (r <= 0) continue;
         if (r > (1 << 24)) return dsv4_error(DSV4_ERR_CONFIG, "reference: layer %d compress ratio %d", L, r);
         state += T / r * (d + dI) + 8.0 * r * (d + dI); /* pools + compressor states (overlap: 2r rows x 2d) */
-        if (T / r > cmp_max) cmp_max = T / r;
+        double pool = T / r, extra = f->attn_type[L] == DSV4_ATTN_CSA && f->index_topk < pool ? f->index_topk : pool;
+        if (pool > cmp_max) cmp_max = pool;
+        if (extra > extra_max) extra_max = extra; /* entries attended besides the window (layout_state's m_max) */
     }
-    double m_max = (double)f->sliding_window + T, np = f->qk_rope_head_dim / 2 + 1, n = f->hc_mult;
+    double m_max = (double)f->sliding_window + extra_max, np = f->qk_rope_head_dim / 2 + 1, n = f->hc_mult;
     double H = f->num_attention_heads, HI = f->index_n_heads, D = f->hidden_size;
     if (m_max > 2147483647.0)
-        return dsv4_error(DSV4_ERR_CONFIG, "reference: sliding_window %d + max_tokens %d does not fit an int",
-                          f->sliding_window, max_tokens);
+        return dsv4_error(DSV4_ERR_CONFIG, "reference: sliding_window %d + %.0f compressed entries (max_tokens %d) "
+                          "does not fit an int", f->sliding_window, extra_max, max_tokens);
     double per_token = 2 * n * D + 2 * n + n * n + 5 * D + f->q_lora_rank + 2 * H * d + 5 * d + 4 * dI + HI * dI +
                        HI + (double)f->o_groups * f->o_lora_rank + 4 * np + f->index_topk + 1 +
                        f->n_routed_experts + 3.0 * f->num_experts_per_tok + 2.0 * f->moe_intermediate_size + 50 * 16;
