@@ -1,0 +1,220 @@
+#!/usr/bin/env python3
+"""peer_transformers.py - the peer of `dsv4 bench`: transformers' own DeepseekV4ForCausalLM in bf16 on the same GPU,
+eager (no torch.compile, attn_implementation="eager", the experts backend transformers picks by default), with the
+same shapes, layer schedule, batch C and live context as the dsv4 bench run, and the same token counts (warm-up and
+timed decode steps).
+
+How it runs (per live context): one REAL prefill of ctx - 128 tokens through transformers (so the caches are
+transformers' own), the cache is then copied along the batch to C sequences (every batch-leading tensor of the
+cache layers repeated C times: C identical sequences; transformers' work per step does not depend on the values),
+then `warmup` untimed and `reps` timed one-token decode steps over the C sequences. Each step is timed with
+torch.cuda.Event around the model call; the median and min..max are reported. The weights are random (transformers'
+init, with the degenerate hash table tid2eid and routing bias replaced by random valid values so routing spreads
+over the experts as in dsv4 bench).
+
+Usage (on the GPU machine, where torch and transformers >= 5.8 are installed):
+  python3 bench/peers/peer_transformers.py --layers 5 --batch 1,64 --context 4096 --json OUT.json
+  python3 bench/peers/peer_transformers.py --like bench.json --batch 1,64 --context 4096 --json OUT.json
+    (--like takes layers, warm-up and reps from a dsv4 bench JSON)
+"""
+import argparse
+import copy
+import json
+import statistics
+import sys
+import time
+
+CSA = "compressed_sparse_attention"
+HCA = "heavily_compressed_attention"
+
+
+def log(msg):
+    print(f"[peer {time.time() - T0:6.1f}s] {msg}", file=sys.stderr, flush=True)
+
+
+def make_config(DeepseekV4Config, layers, max_pos):
+    """Flash values (model-spec §1.1) with the Flash schedule from layer 2 on: CSA (hash MoE), HCA, CSA, ..."""
+    kw = dict(vocab_size=129280, hidden_size=4096, num_hidden_layers=layers, num_attention_heads=64,
+              num_key_value_heads=1, head_dim=512, partial_rotary_factor=64 / 512, q_lora_rank=1024, o_groups=8,
+              o_lora_rank=1024, sliding_window=128, index_n_heads=64, index_head_dim=128, index_topk=512,
+              n_routed_experts=256, n_shared_experts=1, num_experts_per_tok=6, moe_intermediate_size=2048,
+              routed_scaling_factor=1.5, swiglu_limit=10.0, hc_mult=4, hc_sinkhorn_iters=20, hc_eps=1e-6,
+              rms_norm_eps=1e-6, max_position_embeddings=max_pos, rope_theta=10000.0, compress_rope_theta=160000.0,
+              layer_types=[CSA if L % 2 == 0 else HCA for L in range(layers)],
+              mlp_layer_types=["hash_moe" if L == 0 else "moe" for L in range(layers)],
+              compress_rates={CSA: 4, HCA: 128}, tie_word_embeddings=False)
+    rs = dict(type="yarn", factor=16, original_max_position_embeddings=65536, beta_fast=32, beta_slow=1)
+    try:
+        cfg = DeepseekV4Config(**kw, rope_scaling=rs)
+        if cfg.rope_parameters.get("compress", {}).get("rope_type") == "yarn":
+            return cfg
+    except (TypeError, ValueError) as e:
+        log(f"note: rope_scaling not accepted ({e}); passing rope_parameters")
+    prf = kw["partial_rotary_factor"]
+    kw["rope_parameters"] = {
+        "main": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": prf},
+        "compress": {"rope_type": "yarn", "rope_theta": 160000.0, "factor": 16,
+                     "original_max_position_embeddings": 65536, "beta_fast": 32, "beta_slow": 1,
+                     "partial_rotary_factor": prf, "attention_factor": 1.0}}
+    return DeepseekV4Config(**kw)
+
+
+def randomise_routing(torch, model, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    for name, buf in model.named_buffers():
+        if name.endswith("tid2eid"):
+            V, k = buf.shape
+            E = model.config.n_routed_experts
+            base = torch.randint(0, E, (V, 1), generator=g, device="cuda")
+            buf.copy_(((base + 37 * torch.arange(k, device="cuda")) % E).to(buf.dtype))
+    for name, p in model.named_parameters():
+        if "e_score_correction_bias" in name or name.endswith("gate.bias"):
+            with torch.no_grad():
+                p.normal_(0.0, 0.05, generator=g)
+
+
+def expand_cache(torch, cache, C):
+    """Repeat every batch-leading tensor of the cache layers C times (dicts, lists and tuples walked)."""
+    def ex(v):
+        if torch.is_tensor(v):
+            return v.repeat(C, *([1] * (v.dim() - 1))) if v.dim() >= 1 and v.shape[0] == 1 else v
+        if isinstance(v, dict):
+            return {k: ex(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [ex(x) for x in v]
+        if isinstance(v, tuple):
+            return tuple(ex(x) for x in v)
+        return v
+    for layer in getattr(cache, "layers", []):
+        for k, v in list(vars(layer).items()):
+            setattr(layer, k, ex(v))
+    return cache
+
+
+def main():
+    global T0
+    T0 = time.time()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--like", help="a dsv4 bench JSON: take layers, warmup and reps from it")
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--batch", default="1,64")
+    ap.add_argument("--context", default="4096")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--max-context", type=int, default=1 << 20)
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--deadline", type=float, default=0, help="seconds; skip what would start after it")
+    ap.add_argument("--json", required=True)
+    a = ap.parse_args()
+    if a.like:
+        with open(a.like) as f:
+            b = json.load(f)
+        a.layers = b["model"]["layers"]
+        a.warmup, a.reps = b["method"]["warmup"], b["method"]["reps"]
+        a.max_context = b["method"]["max_context"]
+    batches = [int(x) for x in a.batch.split(",")]
+    contexts = [int(x) for x in a.context.split(",")]
+
+    import torch
+    import transformers
+    from transformers import DynamicCache
+    from transformers.models.deepseek_v4.configuration_deepseek_v4 import DeepseekV4Config
+    from transformers.models.deepseek_v4.modeling_deepseek_v4 import DeepseekV4ForCausalLM
+
+    out = {"schema": "dsv4-bench-peer/1", "peer": "transformers DeepseekV4ForCausalLM, bf16, eager",
+           "transformers": transformers.__version__, "torch": torch.__version__,
+           "device": torch.cuda.get_device_name(0), "layers": a.layers, "warmup": a.warmup, "reps": a.reps,
+           "state": "real transformers prefill of ctx-128 tokens (one sequence), cache repeated along the batch",
+           "runs": [], "failures": []}
+
+    def save():
+        out["elapsed_s"] = time.time() - T0
+        with open(a.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+    torch.manual_seed(a.seed)
+    cfg = make_config(DeepseekV4Config, a.layers, a.max_context)
+    cfg._attn_implementation = "eager"
+    log(f"building {a.layers} layers {cfg.layer_types} in bf16 on the GPU")
+    torch.set_default_dtype(torch.bfloat16)
+    with torch.device("cuda"):
+        model = DeepseekV4ForCausalLM(cfg)
+    model = model.to(device="cuda", dtype=torch.bfloat16).eval()
+    randomise_routing(torch, model, a.seed)
+    out["attn_implementation"] = str(getattr(model.config, "_attn_implementation", None))
+    out["experts_implementation"] = str(getattr(model.config, "_experts_implementation", None))
+    out["weights_gib"] = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**30
+    log(f"built: {out['weights_gib']:.1f} GiB of parameters, attn {out['attn_implementation']}, "
+        f"experts {out['experts_implementation']}")
+    save()
+    gen = torch.Generator(device="cuda").manual_seed(a.seed + 1)
+    for ctx in contexts:
+        pos0 = ctx - 128
+        if a.deadline and time.time() - T0 > a.deadline:
+            out["failures"].append({"context": ctx, "error": "skipped: deadline"})
+            break
+        try:
+            prompt = torch.randint(2, cfg.vocab_size, (1, pos0), generator=gen, device="cuda")
+            try:
+                cache0 = DynamicCache(config=model.config)
+            except TypeError:
+                cache0 = None
+            torch.cuda.synchronize()
+            t0 = time.time()
+            with torch.no_grad():
+                try:
+                    o = model(input_ids=prompt, past_key_values=cache0, use_cache=True, logits_to_keep=1)
+                except TypeError:
+                    o = model(input_ids=prompt, past_key_values=cache0, use_cache=True)
+            torch.cuda.synchronize()
+            cache0 = o.past_key_values if cache0 is None else cache0
+            del o
+            prefill_s = time.time() - t0
+            log(f"ctx {ctx}: prefill of {pos0} tokens in {prefill_s:.2f} s "
+                f"(cache layers {[type(l).__name__ for l in getattr(cache0, 'layers', [])]})")
+        except Exception as e:  # noqa: BLE001 - reported, not hidden
+            out["failures"].append({"context": ctx, "stage": "prefill", "error": repr(e)[:500]})
+            log(f"ctx {ctx}: prefill FAILED: {e!r}")
+            save()
+            continue
+        for C in batches:
+            if a.deadline and time.time() - T0 > a.deadline:
+                out["failures"].append({"C": C, "context": ctx, "error": "skipped: deadline"})
+                continue
+            try:
+                cache = expand_cache(torch, copy.deepcopy(cache0), C) if C > 1 else copy.deepcopy(cache0)
+                times = []
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                with torch.no_grad():
+                    for s in range(a.warmup + a.reps):
+                        tok = torch.randint(2, cfg.vocab_size, (C, 1), generator=gen, device="cuda")
+                        e0.record()
+                        o = model(input_ids=tok, past_key_values=cache, use_cache=True)
+                        e1.record()
+                        torch.cuda.synchronize()
+                        if s >= a.warmup:
+                            times.append(e0.elapsed_time(e1))
+                        if not torch.isfinite(o.logits).all():
+                            raise RuntimeError("non-finite logits")
+                        del o
+                med = statistics.median(times)
+                r = {"C": C, "context": ctx, "pos0": pos0, "ms_median": med, "ms_min": min(times),
+                     "ms_max": max(times), "tokens_per_s": 1e3 * C / med, "prefill_s": prefill_s}
+                out["runs"].append(r)
+                log(f"  C={C} ctx {ctx}: {med:.2f} ms/step ({min(times):.2f}..{max(times):.2f}), "
+                    f"{r['tokens_per_s']:.1f} tokens/s")
+                del cache
+            except Exception as e:  # noqa: BLE001
+                out["failures"].append({"C": C, "context": ctx, "stage": "decode", "error": repr(e)[:500]})
+                log(f"  C={C} ctx {ctx}: FAILED: {e!r}")
+            torch.cuda.empty_cache()
+            save()
+        del cache0
+        torch.cuda.empty_cache()
+    out["complete"] = True
+    save()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
