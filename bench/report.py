@@ -7,11 +7,13 @@
 The Markdown holds: the run's GPU, driver, CUDA version, date and commit; the headline table (all-on tokens/s per
 C and context, with the peer's and the ratio); the ablation table (each variant's ms/step and tokens/s, and its
 slow-down against all-on); the index-context baseline; the per-kernel roofline; the context-scaling table; and
-what was not measured. The chart (matplotlib, SVG): tokens/s per variant and C at each context (log scale, the
+what was not measured. The chart (SVG): tokens/s per variant and C at each context (log scale, the
 peer as its own bar), and the indexer + top-k time per CSA layer against the live context, live vs max.
+The SVG is written directly (no plotting library needed).
 """
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -126,10 +128,43 @@ def markdown(bench, peer, meta_path, commit):
     return "\n".join(md) + "\n"
 
 
+COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22"]
+
+
+def _esc(t):
+    return str(t).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+class Panel:
+    """One plot area with log10 y (and optionally log2 x) axes, written as SVG elements."""
+
+    def __init__(self, x0, y0, w, h, ylo, yhi, title, ylabel, xlabel=""):
+        self.x0, self.y0, self.w, self.h = x0, y0, w, h
+        self.lylo, self.lyhi = math.floor(math.log10(ylo)), math.ceil(math.log10(yhi))
+        if self.lyhi == self.lylo:
+            self.lyhi += 1
+        self.el = [f'<text x="{x0 + w / 2}" y="{y0 - 12}" text-anchor="middle" font-size="13">{_esc(title)}</text>',
+                   f'<rect x="{x0}" y="{y0}" width="{w}" height="{h}" fill="none" stroke="#444"/>',
+                   f'<text x="{x0 - 46}" y="{y0 + h / 2}" font-size="11" text-anchor="middle" '
+                   f'transform="rotate(-90 {x0 - 46} {y0 + h / 2})">{_esc(ylabel)}</text>',
+                   f'<text x="{x0 + w / 2}" y="{y0 + h + 34}" font-size="11" text-anchor="middle">{_esc(xlabel)}</text>']
+        for e in range(self.lylo, self.lyhi + 1):
+            y = self.y(10 ** e)
+            self.el.append(f'<line x1="{x0}" x2="{x0 + w}" y1="{y:.1f}" y2="{y:.1f}" stroke="#ddd"/>')
+            self.el.append(f'<text x="{x0 - 4}" y="{y + 4:.1f}" font-size="10" text-anchor="end">{10.0 ** e:g}</text>')
+
+    def y(self, v):
+        lv = math.log10(max(v, 10 ** self.lylo))
+        return self.y0 + self.h - (lv - self.lylo) / (self.lyhi - self.lylo) * self.h
+
+    def legend(self, labels, x, y):
+        for i, lab in enumerate(labels):
+            c = COLORS[i % len(COLORS)] if lab != "transformers" else "#888888"
+            self.el.append(f'<rect x="{x}" y="{y + 14 * i}" width="10" height="10" fill="{c}"/>')
+            self.el.append(f'<text x="{x + 14}" y="{y + 9 + 14 * i}" font-size="10">{_esc(lab)}</text>')
+
+
 def chart(bench, peer, svg):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     runs = bench["runs"]
     ctxs = sorted({r["context"] for r in runs})
     Cs = sorted({r["C"] for r in runs})
@@ -139,46 +174,69 @@ def chart(bench, peer, svg):
             variants.append(r["variant"])
     peer_runs = {(r["C"], r["context"]): r for r in (peer or {}).get("runs", [])}
     labels = variants + (["transformers"] if peer_runs else [])
-    ncol = len(ctxs) + (1 if bench.get("scaling") else 0)
-    fig, axes = plt.subplots(1, ncol, figsize=(6.2 * ncol, 4.6), squeeze=False)
-    width = 0.8 / max(1, len(labels))
+    scal = bench.get("scaling", [])
+    W, H, top = 470, 300, 50
+    n = len(ctxs) + (1 if scal else 0)
+    panels = []
+    vals = [r["tokens_per_s"] for r in runs] + [r["tokens_per_s"] for r in peer_runs.values()]
+    vals = [v for v in vals if v > 0] or [1.0]
     for ai, ctx in enumerate(ctxs):
-        ax = axes[0][ai]
-        for li, lab in enumerate(labels):
-            ys = []
-            for C in Cs:
+        p = Panel(70 + ai * (W + 110), top, W, H, min(vals), max(vals),
+                  f"decode tokens/s, live context {ctx}, max {bench['method']['max_context']}", "tokens/s (log)")
+        gw = W / len(Cs)
+        bw = 0.8 * gw / max(1, len(labels))
+        for ci, C in enumerate(Cs):
+            p.el.append(f'<text x="{p.x0 + gw * (ci + 0.5):.1f}" y="{p.y0 + H + 16}" font-size="11" '
+                        f'text-anchor="middle">C={C}</text>')
+            for li, lab in enumerate(labels):
                 if lab == "transformers":
-                    p = peer_runs.get((C, ctx))
-                    ys.append(p["tokens_per_s"] if p else 0)
+                    m = peer_runs.get((C, ctx))
+                    v = m["tokens_per_s"] if m else 0
                 else:
                     m = [r for r in runs if r["C"] == C and r["context"] == ctx and r["variant"] == lab]
-                    ys.append(m[0]["tokens_per_s"] if m else 0)
-            xs = [i + (li - (len(labels) - 1) / 2) * width for i in range(len(Cs))]
-            ax.bar(xs, ys, width, label=lab, color="#888888" if lab == "transformers" else None)
-        ax.set_xticks(range(len(Cs)))
-        ax.set_xticklabels([f"C={C}" for C in Cs])
-        ax.set_yscale("log")
-        ax.set_ylabel("tokens/s (log)")
-        ax.set_title(f"decode tokens/s, live context {ctx}, max {bench['method']['max_context']}")
-        ax.grid(axis="y", alpha=0.3)
+                    v = m[0]["tokens_per_s"] if m else 0
+                if v <= 0:
+                    continue
+                x = p.x0 + gw * ci + 0.1 * gw + li * bw
+                yv = p.y(v)
+                c = COLORS[li % len(COLORS)] if lab != "transformers" else "#888888"
+                p.el.append(f'<rect x="{x:.1f}" y="{yv:.1f}" width="{bw:.1f}" height="{p.y0 + H - yv:.1f}" '
+                            f'fill="{c}"><title>{_esc(lab)} C={C}: {v:.1f} tokens/s</title></rect>')
         if ai == 0:
-            ax.legend(fontsize=7)
-    if bench.get("scaling"):
-        ax = axes[0][-1]
-        for C in sorted({s["C"] for s in bench["scaling"]}):
-            pts = [s for s in bench["scaling"] if s["C"] == C]
-            x = [s["live_context"] for s in pts]
-            ax.plot(x, [s["live_scores_us"] + s["live_topk_us"] for s in pts], "o-", label=f"live, C={C}")
-            ax.plot(x, [s["max_scores_us"] + s["max_topk_us"] for s in pts], "s--", label=f"max, C={C}")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("live context (positions)")
-        ax.set_ylabel("µs per CSA layer (log)")
-        ax.set_title(f"indexer + top-k, max context {bench['scaling'][0]['max_context']}")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(svg, format="svg")
+            p.legend(labels, p.x0 + 6, p.y0 + 6)
+        panels.append(p)
+    if scal:
+        ys = [s[k] for s in scal for k in ("live_scores_us", "live_topk_us", "max_scores_us", "max_topk_us")]
+        tot = [s["live_scores_us"] + s["live_topk_us"] for s in scal] + \
+              [s["max_scores_us"] + s["max_topk_us"] for s in scal]
+        p = Panel(70 + len(ctxs) * (W + 110), top, W, H, min(tot), max(tot),
+                  f"indexer + top-k per CSA layer, max context {scal[0]['max_context']}", "us (log)",
+                  "live context (positions, log2)")
+        xs = sorted({s["live_context"] for s in scal})
+        lx0, lx1 = math.log2(xs[0]), math.log2(xs[-1]) if len(xs) > 1 else math.log2(xs[0]) + 1
+
+        def X(v):
+            return p.x0 + 10 + (math.log2(v) - lx0) / max(1e-9, lx1 - lx0) * (W - 20)
+
+        for v in xs:
+            p.el.append(f'<text x="{X(v):.1f}" y="{p.y0 + H + 16}" font-size="9" text-anchor="middle">'
+                        f'{v // 1024}K</text>')
+        labs = []
+        for ci, C in enumerate(sorted({s["C"] for s in scal})):
+            pts = sorted([s for s in scal if s["C"] == C], key=lambda s: s["live_context"])
+            for kind, dash in (("live", ""), ("max", ' stroke-dasharray="5,3"')):
+                col = COLORS[(2 * ci + (kind == "max")) % len(COLORS)]
+                path = " ".join(f"{X(s['live_context']):.1f},{p.y(s[kind + '_scores_us'] + s[kind + '_topk_us']):.1f}"
+                                for s in pts)
+                p.el.append(f'<polyline points="{path}" fill="none" stroke="{col}" stroke-width="2"{dash}/>')
+                labs.append(f"{kind}, C={C}")
+        p.legend(labs, p.x0 + 6, p.y0 + 6)
+        panels.append(p)
+    total_w = 70 + n * (W + 110)
+    body = "\n".join(e for p in panels for e in p.el)
+    with open(svg, "w") as f:
+        f.write(f'<svg xmlns="http://www.w3.org/2000/svg" width="{total_w}" height="{top + H + 50}" '
+                f'font-family="sans-serif">\n<rect width="100%" height="100%" fill="white"/>\n{body}\n</svg>\n')
 
 
 def main():
