@@ -134,12 +134,20 @@ def main():
 
     torch.manual_seed(a.seed)
     cfg = make_config(DeepseekV4Config, a.layers, a.max_context)
-    cfg._attn_implementation = "eager"
+    try:
+        cfg._attn_implementation = "eager"
+    except Exception as e:  # noqa: BLE001 - then the model's default, recorded below
+        log(f"note: cannot set attn_implementation on the config ({e!r})")
     log(f"building {a.layers} layers {cfg.layer_types} in bf16 on the GPU")
     torch.set_default_dtype(torch.bfloat16)
     with torch.device("cuda"):
         model = DeepseekV4ForCausalLM(cfg)
     model = model.to(device="cuda", dtype=torch.bfloat16).eval()
+    if hasattr(model, "set_attn_implementation"):
+        try:
+            model.set_attn_implementation("eager")
+        except Exception as e:  # noqa: BLE001
+            log(f"note: set_attn_implementation('eager') failed ({e!r})")
     randomise_routing(torch, model, a.seed)
     out["attn_implementation"] = str(getattr(model.config, "_attn_implementation", None))
     out["experts_implementation"] = str(getattr(model.config, "_experts_implementation", None))
