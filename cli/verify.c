@@ -26,12 +26,17 @@ static void usage(FILE *f)
                "  --layers A-B               only layers A..B (A-, -B open; final/ counts as layer L)\n"
                "  --positions A-B            only positions A..B (per-entry rows by the position closing them)\n"
                "  --allow-different-weights  compare dumps whose weights_digest differ\n"
+               "  --tie-at POSITION:LAYER    a tie-accepted top-k difference established by another comparison\n"
+               "                             (one that stores that position): later comparisons use the profile's\n"
+               "                             after_tie gates, as they do after a tie seen in these files\n"
                "  --color / --no-color       ANSI colours (default: when stdout is a terminal)\n"
                "  --quiet                    no terminal report (exit status and files only)\n"
                "  -h, --help                 this text\n\n"
                "metrics: max_abs (with coordinate), rel_l2, nmse, cosine, nonfinite; topk_idx: recall, jaccard,\n"
                "accepted/strict (tie-aware with the golden indexer_scores); router_ids: mismatch; logits: argmax,\n"
-               "top5, kl. NaN/Inf and shape differences always fail. See docs/verify.md.\n\n"
+               "top5, kl. NaN/Inf and shape differences always fail. After the first tie-accepted top-k pick\n"
+               "(model order) every comparison uses the profile's after_tie gates; the report says where and how\n"
+               "many checks passed only thanks to them. See docs/verify.md.\n\n"
                "exit status: 0 within tolerance, 1 diverged, 2 could not compare (unreadable file, wrong schema,\n"
                "different weights_digest, no common positions or probes) or bad usage.\n");
 }
@@ -114,6 +119,23 @@ int dsv4_cmd_verify(int argc, char **argv)
                 o.pos_lo = lo;
                 o.pos_hi = hi;
             }
+        } else if (!strcmp(a, "--tie-at")) {
+            NEED_VALUE();
+            char *end;
+            const char *v = argv[++i];
+            long pos = strtol(v, &end, 10), layer = -1;
+            if (end != v && *end == ':' && end[1]) {
+                const char *l = end + 1;
+                layer = strtol(l, &end, 10);
+                if (end == l || *end) layer = -1;
+            }
+            if (pos < 0 || pos > INT_MAX || layer < 0 || layer > INT_MAX) {
+                fprintf(stderr, "dsv4 verify: --tie-at '%s': expected POSITION:LAYER (e.g. 2136:1)\n", v);
+                free(tol);
+                return 2;
+            }
+            o.tie_at_position = (int)pos;
+            o.tie_at_layer = (int)layer;
         } else if (!strcmp(a, "--allow-different-weights")) {
             o.allow_different_weights = 1;
         } else if (!strcmp(a, "--color")) {

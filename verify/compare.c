@@ -9,6 +9,10 @@
  * - Model order is position-major (design.md "First divergence"): (position, layer, probe order, entry).
  *   final/ ranks as layer n_layers.
  * - A probe in only one file is listed in the result, never dropped.
+ * - After a tie (model-spec 13, docs/verify.md "After a tie"): the first tie-accepted top-k difference in
+ *   model order is found BEFORE any row is judged (a scan of the topk_idx probes), because probes are streamed
+ *   one at a time and a row of layer 1 at position 40 comes after a tie at (35, layer 3). Every row after it
+ *   is judged with the probe's after_tie gates; the checks that pass only thanks to them are counted.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <fnmatch.h>
@@ -27,6 +31,7 @@ void dsv4_verify_options_init(dsv4_verify_options *o)
     o->profile = "fp32";
     o->layer_lo = o->layer_hi = -1;
     o->pos_lo = o->pos_hi = -1;
+    o->tie_at_position = o->tie_at_layer = -1;
 }
 
 static char *dupstr(const char *s)
@@ -175,6 +180,11 @@ static int build_probes(dsv4_cmp_ctx *x)
             if ((rc = dsv4_verify_profile_lookup(x->prof, p->dataset, p->probe, p->gates, &p->n_gates, &p->tie_abs,
                                                  &p->tie_rel)))
                 return rc;
+            memcpy(p->after_gates, p->gates, sizeof p->gates);
+            p->after_tie_abs = p->tie_abs;
+            p->after_tie_rel = p->tie_rel;
+            dsv4_verify_profile_after_tie(x->prof, p->dataset, p->probe, p->after_gates, p->n_gates, &p->after_tie_abs,
+                                          &p->after_tie_rel);
             r->n_probes++;
             if (p->presence == DSV4_VERIFY_IN_BOTH)
                 r->n_compared++;
@@ -348,7 +358,9 @@ static void describe(const dsv4_verify_probe *p, const dsv4_verify_row *row, dsv
         const int32_t *gi = g, *ci = c;
         int k = (int)(p->golden_info.ndim > 1 ? p->golden_info.shape[1] : 1);
         double kth = NAN, tol = NAN;
-        if (gi) dsv4_verify_topk_threshold(gi, k, aux_g, aux_n, p->tie_abs, p->tie_rel, &kth, &tol);
+        if (gi)
+            dsv4_verify_topk_threshold(gi, k, aux_g, aux_n, row->after_tie ? p->after_tie_abs : p->tie_abs,
+                                       row->after_tie ? p->after_tie_rel : p->tie_rel, &kth, &tol);
         int len =
             snprintf(out, n, "recall %.4f, %.0f tie-accepted, %.0f strict; k-th golden score %.6g, tie tol %.3g",
                      row->v[DSV4_METRIC_RECALL], row->v[DSV4_METRIC_ACCEPTED], row->v[DSV4_METRIC_STRICT], kth, tol);
@@ -407,26 +419,73 @@ static void describe(const dsv4_verify_probe *p, const dsv4_verify_row *row, dsv
     }
 }
 
+/* (position, layer rank, probe order, entry) of a row against the first tie: 1 when the row is after it. */
+int dsv4_cmp_after_tie(const dsv4_cmp_ctx *x, const dsv4_verify_probe *p, int position, int entry)
+{
+    const dsv4_verify_tie *t = &x->r->first_tie;
+    if (x->scan || !t->found) return 0;
+    int pos = position < 0 ? INT_MAX : position;
+    if (pos != t->position) return pos > t->position;
+    int rank = layer_rank(x->r, p->layer), trank = layer_rank(x->r, t->layer);
+    if (rank != trank) return rank > trank;
+    int order = dsv4_verify_probe_order("topk_idx");
+    if (p->order != order) return p->order > order;
+    return entry > -1; /* the tie row itself (entry -1) is not after itself */
+}
+
+/* While scanning: keep the earliest row (model order) with a tie-accepted pick. */
+static void note_tie(dsv4_cmp_ctx *x, dsv4_verify_probe *p, const dsv4_verify_row *row)
+{
+    dsv4_verify_tie *t = &x->r->first_tie;
+    if (p->kind != DSV4_VERIFY_KIND_TOPK || !(row->v[DSV4_METRIC_ACCEPTED] > 0)) return;
+    x->scan_hit = 1;
+    int rank = layer_rank(x->r, p->layer);
+    if (t->found && (row->position > t->position ||
+                     (row->position == t->position && rank >= layer_rank(x->r, t->layer))))
+        return;
+    t->found = 1;
+    t->given = 0;
+    t->position = row->position;
+    t->layer = p->layer;
+    t->probe_index = (int)(p - x->r->probes);
+    t->accepted = (int)row->v[DSV4_METRIC_ACCEPTED];
+    snprintf(t->dataset, sizeof t->dataset, "%s", p->dataset);
+}
+
 void dsv4_cmp_judge(dsv4_cmp_ctx *x, dsv4_verify_probe *p, int ri, const void *g, const void *c, const void *aux_g,
                     const void *aux_c, int64_t aux_n)
 {
     (void)aux_c;
     dsv4_verify_result *r = x->r;
     dsv4_verify_row *row = &p->rows[ri];
+    if (x->scan) {
+        note_tie(x, p, row);
+        return;
+    }
+    /* after the first tie: the after_tie gates (the same metrics, looser tolerances) */
+    row->after_tie = dsv4_cmp_after_tie(x, p, row->position, row->entry);
+    const dsv4_verify_gate *pg = row->after_tie ? p->after_gates : p->gates;
+    if (row->after_tie) p->n_after_tie_rows++;
     /* implicit gates first: they are what the reader must see when they fail */
     dsv4_verify_gate gates[DSV4_VERIFY_MAX_GATES + 2];
+    double normal[DSV4_VERIFY_MAX_GATES + 2];
     int ng = 0;
-    gates[ng++] = (dsv4_verify_gate){DSV4_METRIC_STRUCTURE, 0};
-    gates[ng++] = (dsv4_verify_gate){DSV4_METRIC_NONFINITE, 0};
+    gates[ng] = (dsv4_verify_gate){DSV4_METRIC_STRUCTURE, 0};
+    normal[ng++] = 0;
+    gates[ng] = (dsv4_verify_gate){DSV4_METRIC_NONFINITE, 0};
+    normal[ng++] = 0;
     for (int i = 0; i < p->n_gates; i++)
-        if (p->gates[i].metric != DSV4_METRIC_STRUCTURE && p->gates[i].metric != DSV4_METRIC_NONFINITE)
-            gates[ng++] = p->gates[i];
+        if (pg[i].metric != DSV4_METRIC_STRUCTURE && pg[i].metric != DSV4_METRIC_NONFINITE) {
+            normal[ng] = p->gates[i].tol;
+            gates[ng++] = pg[i];
+        }
     int first_m = -1;
     double first_v = 0, first_t = 0;
     for (int i = 0; i < ng; i++) {
         double v = row->v[gates[i].metric];
         if (isnan(v)) continue;
         r->n_checks++;
+        r->n_after_tie_checks += row->after_tie;
         if (dsv4_verify_gate_fails(gates[i].metric, v, gates[i].tol)) {
             row->failed |= 1u << gates[i].metric;
             r->n_failed_checks++;
@@ -435,6 +494,10 @@ void dsv4_cmp_judge(dsv4_cmp_ctx *x, dsv4_verify_probe *p, int ri, const void *g
                 first_v = v;
                 first_t = gates[i].tol;
             }
+        } else if (row->after_tie && dsv4_verify_gate_fails(gates[i].metric, v, normal[i])) {
+            row->after_tie_saved |= 1u << gates[i].metric;
+            r->n_after_tie_saved++;
+            p->n_after_tie_saved++;
         }
     }
     if (!row->failed) return;
@@ -475,6 +538,52 @@ static void aggregate(dsv4_verify_probe *p)
         }
         p->mean[m] = n ? sum / n : NAN;
     }
+}
+
+/* The first tie-accepted top-k difference: given in the options, or the earliest row of a topk_idx probe with
+ * an accepted pick (normal tie tolerance), whichever comes first. Rows computed here are thrown away. */
+static int find_first_tie(dsv4_cmp_ctx *x)
+{
+    dsv4_verify_result *r = x->r;
+    const dsv4_verify_options *o = x->o;
+    r->profile_after_tie = dsv4_verify_profile_has_after_tie(x->prof);
+    x->scan = 1;
+    for (int i = 0; i < r->n_probes; i++) {
+        dsv4_verify_probe *p = &r->probes[i];
+        if (p->presence != DSV4_VERIFY_IN_BOTH || p->kind != DSV4_VERIFY_KIND_TOPK) continue;
+        char note[sizeof p->note];
+        long long bytes = r->bytes_read;
+        memcpy(note, p->note, sizeof note);
+        x->scan_hit = 0;
+        int rc = dsv4_cmp_probe(x, p);
+        memcpy(p->note, note, sizeof note);
+        free(p->rows);
+        p->rows = NULL;
+        p->n_rows = 0;
+        r->bytes_read = bytes; /* the report counts each byte once */
+        if (rc) {
+            x->scan = 0;
+            return rc;
+        }
+    }
+    x->scan = 0;
+    if (o->tie_at_position >= 0 && o->tie_at_layer >= 0) {
+        dsv4_verify_tie *t = &r->first_tie;
+        int rank = layer_rank(r, o->tie_at_layer);
+        if (!t->found || o->tie_at_position < t->position ||
+            (o->tie_at_position == t->position && rank < layer_rank(r, t->layer))) {
+            t->found = 1;
+            t->given = 1;
+            t->position = o->tie_at_position;
+            t->layer = o->tie_at_layer;
+            t->accepted = 0;
+            snprintf(t->dataset, sizeof t->dataset, "layers/%d/topk_idx", o->tie_at_layer);
+            t->probe_index = -1;
+            for (int i = 0; i < r->n_probes; i++)
+                if (!strcmp(r->probes[i].dataset, t->dataset)) t->probe_index = i;
+        }
+    }
+    return 0;
 }
 
 static double now_s(void)
@@ -545,6 +654,7 @@ static int run(dsv4_cmp_ctx *x, const char *golden_path, const char *candidate_p
         r->n_checks++;
         r->n_failed_checks++;
     }
+    if ((rc = find_first_tie(x))) return rc;
     for (int i = 0; i < r->n_probes; i++) {
         dsv4_verify_probe *p = &r->probes[i];
         if (p->presence != DSV4_VERIFY_IN_BOTH) continue;
@@ -571,6 +681,7 @@ int dsv4_verify_run(const char *golden_path, const char *candidate_path, const d
     r->token_diff_position = -1;
     r->first.probe_index = -1;
     r->first.entry = -1;
+    r->first_tie.probe_index = -1;
     dsv4_cmp_ctx x = {.r = r, .o = o, .pos_limit = INT_MAX, .entry_limit = INT_MAX};
     double t0 = now_s();
     int rc = run(&x, golden_path, candidate_path);

@@ -11,6 +11,7 @@
  *   non-finite mismatch (the other file says -inf, invisible).
  * - topk_idx judges picks by the GOLDEN indexer_scores only; the candidate's own scores never decide.
  * - router_weights are paired through each file's router_ids, since the id order is unspecified.
+ * - Rows after the first tie (dsv4_cmp_after_tie) take the after_tie tie tolerance for topk_idx and logits.
  */
 #include <limits.h>
 #include <math.h>
@@ -118,7 +119,7 @@ static int per_position(dsv4_cmp_ctx *x, dsv4_verify_probe *p)
     void *gb = NULL, *cb = NULL, *gab = NULL, *cab = NULL;
     size_t gcap = 0, ccap = 0, gacap = 0, cacap = 0;
     int rc = 0;
-    for (int i = 0; i < r->n_positions && !rc;) {
+    for (int i = 0; i < r->n_positions && !rc && !(x->scan && x->scan_hit);) {
         int j = block_end(x, i, row_bytes), nb = j - i;
         if ((rc = grow_buf(&gb, &gcap, (size_t)nb * eg * 4)) || (rc = grow_buf(&cb, &ccap, (size_t)nb * ec * 4))) break;
         if ((rc = dsv4_cmp_read_rows(x, x->g, p->dataset, x->grow + i, nb, eg * 4, gb))) break;
@@ -141,16 +142,19 @@ static int per_position(dsv4_cmp_ctx *x, dsv4_verify_probe *p)
                 break;
             }
             int64_t w = (int64_t)(eg < ec ? eg : ec);
+            /* after the first tie the tie tolerance is the after_tie one too (the scores have moved) */
+            int after = dsv4_cmp_after_tie(x, p, row->position, -1);
+            double tie_abs = after ? p->after_tie_abs : p->tie_abs, tie_rel = after ? p->after_tie_rel : p->tie_rel;
             switch (p->kind) {
             case DSV4_VERIFY_KIND_TOPK:
-                dsv4_verify_topk((const int32_t *)gf, (const int32_t *)cf, (int)eg, ga, (int64_t)ag.elems, p->tie_abs,
-                                 p->tie_rel, row);
+                dsv4_verify_topk((const int32_t *)gf, (const int32_t *)cf, (int)eg, ga, (int64_t)ag.elems, tie_abs,
+                                 tie_rel, row);
                 break;
             case DSV4_VERIFY_KIND_ROUTER_IDS:
                 dsv4_verify_router_ids((const int32_t *)gf, (const int32_t *)cf, (int)eg, row);
                 break;
             case DSV4_VERIFY_KIND_ROUTER_WEIGHTS: dsv4_verify_router_weights(gf, cf, ga, ca, (int)eg, row); break;
-            case DSV4_VERIFY_KIND_LOGITS: dsv4_verify_logits(gf, cf, w, p->tie_abs, p->tie_rel, row); break;
+            case DSV4_VERIFY_KIND_LOGITS: dsv4_verify_logits(gf, cf, w, tie_abs, tie_rel, row); break;
             case DSV4_VERIFY_KIND_INT: dsv4_verify_int((const int32_t *)gf, (const int32_t *)cf, w, row); break;
             default:
                 dsv4_verify_dense_f32(gf, cf, w, row);

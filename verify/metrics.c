@@ -74,6 +74,8 @@ void dsv4_verify_row_clear(dsv4_verify_row *row, int position, int entry)
     row->nonfinite_at = -1;
     row->argmax_g = row->argmax_c = -1;
     row->failed = 0;
+    row->after_tie = 0;
+    row->after_tie_saved = 0;
 }
 
 void dsv4_verify_dense_f32(const float *g, const float *c, int64_t n, dsv4_verify_row *row)

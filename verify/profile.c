@@ -6,6 +6,11 @@
  * Inside an entry: metric names (dsv4_verify_metric_name) are gates, in file order (the first is the probe's
  * primary metric), "tie_abs"/"tie_rel" are tie tolerances, "why" is the rationale. Unknown keys are errors:
  * a typo must not silently drop a gate.
+ *
+ * An optional "after_tie" object, keyed like "probes" (with its own "default"), holds the tolerances for
+ * comparisons that come after the first tie-accepted top-k difference (docs/verify.md "After a tie"). Its
+ * entries do not define gates: each value loosens the probe's normal gate of that metric (or its tie
+ * tolerance), so after a tie no gate disappears and none appears.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
@@ -24,6 +29,7 @@ typedef struct dsv4_profile_entry {
     int n_gates;
     dsv4_verify_gate gates[DSV4_VERIFY_MAX_GATES];
     double tie_abs, tie_rel;
+    unsigned has_tie; /* bit 0: tie_abs given, bit 1: tie_rel given (after_tie entries overlay only those) */
 } dsv4_profile_entry;
 
 struct dsv4_verify_profile {
@@ -31,6 +37,7 @@ struct dsv4_verify_profile {
     char source[512];
     dsv4_profile_entry *e;
     int n, cap;
+    struct dsv4_verify_profile *after; /* the after_tie section (same keys), NULL when the file has none */
 };
 
 static dsv4_profile_entry *profile_find(const dsv4_verify_profile *p, const char *key)
@@ -81,11 +88,13 @@ static int entry_set(dsv4_profile_entry *e, dsv4_verify_metric m, double tol)
 /* Apply "metric" = value to e. where: for messages. */
 static int entry_apply(dsv4_profile_entry *e, const char *metric, double value, const char *where)
 {
-    if (!strcmp(metric, "tie_abs"))
+    if (!strcmp(metric, "tie_abs")) {
         e->tie_abs = value;
-    else if (!strcmp(metric, "tie_rel"))
+        e->has_tie |= 1u;
+    } else if (!strcmp(metric, "tie_rel")) {
         e->tie_rel = value;
-    else {
+        e->has_tie |= 2u;
+    } else {
         int m = dsv4_verify_metric_from_name(metric);
         if (m < 0) {
             char known[256];
@@ -138,18 +147,14 @@ static int profile_locate(const char *name, char *path, size_t n)
                       tried);
 }
 
-static int profile_parse(dsv4_verify_profile *p, json_t *root)
+/* The entries of one section ("probes" or "after_tie") into p. */
+static int section_parse(dsv4_verify_profile *p, json_t *section, const char *what, const char *source)
 {
-    if (!json_is_object(root)) return dsv4_error(DSV4_ERR_FORMAT, "%s: not a JSON object", p->source);
-    json_t *name = json_object_get(root, "profile");
-    if (json_is_string(name)) snprintf(p->name, sizeof p->name, "%s", json_string_value(name));
-    json_t *probes = json_object_get(root, "probes");
-    if (!json_is_object(probes)) return dsv4_error(DSV4_ERR_FORMAT, "%s: missing object \"probes\"", p->source);
     const char *key;
     json_t *val;
-    json_object_foreach(probes, key, val)
+    json_object_foreach(section, key, val)
     {
-        if (!json_is_object(val)) return dsv4_error(DSV4_ERR_FORMAT, "%s: probes.%s is not an object", p->source, key);
+        if (!json_is_object(val)) return dsv4_error(DSV4_ERR_FORMAT, "%s: %s.%s is not an object", source, what, key);
         dsv4_profile_entry *e = profile_find(p, key);
         if (!e && !(e = profile_add(p, key))) return dsv4_error(DSV4_ERR_NOMEM, "profile: out of memory");
         const char *mk;
@@ -158,9 +163,9 @@ static int profile_parse(dsv4_verify_profile *p, json_t *root)
         {
             if (!strcmp(mk, "why")) continue;
             if (!json_is_number(mv))
-                return dsv4_error(DSV4_ERR_FORMAT, "%s: probes.%s.%s is not a number", p->source, key, mk);
+                return dsv4_error(DSV4_ERR_FORMAT, "%s: %s.%s.%s is not a number", source, what, key, mk);
             char where[700];
-            snprintf(where, sizeof where, "%s: probes.%s", p->source, key);
+            snprintf(where, sizeof where, "%s: %s.%s", source, what, key);
             if (entry_apply(e, mk, json_number_value(mv), where)) {
                 char why[1024]; /* dsv4_error must not format its own buffer */
                 snprintf(why, sizeof why, "%s", dsv4_last_error());
@@ -169,9 +174,35 @@ static int profile_parse(dsv4_verify_profile *p, json_t *root)
         }
     }
     if (!profile_find(p, "default"))
-        return dsv4_error(DSV4_ERR_FORMAT, "%s: probes has no \"default\" entry (needed for probes not named)",
-                          p->source);
+        return dsv4_error(DSV4_ERR_FORMAT, "%s: %s has no \"default\" entry (needed for probes not named)", source,
+                          what);
     return 0;
+}
+
+static int profile_parse(dsv4_verify_profile *p, json_t *root)
+{
+    if (!json_is_object(root)) return dsv4_error(DSV4_ERR_FORMAT, "%s: not a JSON object", p->source);
+    const char *key;
+    json_t *val;
+    json_object_foreach(root, key, val)
+    {
+        if (strcmp(key, "profile") && strcmp(key, "description") && strcmp(key, "probes") && strcmp(key, "after_tie"))
+            return dsv4_error(DSV4_ERR_FORMAT,
+                              "%s: unknown key \"%s\" (known: profile, description, probes, after_tie)", p->source,
+                              key);
+    }
+    json_t *name = json_object_get(root, "profile");
+    if (json_is_string(name)) snprintf(p->name, sizeof p->name, "%s", json_string_value(name));
+    json_t *probes = json_object_get(root, "probes");
+    if (!json_is_object(probes)) return dsv4_error(DSV4_ERR_FORMAT, "%s: missing object \"probes\"", p->source);
+    int rc = section_parse(p, probes, "probes", p->source);
+    if (rc) return rc;
+    json_t *after = json_object_get(root, "after_tie");
+    if (!after) return 0;
+    if (!json_is_object(after)) return dsv4_error(DSV4_ERR_FORMAT, "%s: after_tie is not an object", p->source);
+    if (!(p->after = calloc(1, sizeof *p->after))) return dsv4_error(DSV4_ERR_NOMEM, "profile: out of memory");
+    snprintf(p->after->name, sizeof p->after->name, "%.50s after_tie", p->name);
+    return section_parse(p->after, after, "after_tie", p->source);
 }
 
 int dsv4_verify_profile_load(const char *name_or_path, dsv4_verify_profile **out)
@@ -217,6 +248,7 @@ int dsv4_verify_profile_load(const char *name_or_path, dsv4_verify_profile **out
 void dsv4_verify_profile_free(dsv4_verify_profile *p)
 {
     if (!p) return;
+    dsv4_verify_profile_free(p->after);
     free(p->e);
     free(p);
 }
@@ -250,6 +282,30 @@ int dsv4_verify_profile_lookup(const dsv4_verify_profile *p, const char *dataset
     *tie_abs = e->tie_abs;
     *tie_rel = e->tie_rel;
     return 0;
+}
+
+int dsv4_verify_profile_has_after_tie(const dsv4_verify_profile *p)
+{
+    return p->after != NULL;
+}
+
+/* Looser of two tolerances of metric m (min-type metrics: the lower bound is looser). */
+static double looser(dsv4_verify_metric m, double a, double b)
+{
+    return dsv4_verify_metric_is_min(m) ? (a < b ? a : b) : (a > b ? a : b);
+}
+
+void dsv4_verify_profile_after_tie(const dsv4_verify_profile *p, const char *dataset, const char *probe,
+                                   dsv4_verify_gate *gates, int n_gates, double *tie_abs, double *tie_rel)
+{
+    const dsv4_profile_entry *e = p->after ? profile_resolve(p->after, dataset, probe) : NULL;
+    if (!e) return;
+    for (int i = 0; i < n_gates; i++)
+        for (int j = 0; j < e->n_gates; j++)
+            if (e->gates[j].metric == gates[i].metric)
+                gates[i].tol = looser(gates[i].metric, gates[i].tol, e->gates[j].tol);
+    if ((e->has_tie & 1u) && e->tie_abs > *tie_abs) *tie_abs = e->tie_abs;
+    if ((e->has_tie & 2u) && e->tie_rel > *tie_rel) *tie_rel = e->tie_rel;
 }
 
 int dsv4_verify_profile_override(dsv4_verify_profile *p, const char *spec)

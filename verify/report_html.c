@@ -525,6 +525,12 @@ int dsv4_verify_write_html(const dsv4_verify_result *r, const char *path)
             esc(f, r->first.detail);
             fprintf(f, "</p>\n");
         }
+        if (r->first_tie.found) {
+            char sentence[768];
+            fprintf(f, "<p><b>After a tie</b>: ");
+            esc(f, dsv4_verify_tie_sentence(r, sentence, sizeof sentence));
+            fprintf(f, "</p>\n");
+        }
         if (r->token_diff_position >= 0)
             fprintf(f,
                     "<p class=\"verdict1\">Tokens differ from position %d (golden %d, candidate %d); %d stored "

@@ -74,6 +74,13 @@ static json_t *row_obj(const dsv4_verify_probe *p, const dsv4_verify_row *row)
         json_object_set_new(o, "argmax_golden", json_integer(row->argmax_g));
         json_object_set_new(o, "argmax_candidate", json_integer(row->argmax_c));
     }
+    if (row->after_tie) json_object_set_new(o, "after_tie", json_true());
+    if (row->after_tie_saved) {
+        json_t *sv = json_array();
+        for (int m = 0; m < DSV4_METRIC_COUNT; m++)
+            if (row->after_tie_saved >> m & 1u) json_array_append_new(sv, json_string(dsv4_verify_metric_name(m)));
+        json_object_set_new(o, "passed_only_after_tie", sv);
+    }
     json_object_set_new(o, "pass", json_boolean(!row->failed));
     if (row->failed) {
         json_t *fl = json_array();
@@ -95,9 +102,15 @@ static json_t *probe_obj(const dsv4_verify_probe *p)
     for (int i = 0; i < p->n_gates; i++)
         json_object_set_new(gates, dsv4_verify_metric_name(p->gates[i].metric), num(p->gates[i].tol));
     json_object_set_new(o, "gates", gates);
+    json_t *agates = json_object();
+    for (int i = 0; i < p->n_gates; i++)
+        json_object_set_new(agates, dsv4_verify_metric_name(p->after_gates[i].metric), num(p->after_gates[i].tol));
+    json_object_set_new(o, "after_tie_gates", agates);
     if (p->kind == DSV4_VERIFY_KIND_TOPK || p->kind == DSV4_VERIFY_KIND_LOGITS) {
         json_object_set_new(o, "tie_abs", num(p->tie_abs));
         json_object_set_new(o, "tie_rel", num(p->tie_rel));
+        json_object_set_new(o, "after_tie_tie_abs", num(p->after_tie_abs));
+        json_object_set_new(o, "after_tie_tie_rel", num(p->after_tie_rel));
     }
     if (p->note[0]) json_object_set_new(o, "note", json_string(p->note));
     if (p->presence != DSV4_VERIFY_IN_BOTH) return o;
@@ -114,6 +127,8 @@ static json_t *probe_obj(const dsv4_verify_probe *p)
     json_object_set_new(o, "mean", mean);
     json_object_set_new(o, "pass", json_boolean(p->n_failed_rows == 0));
     json_object_set_new(o, "failed_rows", json_integer(p->n_failed_rows));
+    json_object_set_new(o, "after_tie_rows", json_integer(p->n_after_tie_rows));
+    json_object_set_new(o, "passed_only_after_tie", json_integer(p->n_after_tie_saved));
     json_t *rows = json_array();
     for (int i = 0; i < p->n_rows; i++) json_array_append_new(rows, row_obj(p, &p->rows[i]));
     json_object_set_new(o, "rows", rows);
@@ -158,6 +173,20 @@ static json_t *result_obj(const dsv4_verify_result *r)
         if (d->probe_index >= 0) json_object_set_new(first, "probe", json_string(r->probes[d->probe_index].probe));
     }
     json_object_set_new(o, "first_divergence", first);
+    /* the after_tie rule (docs/verify.md "After a tie"): where it started and what it changed */
+    json_t *tie = json_null();
+    if (r->first_tie.found) {
+        const dsv4_verify_tie *t = &r->first_tie;
+        char sentence[768];
+        tie = json_pack("{s:i, s:i, s:s, s:i, s:b, s:s}", "position", t->position, "layer", t->layer, "dataset",
+                        t->dataset, "accepted", t->accepted, "given", t->given, "summary",
+                        dsv4_verify_tie_sentence(r, sentence, sizeof sentence));
+    }
+    json_object_set_new(o, "first_tie", tie);
+    json_object_set_new(o, "after_tie",
+                        json_pack("{s:b, s:I, s:I}", "profile_has_after_tie", r->profile_after_tie, "checks",
+                                  (json_int_t)r->n_after_tie_checks, "passed_only_after_tie",
+                                  (json_int_t)r->n_after_tie_saved));
     json_t *og = json_array(), *oc = json_array(), *probes = json_array();
     for (int i = 0; i < r->n_probes; i++) {
         const dsv4_verify_probe *p = &r->probes[i];

@@ -2,7 +2,8 @@
  *
  * Order: the two files and the profile; the verdict; the first divergence with its metric, value and
  * tolerance; a per-layer table (rows = layers, one column per probe label, each cell the worst value over
- * positions of that probe's primary gated metric, '!' = some gate failed); top-k per CSA layer; logits;
+ * positions of that probe's primary gated metric, '!' = some gate failed, '~' = some check passed only under
+ * the after_tie gates); the first tie-accepted top-k difference and the after_tie counts; top-k per CSA layer; logits;
  * probes in only one file; the token streams. Everything else is in --json.
  */
 #include <math.h>
@@ -26,7 +27,8 @@ static void cell_text(const dsv4_verify_cell *c, char *buf, size_t n)
     else if (c->nonfinite)
         snprintf(buf, n, "NaN!");
     else
-        snprintf(buf, n, "%s%s", dsv4_verify_fmt_short(c->metric, c->value, v, sizeof v), c->failed ? "!" : "");
+        snprintf(buf, n, "%s%s", dsv4_verify_fmt_short(c->metric, c->value, v, sizeof v),
+                 c->failed ? "!" : c->after_tie_saved ? "~" : "");
 }
 
 static int narrow_metric(dsv4_verify_metric m)
@@ -84,7 +86,8 @@ static void print_table(FILE *f, const dsv4_verify_result *r, int color)
     }
     fprintf(
         f,
-        "\nper layer: worst over positions of each probe's gated metric (! fails; hc = worst of the 6 mHC probes)\n");
+        "\nper layer: worst over positions of each probe's gated metric (! fails; hc = worst of the 6 mHC probes%s)\n",
+        r->n_after_tie_saved ? "; ~ passes only under the after_tie gates" : "");
     fprintf(f, "%-3s %-9s", "L", "type");
     for (int j = 0; j < nl; j++) fprintf(f, "%-*s", width[j], labels[j]);
     fprintf(f, "\n%-13s", "");
@@ -142,6 +145,9 @@ static void print_topk(FILE *f, const dsv4_verify_result *r, int color)
                     "k-th - tol,\n"
                     "tol = tie_abs + tie_rel*max|score| = %g + %g*max|score|)\n",
                     p->tie_abs, p->tie_rel);
+            if (r->first_tie.found && (p->after_tie_abs != p->tie_abs || p->after_tie_rel != p->tie_rel))
+                fprintf(f, "after the first tie: tol = %g + %g*max|score| (after_tie)\n", p->after_tie_abs,
+                        p->after_tie_rel);
             fprintf(f, "%-3s %-6s %-17s %-17s %-9s %-9s %s\n", "L", "rows", "recall min/mean", "jaccard min/mean",
                     "rows!=G", "accepted", "strict");
             header = 1;
@@ -196,8 +202,9 @@ int dsv4_verify_write_text(const dsv4_verify_result *r, FILE *f, int color)
     int failing = 0;
     for (int i = 0; i < r->n_probes; i++) failing += r->probes[i].n_failed_rows > 0;
     if (r->status == DSV4_VERIFY_PASS) {
-        fprintf(f, "\n%sVERDICT: PASS%s  every gated metric within the %s profile%s\n", GREEN(color), OFF(color),
-                r->profile_name,
+        int saved = r->first_tie.found && r->n_after_tie_saved;
+        fprintf(f, "\n%sVERDICT: PASS%s  every gated metric within the %s profile%s%s\n", GREEN(color), OFF(color),
+                r->profile_name, saved ? " (its after_tie gates after the tie below)" : "",
                 (r->n_only_golden || r->n_only_candidate) ? " (but see the probes in only one file)" : "");
     } else {
         if (failing)
@@ -215,6 +222,27 @@ int dsv4_verify_write_text(const dsv4_verify_result *r, FILE *f, int color)
         fprintf(f, "  %s = %s %s %s;  %s\n", dsv4_verify_metric_name(d->metric),
                 dsv4_verify_fmt(d->metric, d->value, v, sizeof v), dsv4_verify_metric_is_min(d->metric) ? "<" : ">",
                 dsv4_verify_fmt(d->metric, d->tolerance, t, sizeof t), d->detail);
+    }
+    if (r->first_tie.found) {
+        /* plainly: from the tie on, the gates were not the normal ones */
+        const dsv4_verify_tie *t = &r->first_tie;
+        char where[160];
+        dsv4_verify_tie_where(r, where, sizeof where);
+        if (t->given)
+            fprintf(f, "%sfirst tie-accepted top-k difference: %s%s, given by --tie-at (not seen in these files)\n",
+                    BOLD(color), where, OFF(color));
+        else
+            fprintf(f, "%sfirst tie-accepted top-k difference: %s%s (%d pick%s outside the golden set, within the tie "
+                       "tolerance)\n",
+                    BOLD(color), where, OFF(color), t->accepted, t->accepted == 1 ? "" : "s");
+        if (r->profile_after_tie)
+            fprintf(f,
+                    "  every later comparison (model order) used the profile's after_tie gates: %ld checks, %s%ld "
+                    "passed only thanks to them%s\n",
+                    r->n_after_tie_checks, r->n_after_tie_saved ? BOLD(color) : "", r->n_after_tie_saved,
+                    r->n_after_tie_saved ? OFF(color) : "");
+        else
+            fprintf(f, "  the profile has no after_tie section: later comparisons used the normal gates\n");
     }
     print_table(f, r, color);
     print_topk(f, r, color);

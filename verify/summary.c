@@ -41,6 +41,7 @@ void dsv4_verify_cell_at(const dsv4_verify_result *r, int layer, const char *lab
         double tol = p->n_gates ? p->gates[0].tol : NAN;
         double v = p->worst[m];
         double ratio = p->n_gates ? dsv4_verify_gate_ratio(m, v, tol) : 0;
+        cell->after_tie_saved |= p->n_after_tie_saved > 0;
         if (p->n_failed_rows) {
             cell->failed = 1;
             for (int k = 0; k < p->n_rows; k++) {
@@ -163,5 +164,46 @@ const char *dsv4_verify_where(const dsv4_verify_result *r, const dsv4_verify_div
                  p->probe);
     else
         snprintf(buf, n, "%s, %s", pos, p->dataset);
+    return buf;
+}
+
+const char *dsv4_verify_tie_where(const dsv4_verify_result *r, char *buf, size_t n)
+{
+    const dsv4_verify_tie *t = &r->first_tie;
+    char ty[32];
+    snprintf(buf, n, "position %d, layer %d (%s), topk_idx", t->position, t->layer,
+             dsv4_verify_layer_type(r, t->layer, ty, sizeof ty));
+    return buf;
+}
+
+const char *dsv4_verify_tie_sentence(const dsv4_verify_result *r, char *buf, size_t n)
+{
+    const dsv4_verify_tie *t = &r->first_tie;
+    char where[160];
+    if (!t->found) {
+        snprintf(buf, n, "%s", "");
+        return buf;
+    }
+    dsv4_verify_tie_where(r, where, sizeof where);
+    int len;
+    if (t->given)
+        len = snprintf(buf, n,
+                       "first tie-accepted top-k difference: %s, given by --tie-at (established by another "
+                       "comparison; these files do not show it). ",
+                       where);
+    else
+        len = snprintf(buf, n,
+                       "first tie-accepted top-k difference: %s: %d pick%s outside the golden set, within the tie "
+                       "tolerance of the k-th golden score. ",
+                       where, t->accepted, t->accepted == 1 ? "" : "s");
+    if (len < 0 || (size_t)len >= n) return buf;
+    if (!r->profile_after_tie)
+        snprintf(buf + len, n - (size_t)len,
+                 "The profile has no after_tie section: later comparisons used the normal gates.");
+    else
+        snprintf(buf + len, n - (size_t)len,
+                 "Every later comparison (model order) used the profile's after_tie gates: %ld checks, %ld of them "
+                 "passed only thanks to those gates.",
+                 r->n_after_tie_checks, r->n_after_tie_saved);
     return buf;
 }

@@ -17,7 +17,14 @@ typedef struct dsv4_cmp_ctx {
     int entry_limit;        /* entries closing at >= entry_limit are not compared */
     void *scratch;          /* span buffer for non-contiguous row sets */
     size_t scratch_cap;
+    int scan;               /* 1 while looking for the first tie (top-k probes only): rows are computed with
+                             * the normal tie tolerance and not judged; dsv4_cmp_judge only notes ties */
+    int scan_hit;           /* the probe being scanned has a tie-accepted row (its later rows cannot be first) */
 } dsv4_cmp_ctx;
+
+/* 1 when a row of probe p at (position, entry) comes after the first tie-accepted top-k difference in model
+ * order, and so is judged with p's after_tie gates and tie tolerance. 0 while scanning. */
+int dsv4_cmp_after_tie(const dsv4_cmp_ctx *x, const dsv4_verify_probe *p, int position, int entry);
 
 /* Stream probe p (present in both files) and judge every row. Fills p->rows. */
 int dsv4_cmp_probe(dsv4_cmp_ctx *x, dsv4_verify_probe *p);

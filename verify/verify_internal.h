@@ -41,6 +41,7 @@ typedef struct dsv4_verify_cell {
     double value, tol, ratio;  /* worst value over rows, tolerance, value/tol (> 1 fails) */
     int failed;                /* any row of any probe of the cell failed any gate */
     int nonfinite, structure;  /* a row failed because of NaN/Inf / structure */
+    int after_tie_saved;       /* some check of the cell passed only under the after_tie gates */
 } dsv4_verify_cell;
 
 #define DSV4_VERIFY_MAX_COLUMNS 24
@@ -69,5 +70,11 @@ void dsv4_verify_logits_summarise(const dsv4_verify_result *r, dsv4_verify_logit
 const char *dsv4_verify_layer_type(const dsv4_verify_result *r, int layer, char *buf, size_t n);
 /* "position 17, layer 3 (csa/moe), attn_out" / "position 20, tokens" / "entry 4 (closes position 19), ..." */
 const char *dsv4_verify_where(const dsv4_verify_result *r, const dsv4_verify_divergence *d, char *buf, size_t n);
+
+/* "position 2136, layer 1 (csa/moe), topk_idx" for r->first_tie (which must be found). */
+const char *dsv4_verify_tie_where(const dsv4_verify_result *r, char *buf, size_t n);
+/* One sentence on the after_tie rule for the reports: where the first tie-accepted difference is (or that it
+ * was given), and how many checks used / passed only thanks to the after_tie gates. "" when no tie. */
+const char *dsv4_verify_tie_sentence(const dsv4_verify_result *r, char *buf, size_t n);
 
 #endif

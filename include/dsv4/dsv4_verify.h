@@ -94,6 +94,9 @@ typedef struct dsv4_verify_row {
     int64_t nonfinite_at;   /* flat index of the first non-finite mismatch, -1 none */
     int argmax_g, argmax_c; /* logits only, else -1 */
     unsigned failed;        /* bit m set: metric m broke its gate on this row */
+    int after_tie;          /* 1: the row comes after the first tie-accepted top-k difference (model order) and
+                             * was judged with the profile's after_tie gates */
+    unsigned after_tie_saved; /* bit m set: metric m breaks its normal gate and passed only under after_tie */
 } dsv4_verify_row;
 
 typedef struct dsv4_verify_probe {
@@ -107,6 +110,12 @@ typedef struct dsv4_verify_probe {
     int n_gates;
     dsv4_verify_gate gates[DSV4_VERIFY_MAX_GATES]; /* the profile's gates; gates[0] is the primary metric */
     double tie_abs, tie_rel; /* tie tolerance (topk_idx, logits argmax): tie_abs + tie_rel * max|golden row| */
+    /* the same gates (same metrics, same order) as the profile's after_tie section sets them: what rows after
+     * the first tie-accepted top-k difference are judged with; equal to gates[] when the profile has none */
+    dsv4_verify_gate after_gates[DSV4_VERIFY_MAX_GATES];
+    double after_tie_abs, after_tie_rel;
+    int n_after_tie_rows;    /* rows judged with after_gates */
+    long n_after_tie_saved;  /* (row, gate) checks that fail gates[] and passed only under after_gates */
     dsv4_verify_row *rows;   /* [n_rows], owned by the result */
     int n_rows;
     double worst[DSV4_METRIC_COUNT];  /* worst value over rows (max, or min for min-type); NAN if never set */
@@ -129,6 +138,19 @@ typedef struct dsv4_verify_divergence {
     double value, tolerance;
     char detail[320]; /* e.g. "max |d| 1.2e-02 at [2,311]" */
 } dsv4_verify_divergence;
+
+/* The first tie-accepted top-k difference in model order (model-spec 13): a candidate pick outside the golden
+ * set whose golden score is within the tie tolerance of the k-th. A legitimate difference, but it changes that
+ * token's attention output and everything computed from it, so every comparison after it in model order is
+ * judged with the profile's after_tie gates (docs/verify.md "After a tie"). */
+typedef struct dsv4_verify_tie {
+    int found;
+    int position, layer;
+    int probe_index;  /* into result->probes, -1 when given and the files lack that dataset */
+    char dataset[96]; /* "layers/1/topk_idx" */
+    int accepted;     /* tie-accepted picks in that row (0 when given) */
+    int given;        /* 1: from dsv4_verify_options.tie_at_* (established by another comparison), not seen here */
+} dsv4_verify_tie;
 
 typedef struct dsv4_verify_file {
     char *path, *producer, *weights_digest, *mode; /* owned; "" when absent */
@@ -156,6 +178,10 @@ typedef struct dsv4_verify_result {
     int n_only_golden, n_only_candidate;
     long n_checks, n_failed_checks; /* (row, gate) pairs evaluated / broken */
     dsv4_verify_divergence first;
+    dsv4_verify_tie first_tie;   /* found = 0: no tie-accepted difference; after_tie gates never used */
+    int profile_after_tie;       /* the profile has an after_tie section */
+    long n_after_tie_checks;     /* (row, gate) checks judged with the after_tie gates */
+    long n_after_tie_saved;      /* of those, checks that fail the normal gate: passed only thanks to after_tie */
     double seconds;       /* wall time of the comparison */
     long long bytes_read; /* uncompressed bytes read from both files */
 } dsv4_verify_result;
@@ -168,6 +194,10 @@ typedef struct dsv4_verify_options {
     int layer_lo, layer_hi; /* inclusive; -1 = open. final/ counts as layer n_layers */
     int pos_lo, pos_hi;     /* inclusive; -1 = open */
     int allow_different_weights;
+    /* A tie-accepted top-k difference established by another comparison (e.g. the same candidate against a
+     * reference that stores every position) at (position, layer): comparisons after it use the after_tie gates
+     * as if it had been seen here; the earlier of it and one seen in the files counts. -1 = none. */
+    int tie_at_position, tie_at_layer;
 } dsv4_verify_options;
 
 void dsv4_verify_options_init(dsv4_verify_options *o);
@@ -235,6 +265,14 @@ int dsv4_verify_profile_override(dsv4_verify_profile *p, const char *spec);
 int dsv4_verify_profile_lookup(const dsv4_verify_profile *p, const char *dataset, const char *probe,
                                dsv4_verify_gate gates[DSV4_VERIFY_MAX_GATES], int *n_gates, double *tie_abs,
                                double *tie_rel);
+/* The after_tie section: 1 when the profile has one. */
+int dsv4_verify_profile_has_after_tie(const dsv4_verify_profile *p);
+/* The gates that apply to a dataset after a tie: the normal gates[n_gates] (and tie tolerances) in place, each
+ * tolerance replaced by the after_tie entry's value for that metric (entry: dataset, probe, then "default" of
+ * the after_tie section) when it is looser. A metric the after_tie entry does not name keeps its gate; no
+ * gate is added or removed. No after_tie section: nothing changes. */
+void dsv4_verify_profile_after_tie(const dsv4_verify_profile *p, const char *dataset, const char *probe,
+                                   dsv4_verify_gate *gates, int n_gates, double *tie_abs, double *tie_rel);
 
 #ifdef __cplusplus
 }

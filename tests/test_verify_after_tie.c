@@ -1,0 +1,361 @@
+/* test_verify_after_tie.c - the after_tie rule (model-spec 13, docs/verify.md "After a tie"): once a top-k
+ * comparison accepts a tied pick at (position p, layer L), every comparison after it in model order is gated
+ * with the profile's after_tie tolerances. On synthetic pairs (fp32 profile: normal gate 1e-4, after_tie 1e-2):
+ * noise of 1e-3 downstream of a tied swap passes and the report names the tie; the same noise without the tie
+ * fails; noise above after_tie fails; noise before the tie in model order (earlier position, lower layer, or an
+ * earlier probe of the tie's own layer) is gated normally and fails; a strict pick after the tie still fails;
+ * a tie given by --tie-at counts like one seen; a profile without after_tie changes nothing. */
+#define _POSIX_C_SOURCE 200809L
+#include <check.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dsv4/dsv4_verify.h"
+#include "dsv4_test.h"
+#include "synth_dump.h"
+
+static char *g_dir;
+static char g_golden[4200], g_cand[4200];
+
+#define TIE_POS 30
+#define TIE_LAYER 1 /* CSA; at position 30 it has 7 visible entries for k = 4 */
+
+/* A pair: a tied swap at (TIE_POS, TIE_LAYER) when tie, and relative noise `noise` on every float probe of
+ * layers >= noise_layer (and final/) at positions >= noise_position. */
+static void write_pair(int tie, double noise, int noise_layer, int noise_position)
+{
+    synth_spec s;
+    synth_spec_init(&s);
+    if (tie) {
+        s.tie_layer = TIE_LAYER;
+        s.tie_position = TIE_POS;
+        s.tie_count = 1;
+    }
+    s.noise = noise;
+    s.noise_layer = noise_layer;
+    s.noise_position = noise_position;
+    ck_assert_int_eq(synth_write(g_golden, &s, 0), 0);
+    ck_assert_int_eq(synth_write(g_cand, &s, 1), 0);
+}
+
+static dsv4_verify_result *verify(const dsv4_verify_options *o)
+{
+    dsv4_verify_result *r = NULL;
+    ck_assert_int_eq(dsv4_verify_run(g_golden, g_cand, o, &r), 0);
+    ck_assert_int_ne(r->status, DSV4_VERIFY_ERROR);
+    return r;
+}
+
+static char *text_report(const dsv4_verify_result *r)
+{
+    char *buf = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&buf, &n);
+    ck_assert_ptr_nonnull(f);
+    ck_assert_int_eq(dsv4_verify_write_text(r, f, 0), 0);
+    fclose(f);
+    return buf;
+}
+
+static void assert_first(const dsv4_verify_result *r, int position, int layer, const char *dataset, double tol)
+{
+    ck_assert_int_eq(r->status, DSV4_VERIFY_DIVERGED);
+    ck_assert_msg(r->first.position == position && r->first.layer == layer,
+                  "first divergence at position %d layer %d (%s), want %d/%d", r->first.position, r->first.layer,
+                  r->first.dataset, position, layer);
+    if (dataset) ck_assert_str_eq(r->first.dataset, dataset);
+    ck_assert_double_eq(r->first.tolerance, tol);
+}
+
+START_TEST(noise_after_a_tie_passes_and_is_reported)
+{
+    /* (30, layer 2) and everything later comes after the tie at (30, layer 1) */
+    write_pair(1, 1e-3, 2, TIE_POS);
+    dsv4_verify_result *r = verify(NULL);
+    ck_assert_int_eq(r->status, DSV4_VERIFY_PASS);
+    ck_assert(r->first_tie.found && !r->first_tie.given);
+    ck_assert_int_eq(r->first_tie.position, TIE_POS);
+    ck_assert_int_eq(r->first_tie.layer, TIE_LAYER);
+    ck_assert_int_eq(r->first_tie.accepted, 1);
+    ck_assert_str_eq(r->first_tie.dataset, "layers/1/topk_idx");
+    ck_assert(r->profile_after_tie);
+    ck_assert_int_gt(r->n_after_tie_saved, 10);
+    ck_assert_int_ge(r->n_after_tie_checks, r->n_after_tie_saved);
+    /* the rows of the tie's own layer before it, and the tie row itself, kept the normal gates */
+    for (int i = 0; i < r->n_probes; i++) {
+        const dsv4_verify_probe *p = &r->probes[i];
+        for (int k = 0; k < p->n_rows; k++) {
+            const dsv4_verify_row *row = &p->rows[k];
+            int after = row->position > TIE_POS ||
+                        (row->position == TIE_POS &&
+                         (p->layer < 0 || p->layer > TIE_LAYER ||
+                          (p->layer == TIE_LAYER && p->order > r->probes[r->first_tie.probe_index].order)));
+            ck_assert_msg(row->after_tie == after, "%s row at %d entry %d: after_tie %d", p->dataset, row->position,
+                          row->entry, row->after_tie);
+            if (row->after_tie_saved) ck_assert(row->after_tie);
+        }
+    }
+    const char *txt = text_report(r);
+    ck_assert_ptr_nonnull(strstr(txt, "first tie-accepted top-k difference: position 30, layer 1 (csa/"));
+    ck_assert_ptr_nonnull(strstr(txt, "after_tie gates"));
+    ck_assert_ptr_nonnull(strstr(txt, "passed only thanks to them"));
+    ck_assert_ptr_nonnull(strstr(txt, "~"));
+    free((void *)txt);
+    /* JSON and HTML say it too */
+    char json[4200], html[4200];
+    snprintf(json, sizeof json, "%s/r.json", g_dir);
+    snprintf(html, sizeof html, "%s/r.html", g_dir);
+    ck_assert_int_eq(dsv4_verify_write_json(r, json), 0);
+    ck_assert_int_eq(dsv4_verify_write_html(r, html), 0);
+    json_error_t e;
+    json_t *root = json_load_file(json, 0, &e);
+    ck_assert_ptr_nonnull(root);
+    json_t *t = json_object_get(root, "first_tie");
+    ck_assert(json_is_object(t));
+    ck_assert_int_eq(json_integer_value(json_object_get(t, "position")), TIE_POS);
+    ck_assert_int_eq(json_integer_value(json_object_get(t, "layer")), TIE_LAYER);
+    ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(root, "after_tie"), "passed_only_after_tie")),
+                     r->n_after_tie_saved);
+    json_decref(root);
+    FILE *f = fopen(html, "r");
+    ck_assert_ptr_nonnull(f);
+    char buf[1 << 16];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = 0;
+    fclose(f);
+    ck_assert_ptr_nonnull(strstr(buf, "After a tie"));
+    ck_assert_ptr_nonnull(strstr(buf, "position 30, layer 1"));
+    dsv4_verify_result_free(r);
+    /* noise from the next position on, in every layer, is after the tie too */
+    write_pair(1, 1e-3, 0, TIE_POS + 1);
+    r = verify(NULL);
+    ck_assert_int_eq(r->status, DSV4_VERIFY_PASS);
+    ck_assert_int_gt(r->n_after_tie_saved, 0);
+    dsv4_verify_result_free(r);
+}
+END_TEST
+
+START_TEST(same_noise_without_the_tie_fails)
+{
+    write_pair(0, 1e-3, 2, TIE_POS);
+    dsv4_verify_result *r = verify(NULL);
+    assert_first(r, TIE_POS, 2, NULL, 1e-4);
+    ck_assert(!r->first_tie.found);
+    ck_assert_int_eq(r->n_after_tie_checks, 0);
+    ck_assert_int_eq(r->n_after_tie_saved, 0);
+    char *txt = text_report(r);
+    ck_assert_ptr_null(strstr(txt, "tie-accepted top-k difference"));
+    free(txt);
+    dsv4_verify_result_free(r);
+}
+END_TEST
+
+START_TEST(noise_above_after_tie_fails)
+{
+    write_pair(1, 5e-2, 2, TIE_POS);
+    dsv4_verify_result *r = verify(NULL);
+    assert_first(r, TIE_POS, 2, NULL, 1e-2); /* judged against the after_tie gate, and broken */
+    ck_assert_double_gt(r->first.value, 1e-2);
+    ck_assert(r->first_tie.found);
+    char *txt = text_report(r);
+    ck_assert_ptr_nonnull(strstr(txt, "first tie-accepted top-k difference: position 30, layer 1"));
+    free(txt);
+    dsv4_verify_result_free(r);
+}
+END_TEST
+
+START_TEST(noise_before_the_tie_is_gated_normally)
+{
+    /* an earlier position */
+    write_pair(1, 1e-3, 0, 25);
+    dsv4_verify_result *r = verify(NULL);
+    assert_first(r, 25, 0, NULL, 1e-4);
+    ck_assert(r->first_tie.found);
+    ck_assert_int_eq(r->first_tie.position, TIE_POS);
+    dsv4_verify_result_free(r);
+    /* the tie's position, a lower layer */
+    write_pair(1, 1e-3, 0, TIE_POS);
+    r = verify(NULL);
+    assert_first(r, TIE_POS, 0, NULL, 1e-4);
+    dsv4_verify_result_free(r);
+    /* the tie's own position and layer, a probe computed before topk_idx */
+    write_pair(1, 1e-3, TIE_LAYER, TIE_POS);
+    r = verify(NULL);
+    assert_first(r, TIE_POS, TIE_LAYER, "layers/1/attn_hc_pre", 1e-4);
+    dsv4_verify_result_free(r);
+}
+END_TEST
+
+START_TEST(strict_pick_after_a_tie_still_fails)
+{
+    synth_spec s;
+    synth_spec_init(&s);
+    s.tie_layer = TIE_LAYER;
+    s.tie_position = TIE_POS;
+    s.tie_count = 1;
+    s.low_layer = 3;
+    s.low_position = 35;
+    s.low_count = 1;
+    ck_assert_int_eq(synth_write(g_golden, &s, 0), 0);
+    ck_assert_int_eq(synth_write(g_cand, &s, 1), 0);
+    dsv4_verify_result *r = verify(NULL);
+    assert_first(r, 35, 3, "layers/3/topk_idx", 0);
+    ck_assert_int_eq(r->first.metric, DSV4_METRIC_STRICT);
+    dsv4_verify_result_free(r);
+}
+END_TEST
+
+START_TEST(tie_given_by_option)
+{
+    /* the files show no tie (e.g. the golden does not store that position); another comparison proved one */
+    write_pair(0, 1e-3, 2, TIE_POS);
+    dsv4_verify_options o;
+    dsv4_verify_options_init(&o);
+    o.tie_at_position = TIE_POS;
+    o.tie_at_layer = TIE_LAYER;
+    dsv4_verify_result *r = verify(&o);
+    ck_assert_int_eq(r->status, DSV4_VERIFY_PASS);
+    ck_assert(r->first_tie.found && r->first_tie.given);
+    ck_assert_int_gt(r->n_after_tie_saved, 0);
+    char *txt = text_report(r);
+    ck_assert_ptr_nonnull(strstr(txt, "given by --tie-at"));
+    free(txt);
+    dsv4_verify_result_free(r);
+    /* through the command line, and a later given tie does not move an earlier one */
+    char cmd[16000];
+    snprintf(cmd, sizeof cmd, "'%s' verify '%s' '%s' --tie-at %d:%d --quiet", dsv4_test_bin(), g_golden, g_cand,
+             TIE_POS, TIE_LAYER);
+    ck_assert_int_eq(dsv4_test_run(cmd, NULL), 0);
+    snprintf(cmd, sizeof cmd, "'%s' verify '%s' '%s' --tie-at %d:%d --quiet", dsv4_test_bin(), g_golden, g_cand,
+             TIE_POS, 3);
+    ck_assert_int_eq(dsv4_test_run(cmd, NULL), 1); /* (30, layer 2) is before a tie at (30, layer 3) */
+    snprintf(cmd, sizeof cmd, "'%s' verify '%s' '%s' --tie-at 30 --quiet 2>/dev/null", dsv4_test_bin(), g_golden,
+             g_cand);
+    ck_assert_int_eq(dsv4_test_run(cmd, NULL), 2);
+}
+END_TEST
+
+START_TEST(profile_after_tie_section)
+{
+    /* no after_tie section: the normal gates throughout, and the report says so */
+    write_pair(1, 1e-3, 2, TIE_POS);
+    char prof[4200];
+    snprintf(prof, sizeof prof, "%s/plain.json", g_dir);
+    FILE *f = fopen(prof, "w");
+    fputs("{\"profile\": \"plain\", \"probes\": {\"default\": {\"rel_l2\": 1e-4, \"why\": \"t\"},"
+          " \"topk_idx\": {\"strict\": 0, \"tie_abs\": 1e-7, \"tie_rel\": 1e-4, \"why\": \"t\"}}}",
+          f);
+    fclose(f);
+    dsv4_verify_options o;
+    dsv4_verify_options_init(&o);
+    o.profile = prof;
+    dsv4_verify_result *r = verify(&o);
+    assert_first(r, TIE_POS, 2, NULL, 1e-4);
+    ck_assert(r->first_tie.found && !r->profile_after_tie);
+    char *txt = text_report(r);
+    ck_assert_ptr_nonnull(strstr(txt, "no after_tie section"));
+    free(txt);
+    dsv4_verify_result_free(r);
+    /* after_tie only loosens the normal gates of the same metrics: a tighter value, or a metric the probe is
+     * not gated on, changes nothing; a missing default and an unknown metric are errors */
+    f = fopen(prof, "w");
+    fputs("{\"probes\": {\"default\": {\"rel_l2\": 1e-4}, \"logits\": {\"rel_l2\": 1e-4, \"kl\": 1e-6}},"
+          " \"after_tie\": {\"default\": {\"rel_l2\": 1e-6, \"cosine\": 0.5, \"why\": \"t\"},"
+          " \"logits\": {\"kl\": 1e-3}}}",
+          f);
+    fclose(f);
+    dsv4_verify_profile *p;
+    ck_assert_int_eq(dsv4_verify_profile_load(prof, &p), 0);
+    ck_assert(dsv4_verify_profile_has_after_tie(p));
+    dsv4_verify_gate gates[DSV4_VERIFY_MAX_GATES];
+    int ng;
+    double ta, tr;
+    ck_assert_int_eq(dsv4_verify_profile_lookup(p, "layers/2/out", "out", gates, &ng, &ta, &tr), 0);
+    dsv4_verify_profile_after_tie(p, "layers/2/out", "out", gates, ng, &ta, &tr);
+    ck_assert_int_eq(ng, 1);
+    ck_assert_double_eq(gates[0].tol, 1e-4);
+    ck_assert_int_eq(dsv4_verify_profile_lookup(p, "final/logits", "logits", gates, &ng, &ta, &tr), 0);
+    dsv4_verify_profile_after_tie(p, "final/logits", "logits", gates, ng, &ta, &tr);
+    ck_assert_int_eq(ng, 2);
+    ck_assert_double_eq(gates[0].tol, 1e-4); /* the logits entry replaces the after_tie default */
+    ck_assert_double_eq(gates[1].tol, 1e-3);
+    dsv4_verify_profile_free(p);
+    f = fopen(prof, "w");
+    fputs("{\"probes\": {\"default\": {\"rel_l2\": 1e-4}}, \"after_tie\": {\"out\": {\"rel_l2\": 1e-2}}}", f);
+    fclose(f);
+    ck_assert_int_ne(dsv4_verify_profile_load(prof, &p), 0);
+    f = fopen(prof, "w");
+    fputs("{\"probes\": {\"default\": {\"rel_l2\": 1e-4}}, \"after_tie\": {\"default\": {\"rel_l3\": 1e-2}}}", f);
+    fclose(f);
+    ck_assert_int_ne(dsv4_verify_profile_load(prof, &p), 0);
+    f = fopen(prof, "w");
+    fputs("{\"probes\": {\"default\": {\"rel_l2\": 1e-4}}, \"after_ties\": {}}", f);
+    fclose(f);
+    ck_assert_int_ne(dsv4_verify_profile_load(prof, &p), 0);
+}
+END_TEST
+
+START_TEST(shipped_profiles_have_after_tie)
+{
+    const char *names[] = {"fp32", "bf16"};
+    for (int n = 0; n < 2; n++) {
+        char path[4200];
+        snprintf(path, sizeof path, "%sverify/profiles/%s.json", dsv4_test_source_path(""), names[n]);
+        json_error_t e;
+        json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &e);
+        ck_assert_msg(root != NULL, "%s: %s", path, e.text);
+        json_t *at = json_object_get(root, "after_tie");
+        ck_assert_msg(json_is_object(at), "%s has no after_tie section", names[n]);
+        const char *key;
+        json_t *val;
+        json_object_foreach(at, key, val)
+        {
+            ck_assert_msg(json_is_string(json_object_get(val, "why")), "%s after_tie.%s has no why", names[n], key);
+        }
+        ck_assert(json_object_get(at, "default"));
+        json_decref(root);
+        /* looser than the normal gates, and strict top-k stays 0 */
+        dsv4_verify_profile *p;
+        ck_assert_int_eq(dsv4_verify_profile_load(names[n], &p), 0);
+        dsv4_verify_gate g[DSV4_VERIFY_MAX_GATES], a[DSV4_VERIFY_MAX_GATES];
+        int ng;
+        double ta, tr, ata, atr;
+        ck_assert_int_eq(dsv4_verify_profile_lookup(p, "layers/3/compressed_kv", "compressed_kv", g, &ng, &ta, &tr), 0);
+        memcpy(a, g, sizeof g);
+        dsv4_verify_profile_after_tie(p, "layers/3/compressed_kv", "compressed_kv", a, ng, &ta, &tr);
+        ck_assert_double_gt(a[0].tol, g[0].tol);
+        ck_assert_int_eq(dsv4_verify_profile_lookup(p, "layers/3/topk_idx", "topk_idx", g, &ng, &ta, &tr), 0);
+        memcpy(a, g, sizeof g);
+        ata = ta;
+        atr = tr;
+        dsv4_verify_profile_after_tie(p, "layers/3/topk_idx", "topk_idx", a, ng, &ata, &atr);
+        ck_assert_int_eq(a[0].metric, DSV4_METRIC_STRICT);
+        ck_assert_double_eq(a[0].tol, 0);
+        ck_assert_double_gt(atr, tr);
+        dsv4_verify_profile_free(p);
+    }
+}
+END_TEST
+
+int main(void)
+{
+    g_dir = dsv4_test_mkdtemp("verify-after-tie");
+    snprintf(g_golden, sizeof g_golden, "%s/golden.h5", g_dir);
+    snprintf(g_cand, sizeof g_cand, "%s/cand.h5", g_dir);
+    Suite *s = suite_create("verify_after_tie");
+    TCase *tc = tcase_create("core");
+    tcase_add_test(tc, noise_after_a_tie_passes_and_is_reported);
+    tcase_add_test(tc, same_noise_without_the_tie_fails);
+    tcase_add_test(tc, noise_above_after_tie_fails);
+    tcase_add_test(tc, noise_before_the_tie_is_gated_normally);
+    tcase_add_test(tc, strict_pick_after_a_tie_still_fails);
+    tcase_add_test(tc, tie_given_by_option);
+    tcase_add_test(tc, profile_after_tie_section);
+    tcase_add_test(tc, shipped_profiles_have_after_tie);
+    suite_add_tcase(s, tc);
+    int rc = dsv4_test_main(s);
+    dsv4_test_rmtree(g_dir);
+    return rc;
+}
