@@ -3,15 +3,21 @@
 # for each set, `dsv4 run --path ref-gpu` and `--path ref-cpu` on the golden's tokens, then
 #   dsv4 verify --profile fp32 CPU.h5 GPU.h5      (the GPU reference against the CPU reference)
 #   dsv4 verify --profile fp32 GOLDEN.h5 GPU.h5   (and against transformers)
-# Sets: tiny forced, tiny greedy (the golden's 32 greedy tokens), tiny token by token (--decode-from 0), topk512,
-# tiny-fp8. Skipped (77) without a GPU; a set not committed is skipped.
+# Sets: tiny forced, tiny greedy (the golden's 32 greedy tokens), tiny token by token (--decode-from 0), topk512
+# (every position dumped, and CPU vs golden as well), tiny-fp8. Skipped (77) without a GPU; a set not committed is
+# skipped.
 #
 # topk512 ranks up to 578 entries for 512 picks at every prefill position past 2,050, where the GPU's and the
-# CPU's fp32 index scores (different summation orders, ~1e-7 apart) can order a near-tie pair differently at
-# a position the golden does not store. Such a flip is a legitimate tie (the verifier accepts it where the
-# position is stored), but it changes that token's attention output and so, downstream, the compressed
-# entries that pool it (per-entry probes, ~5e-4). For topk512 the per-entry probes are therefore gated at 1e-3
-# (VERIFY_TOL); a diagnostic comparison of every position shows where a flip happened and that it is accepted.
+# CPU's fp32 index scores (different summation orders, ~1e-7 apart) can order a near-tie pair differently
+# (observed: one pick at position 2136, layer 1). That is a legitimate tie, and it changes that token's attention
+# output and, downstream, the compressed entries that pool it (per-entry probes, 3.5e-4..7e-4). The verifier's
+# rule for it (model-spec 13, docs/verify.md "After a tie"): every comparison after the first tie-accepted pick
+# is gated with the profile's after_tie tolerances. It must SEE the tie, so for topk512 both runs dump every
+# position (--dump-positions all) and the GPU-vs-CPU comparison uses the plain fp32 profile. The golden stores
+# only the last prompt position and the decode positions, so GPU-vs-golden cannot see the tie; it is compared at
+# the golden's positions with --tie-at P:L, the tie the GPU-vs-CPU comparison found, which is sound because the
+# CPU reference matches the golden without any tie (checked here too, and in e2e_ref_topk512.sh): the GPU
+# differs from the golden exactly where it differs from the CPU. No per-test tolerance.
 set -u -o pipefail
 ROOT="${DSV4_SOURCE_DIR:?}/golden"
 BIN="${DSV4_BIN:?}"
@@ -30,24 +36,36 @@ case_run() {
     step "$BIN" run --model "$G" --path ref-gpu --tokens-from "$G/$gold" "$@" --dump "$T/$name.gpu.h5"
     step "$BIN" run --model "$G" --path ref-cpu --tokens-from "$G/$gold" "$@" --dump "$T/$name.cpu.h5"
     echo "== $name: GPU reference vs CPU reference"
-    step "$BIN" verify --profile fp32 ${VERIFY_TOL:-} "$T/$name.cpu.h5" "$T/$name.gpu.h5"
+    step "$BIN" verify --profile fp32 "$T/$name.cpu.h5" "$T/$name.gpu.h5"
     echo "== $name: GPU reference vs golden"
-    step "$BIN" verify --profile fp32 ${VERIFY_TOL:-} "$G/$gold" "$T/$name.gpu.h5"
+    step "$BIN" verify --profile fp32 "$G/$gold" "$T/$name.gpu.h5"
     [ $fail -eq $f0 ] && pass=$((pass + 1))
     return 0
 }
 case_run tiny-forced "$ROOT/tiny" forced.h5
 case_run tiny-greedy "$ROOT/tiny" greedy.h5 --greedy
 case_run tiny-tbt "$ROOT/tiny" forced.h5 --decode-from 0
-VERIFY_TOL="--tol compressed_kv=rel_l2:1e-3 --tol indexer_kv=rel_l2:1e-3" case_run topk512 "$ROOT/topk512" forced.h5
-if [ -f "$ROOT/topk512/forced.h5" ]; then
-    echo "== topk512 diagnostic (not gated): every position, GPU vs CPU"
-    "$BIN" run --model "$ROOT/topk512" --path ref-gpu --tokens-from "$ROOT/topk512/forced.h5" --dump-positions all \
-        --dump "$T/all.gpu.h5" >/dev/null &&
-    "$BIN" run --model "$ROOT/topk512" --path ref-cpu --tokens-from "$ROOT/topk512/forced.h5" --dump-positions all \
-        --dump "$T/all.cpu.h5" >/dev/null &&
-    "$BIN" verify --profile fp32 "$T/all.cpu.h5" "$T/all.gpu.h5" | head -n 40
-fi
+# topk512: every position dumped (see the header), one run per path serves all three comparisons
+topk512() {
+    local G="$ROOT/topk512" gold=forced.h5
+    [ -f "$G/$gold" ] || { echo "golden $G/$gold not committed: topk512 skipped"; return 0; }
+    ran=$((ran + 1))
+    local f0=$fail tie=""
+    step "$BIN" run --model "$G" --path ref-gpu --tokens-from "$G/$gold" --dump-positions all --dump "$T/topk512.gpu.h5"
+    step "$BIN" run --model "$G" --path ref-cpu --tokens-from "$G/$gold" --dump-positions all --dump "$T/topk512.cpu.h5"
+    echo "== topk512: GPU reference vs CPU reference, every position"
+    step "$BIN" verify --profile fp32 --no-color "$T/topk512.cpu.h5" "$T/topk512.gpu.h5" >"$T/topk512.cmp.txt"
+    cat "$T/topk512.cmp.txt"
+    tie=$(sed -n 's/^first tie-accepted top-k difference: position \([0-9]*\), layer \([0-9]*\) .*/\1:\2/p' \
+        "$T/topk512.cmp.txt")
+    echo "== topk512: CPU reference vs golden (no tie expected: this is what lets the GPU borrow the tie below)"
+    step "$BIN" verify --profile fp32 "$G/$gold" "$T/topk512.cpu.h5"
+    echo "== topk512: GPU reference vs golden, at the golden's positions${tie:+, after the tie at $tie found above}"
+    step "$BIN" verify --profile fp32 ${tie:+--tie-at "$tie"} "$G/$gold" "$T/topk512.gpu.h5"
+    [ $fail -eq $f0 ] && pass=$((pass + 1))
+    return 0
+}
+topk512
 case_run tiny-fp8 "$ROOT/tiny-fp8" forced.h5
 [ $ran -gt 0 ] || { echo "no golden set committed: skipped"; exit 77; }
 echo "e2e_ref_gpu: $pass passed, $((ran - pass)) failed"
