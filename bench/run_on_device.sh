@@ -7,7 +7,8 @@
 # hang costs only its own part; bench.json is rewritten after every variant, so a cut-short run keeps what ran.
 #   device call: command "DSV4_COMMIT=<hash> bash bench/run_on_device.sh", carry [".debs"]
 # Knobs (environment): BENCH_ARGS (extra `dsv4 bench` options), PEER_BATCH (default 1,64), PEER_CONTEXT
-# (default 4096), PEER_RESERVE_S (seconds kept for the peer and the report, default 75).
+# (default 4096), PEER_RESERVE_S (seconds kept for the peer and the report, default 75), SKIP_PEER (non-empty:
+# no peer run, e.g. when an earlier call measured it).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-$root/out}
@@ -59,7 +60,9 @@ echo "dsv4 bench exit $? ($(left)s left)"
 
 # --- the peer, at the shapes of the bench run
 ps=$(($(left) - 12))
-if [ -f "$out/bench.json" ] && [ $ps -gt 20 ]; then
+if [ -n "${SKIP_PEER:-}" ]; then
+  echo "== peer skipped (SKIP_PEER set)"
+elif [ -f "$out/bench.json" ] && [ $ps -gt 20 ]; then
   echo "== transformers peer (${ps}s)"
   PYTHONUNBUFFERED=1 timeout --signal=TERM --kill-after=5 $ps python3 "$root/bench/peers/peer_transformers.py" \
     --like "$out/bench.json" --batch "${PEER_BATCH:-1,64}" --context "${PEER_CONTEXT:-4096}" \

@@ -291,10 +291,15 @@ static size_t workspace_need(const dsv4_opt *o)
     if ((s = dsv4_opt_mhc_pre_workspace_bytes(&mp)) > need) need = s;
     mp.head = 1;
     if ((s = dsv4_opt_mhc_pre_workspace_bytes(&mp)) > need) need = s;
+    /* dsv4_opt_sparse_attn_workspace_bytes validates the whole params struct (pointers non-NULL and 16-aligned,
+     * the KV stride) and answers 0 when it does not pass: give it placeholders that pass, never dereferenced. */
+    static uint16_t placeholder[8] __attribute__((aligned(16)));
     dsv4_sparse_attn_params ap;
     memset(&ap, 0, sizeof ap);
     ap.n_seq = o->C, ap.n_heads = o->H, ap.head_dim = o->d, ap.rope_dim = 2 * o->np;
     ap.kernel = (dsv4_attn_kernel)o->opt.attn, ap.out_dtype = DSV4_OUT_BF16;
+    ap.q = ap.kv = placeholder, ap.idx = (const int32_t *)placeholder, ap.sink = (const float *)placeholder;
+    ap.rope_cos = ap.rope_sin = (const float *)placeholder, ap.out = placeholder;
     int extras[64], ne = 0;
     extras[ne++] = 0;
     extras[ne++] = o->topk;
@@ -305,6 +310,7 @@ static size_t workspace_need(const dsv4_opt *o)
     for (int i = 0; i < ne; i++) {
         ap.n_idx = o->W + extras[i];
         ap.n_slots = o->W + (o->pool_cap_hca > o->pool_cap_csa ? o->pool_cap_hca : o->pool_cap_csa);
+        ap.kv_seq_stride = (int64_t)ap.n_slots * o->d;
         if ((s = dsv4_opt_sparse_attn_workspace_bytes(&ap)) > need) need = s;
     }
     if (o->pool_cap_csa > 0) {
