@@ -50,9 +50,10 @@ def meta_lines(bench, meta_path, commit):
     return out
 
 
-def markdown(bench, peer, meta_path, commit):
+def markdown(bench, peer, meta_path, commit, notes=()):
     md = ["# dsv4 bench results", ""]
     md += meta_lines(bench, meta_path, commit)
+    md += [f"- note: {n}" for n in notes]
     if not bench:
         md += ["", "**No dsv4 bench results** (the run did not produce bench.json)."]
         return "\n".join(md) + "\n"
@@ -247,10 +248,11 @@ def main():
     ap.add_argument("--commit")
     ap.add_argument("--md", required=True)
     ap.add_argument("--svg")
+    ap.add_argument("--note", action="append", default=[], help="a line for the header (repeatable)")
     a = ap.parse_args()
     bench, peer = load(a.bench), load(a.peer)
     with open(a.md, "w") as f:
-        f.write(markdown(bench, peer, a.meta, a.commit))
+        f.write(markdown(bench, peer, a.meta, a.commit, a.note))
     if a.svg and bench and bench.get("runs"):
         try:
             chart(bench, peer, a.svg)
