@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
-# gpu-sanitize.sh [SECONDS] - on the GPU machine, after scripts/gpu-test.sh has built build-gpu/: run each GPU test
-# binary under compute-sanitizer memcheck, racecheck and initcheck, each run time-boxed to SECONDS (default 90).
+# gpu-sanitize.sh [SECONDS [TEST...]] - on the GPU machine, after scripts/gpu-test.sh has built build-gpu/: run each GPU test
+# binary (or the TESTs named) under compute-sanitizer memcheck, racecheck and initcheck, each run time-boxed to
+# SECONDS (default 90).
 # Prints one line per (tool, test): clean, ERRORS (with the sanitizer's summary) or TIMEOUT (not completed).
 # Exit status 1 if any run reported errors. Logs to $OUT/sanitize-<tool>-<test>.log when OUT is set.
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
 limit=${1:-90}
+shift || true
 out=${OUT:-$root/out}
 mkdir -p "$out"
 build=$root/build-gpu
 export DSV4_SOURCE_DIR=$root DSV4_BINARY_DIR=$build DSV4_BIN=$build/dsv4 CK_FORK=no
 export LD_LIBRARY_PATH=/tmp/dsv4-prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-tests=$(cd "$build" && ls test_gpu_* test_kernel_* test_opt_* test_ref_gpu_ops 2>/dev/null)
+tests=${*:-$(cd "$build" && ls test_gpu_* test_kernel_* test_opt_* test_ref_gpu_ops 2>/dev/null)}
 status=0
 for tool in memcheck racecheck initcheck; do
     for t in $tests; do
