@@ -44,7 +44,8 @@ typedef struct dsv4_indexer_params {
     cudaStream_t stream;
 } dsv4_indexer_params;
 
-/* Scratch the F32 variant needs (C * H * n_work floats); 0 for BF16. */
+/* Scratch the F32 variant needs (C * H * n_work floats); 0 for BF16. From the shapes and kernel alone: no pointer
+ * is read (they may be NULL). */
 size_t dsv4_opt_indexer_scratch_bytes(const dsv4_indexer_params *p);
 /* Validates p and launches on p->stream. 0, or DSV4_ERR_USAGE / _UNSUPPORTED / _CUDA with a message. */
 int dsv4_opt_indexer_scores(const dsv4_indexer_params *p);

@@ -63,6 +63,8 @@ typedef struct dsv4_mhc_post_params {
     cudaStream_t stream;
 } dsv4_mhc_post_params;
 
+/* Workspace of dsv4_opt_mhc_pre for these shapes (n_tok, n_streams, dim, head, kernel): answers from the shapes
+ * alone, no pointer is read (they may be NULL), so the caller can size the workspace before any buffer exists. */
 size_t dsv4_opt_mhc_pre_workspace_bytes(const dsv4_mhc_pre_params *p);
 /* Validates p and launches on p->stream. 0, or DSV4_ERR_USAGE / _UNSUPPORTED / _CUDA with a message. */
 int dsv4_opt_mhc_pre(const dsv4_mhc_pre_params *p);

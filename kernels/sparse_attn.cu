@@ -437,7 +437,10 @@ static int attn_plan(const dsv4_sparse_attn_params *p, attn_kparams *kp, int *mt
     return 0;
 }
 
-static int attn_validate(const dsv4_sparse_attn_params *p)
+/* The shape check: what the work split and the workspace size depend on (counts, head_dim, rope_dim, out_dtype,
+ * kernel, the SIMT limit). The size query uses it alone, so a caller can size the workspace before any buffer
+ * exists. */
+static int attn_validate_shape(const dsv4_sparse_attn_params *p)
 {
     DSV4_CHECK(p != NULL, "sparse_attn: params is NULL");
     DSV4_CHECK(p->n_seq >= 1 && p->n_heads >= 1 && p->n_idx >= 1 && p->n_slots >= 1,
@@ -448,13 +451,6 @@ static int attn_validate(const dsv4_sparse_attn_params *p)
                           p->head_dim, ATTN_MAX_D);
     DSV4_CHECK(p->rope_dim >= 0 && p->rope_dim % 2 == 0 && p->rope_dim <= p->head_dim,
                "sparse_attn: rope_dim %d must be even and <= head_dim %d", p->rope_dim, p->head_dim);
-    DSV4_CHECK(p->q && p->kv && p->idx && p->sink && p->out, "sparse_attn: q, kv, idx, sink, out must be non-NULL");
-    DSV4_CHECK(p->rope_dim == 0 || (p->rope_cos && p->rope_sin), "sparse_attn: rope_cos/rope_sin are NULL");
-    DSV4_CHECK(dsv4_aligned16(p->q) && dsv4_aligned16(p->kv) && dsv4_aligned16(p->out),
-               "sparse_attn: q, kv and out must be 16-byte aligned");
-    DSV4_CHECK(p->kv_seq_stride % 8 == 0 && (p->n_seq == 1 || p->kv_seq_stride >= (int64_t)p->n_slots * p->head_dim),
-               "sparse_attn: kv_seq_stride %lld must be a multiple of 8 and >= n_slots*head_dim",
-               (long long)p->kv_seq_stride);
     DSV4_CHECK(p->out_dtype == DSV4_OUT_F32 || p->out_dtype == DSV4_OUT_BF16, "sparse_attn: bad out_dtype %d",
                (int)p->out_dtype);
     DSV4_CHECK(p->kernel == DSV4_ATTN_KERNEL_MMA || p->kernel == DSV4_ATTN_KERNEL_SIMT, "sparse_attn: bad kernel %d",
@@ -464,9 +460,24 @@ static int attn_validate(const dsv4_sparse_attn_params *p)
     return 0;
 }
 
+/* The launcher's check: the shapes, then the pointers, their alignment and the KV stride. */
+static int attn_validate(const dsv4_sparse_attn_params *p)
+{
+    int rc = attn_validate_shape(p);
+    if (rc != 0) return rc;
+    DSV4_CHECK(p->q && p->kv && p->idx && p->sink && p->out, "sparse_attn: q, kv, idx, sink, out must be non-NULL");
+    DSV4_CHECK(p->rope_dim == 0 || (p->rope_cos && p->rope_sin), "sparse_attn: rope_cos/rope_sin are NULL");
+    DSV4_CHECK(dsv4_aligned16(p->q) && dsv4_aligned16(p->kv) && dsv4_aligned16(p->out),
+               "sparse_attn: q, kv and out must be 16-byte aligned");
+    DSV4_CHECK(p->kv_seq_stride % 8 == 0 && (p->n_seq == 1 || p->kv_seq_stride >= (int64_t)p->n_slots * p->head_dim),
+               "sparse_attn: kv_seq_stride %lld must be a multiple of 8 and >= n_slots*head_dim",
+               (long long)p->kv_seq_stride);
+    return 0;
+}
+
 extern "C" size_t dsv4_opt_sparse_attn_workspace_bytes(const dsv4_sparse_attn_params *p)
 {
-    if (attn_validate(p) != 0 || p->kernel != DSV4_ATTN_KERNEL_MMA) return 0;
+    if (attn_validate_shape(p) != 0 || p->kernel != DSV4_ATTN_KERNEL_MMA) return 0;
     attn_kparams kp;
     int mt = 0;
     if (attn_plan(p, &kp, &mt) != 0 || kp.n_split == 1) return 0;

@@ -49,8 +49,11 @@ typedef struct dsv4_sparse_attn_params {
     cudaStream_t stream;
 } dsv4_sparse_attn_params;
 
-/* Workspace the launch needs for these shapes on the current device (0 for SIMT or when no split happens).
- * Deterministic for a given device and shape: the same split is chosen by the launcher. */
+/* Workspace the launch needs for these shapes on the current device (0 for SIMT, when no split happens, or when
+ * the shapes are invalid). Answers from the shapes alone: n_seq, n_heads, head_dim, rope_dim, n_idx, n_slots,
+ * out_dtype, kernel; the pointers, kv_seq_stride, workspace and stream are not read (they may be NULL/0), so the
+ * workspace can be sized before any buffer exists. Deterministic for a given device and shape: the same split is
+ * chosen by the launcher. */
 size_t dsv4_opt_sparse_attn_workspace_bytes(const dsv4_sparse_attn_params *p);
 /* Validates p, launches the work on p->stream. 0, or DSV4_ERR_USAGE / _UNSUPPORTED / _CUDA with a message. */
 int dsv4_opt_sparse_attn(const dsv4_sparse_attn_params *p);

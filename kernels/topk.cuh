@@ -33,6 +33,8 @@ typedef struct dsv4_topk_params {
     cudaStream_t stream;
 } dsv4_topk_params;
 
+/* Workspace of dsv4_opt_topk for n_seq and k: answers from the shapes alone, no pointer is read (they may be NULL);
+ * 0 when n_seq or k < 1. */
 size_t dsv4_opt_topk_workspace_bytes(const dsv4_topk_params *p);
 /* Validates p and launches on p->stream. 0, or DSV4_ERR_USAGE / _UNSUPPORTED / _CUDA with a message. */
 int dsv4_opt_topk(const dsv4_topk_params *p);

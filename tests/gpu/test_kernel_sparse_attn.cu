@@ -300,6 +300,55 @@ START_TEST(test_mma_bitwise_deterministic)
 }
 END_TEST
 
+/* The workspace size answers from the shapes alone: at Flash width with C = 64 (where the mma kernel splits K)
+ * the query with every pointer NULL and kv_seq_stride 0 equals the query on real buffers, and is > 0. The
+ * launcher still rejects the NULL pointers (the full check), and a bad shape still answers 0. */
+START_TEST(test_workspace_size_from_shapes)
+{
+    const int C = 64, H = 64, d = 512, W = 128, topk = 512, n_slots = W + 4096 / 4;
+    dsv4_sparse_attn_params shape;
+    memset(&shape, 0, sizeof(shape));
+    shape.n_seq = C;
+    shape.n_heads = H;
+    shape.head_dim = d;
+    shape.rope_dim = 64;
+    shape.n_idx = W + topk;
+    shape.n_slots = n_slots;
+    shape.scale = (float)(1.0 / sqrt((double)d));
+    shape.out_dtype = DSV4_OUT_BF16;
+    shape.kernel = DSV4_ATTN_KERNEL_MMA;
+    const size_t from_shapes = dsv4_opt_sparse_attn_workspace_bytes(&shape);
+
+    dsv4_sparse_attn_params real = shape;
+    void *b[6];
+    size_t sz[6] = {(size_t)C * H * d * 2, (size_t)C * n_slots * d * 2, (size_t)C * shape.n_idx * 4, (size_t)H * 4,
+                    (size_t)C * 33 * 4, (size_t)C * H * d * 2};
+    for (int i = 0; i < 6; i++) ck_assert_int_eq(cudaMalloc(&b[i], sz[i]), cudaSuccess);
+    real.q = (const uint16_t *)b[0];
+    real.kv = (const uint16_t *)b[1];
+    real.kv_seq_stride = (int64_t)n_slots * d;
+    real.idx = (const int32_t *)b[2];
+    real.sink = (const float *)b[3];
+    real.rope_cos = real.rope_sin = (const float *)b[4];
+    real.out = b[5];
+    const size_t from_buffers = dsv4_opt_sparse_attn_workspace_bytes(&real);
+    for (int i = 0; i < 6; i++) cudaFree(b[i]);
+
+    ck_assert_msg(from_shapes > 0, "Flash shape, C = 64: the mma kernel must split K (workspace 0)");
+    ck_assert_msg(from_shapes == from_buffers, "size from shapes %zu B != size with buffers %zu B", from_shapes,
+                  from_buffers);
+    /* the launcher's full check still refuses what the size query accepts */
+    ck_assert_int_eq(dsv4_opt_sparse_attn(&shape), DSV4_ERR_USAGE);
+    ck_assert_ptr_nonnull(strstr(dsv4_last_error(), "non-NULL"));
+    /* and a bad shape still answers 0 */
+    shape.head_dim = 40;
+    ck_assert_uint_eq(dsv4_opt_sparse_attn_workspace_bytes(&shape), 0);
+    shape.head_dim = d;
+    shape.kernel = DSV4_ATTN_KERNEL_SIMT;
+    ck_assert_uint_eq(dsv4_opt_sparse_attn_workspace_bytes(&shape), 0);
+}
+END_TEST
+
 START_TEST(test_rejects_bad_shapes)
 {
     dsv4_sparse_attn_params p;
@@ -328,6 +377,7 @@ int main(void)
     tcase_add_loop_test(tc, test_simt_f32, 0, N_CASES);
     tcase_add_loop_test(tc, test_simt_bf16, 0, N_CASES);
     tcase_add_test(tc, test_mma_bitwise_deterministic);
+    tcase_add_test(tc, test_workspace_size_from_shapes);
     tcase_add_test(tc, test_rejects_bad_shapes);
     suite_add_tcase(s, tc);
     return dsv4_test_main(s);
