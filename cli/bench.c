@@ -256,7 +256,7 @@ typedef struct mem_plan {
     double global, per_layer_w[DSV4_MAX_LAYERS], per_layer_cache[DSV4_MAX_LAYERS], scratch, total;
 } mem_plan;
 
-/* Bytes of the weights, caches and scratch, as opt_model.c / opt_random.cu lay them out (scratch estimated). */
+/* Bytes of the weights, caches and scratch, as optimized/opt_layout.c lays them out (scratch estimated). */
 static void plan_memory(const dsv4_config *f, int C, int max_ctx, int fp32_indexer, mem_plan *p)
 {
     const double D = f->hidden_size, n = f->hc_mult, V = f->vocab_size, H = f->num_attention_heads,

@@ -1,5 +1,7 @@
-/* opt_internal.h - internals of the optimized path shared by its host files (opt_model.c: options, weights,
- * caches, scratch, init/free; opt_step.c: the decode step, its CUDA graphs and the probes).
+/* opt_internal.h - internals of the optimized path shared by its host files (opt_layout.c: the arenas' layout and
+ * the init sequence of both constructors; opt_model.c: options, the loader's weight source, init/free;
+ * opt_random.cu: the generator's weight source and random state; opt_step.c: the decode step, its CUDA graphs
+ * and the probes).
  *
  * Ownership: three device arenas, one per lifetime (style rule 9): weights (read-only after init), state (the
  * per-sequence caches), scratch (the step's work buffers, sized for C tokens). Every view below points into one
@@ -143,6 +145,56 @@ struct dsv4_opt {
     float *h_probe;                  /* pinned host staging for probe rows */
     size_t h_probe_floats;
 };
+
+/* ---- The one layout and init sequence of both constructors (opt_layout.c) ---------------------------------- */
+/* A bump carver over one arena (256-byte aligned views); base NULL counts only. */
+typedef struct opt_carver {
+    char *base;
+    size_t off;
+} opt_carver;
+void *opt_carve(opt_carver *cv, size_t bytes);
+
+/* What a weight view is, for a source that generates it (the loader ignores it): a linear map of fan-in `fan_in`,
+ * the embedding, mHC base / scale, an RMSNorm weight, attention sinks, a compressor position bias, the router
+ * bias. */
+typedef enum opt_wkind {
+    OPT_W_LINEAR,
+    OPT_W_EMBED,
+    OPT_W_MHC_BASE,
+    OPT_W_MHC_SCALE,
+    OPT_W_NORM,
+    OPT_W_SINK,
+    OPT_W_APE,
+    OPT_W_BIAS
+} opt_wkind;
+
+/* Where the weights come from: the loader (opt_model.c) or the generator (opt_random.cu). opt_init_common calls
+ * it only on the filling pass, in carve order, with device views of the weights arena:
+ *   f32       one f32 view = one file tensor `name`;
+ *   bf16_view one bf16 view as a whole (the generator fills it here, one stream per view; the loader does nothing);
+ *   bf16_part one file tensor `name` at dst inside the last bf16 view (the loader reads it; the generator does
+ *             nothing); a fused view has several parts;
+ *   tid2eid   the hash router's table [V, k] int32, every id in [0, E).
+ * Each returns 0 or a negative error with a message. The source is borrowed for the call of opt_init_common. */
+typedef struct opt_weight_src opt_weight_src;
+struct opt_weight_src {
+    const char *what; /* label of the memory checks: "optimized", "optimized (random)" */
+    int (*f32)(opt_weight_src *s, const dsv4_opt *o, float *dst, size_t numel, opt_wkind kind, size_t fan_in,
+               const char *name);
+    int (*bf16_view)(opt_weight_src *s, const dsv4_opt *o, uint16_t *dst, size_t numel, opt_wkind kind,
+                     size_t fan_in);
+    int (*bf16_part)(opt_weight_src *s, const dsv4_opt *o, uint16_t *dst, size_t numel, const char *name);
+    int (*tid2eid)(opt_weight_src *s, const dsv4_opt *o, int32_t *dst, const char *name);
+};
+
+/* The checks of the options and the config both constructors make before anything is allocated. */
+int opt_check_config(const dsv4_config *f, const dsv4_opt_options *op);
+/* Build o (o->opt and o->cfg set, the rest zero) from src: sizes, layers, stream, the three arenas (weights filled
+ * from src, caches and scratch zeroed), pinned staging, cuBLAS, empty compressor states. On failure o holds what
+ * was made so far: the caller releases it with dsv4_opt_free. */
+int opt_init_common(dsv4_opt *o, opt_weight_src *src);
+/* Clear the compressor states of sequence seq (seq < 0: all) to kv 0 / score -inf; synchronises the stream. */
+int opt_state_reset(dsv4_opt *o, int seq);
 
 /* Counted cudaMalloc (style rule 10). */
 int opt_dev_alloc(void **p, size_t bytes, const char *what);

@@ -5,7 +5,9 @@
  *   same launches);
  * - two `dsv4 run --path opt` of the same input give bitwise identical dumps (every dataset compared with the
  *   dump reader; the HDF5 files themselves may differ in timestamps), for the defaults and all naive variants;
- * - the batch: sequence 1 of a staggered batch of 2 reproduces a batch of 1 within bf16 noise (same argmax).
+ * - the batch: sequence 1 of a staggered batch of 2 reproduces a batch of 1 within bf16 noise (same argmax);
+ * - both constructors share one layout: dsv4_opt_init on a model and dsv4_opt_init_random on its config give the
+ *   same three arena sizes, and a step of the random one runs (every view it reads is carved).
  */
 #include <check.h>
 #include <math.h>
@@ -151,6 +153,44 @@ START_TEST(test_deterministic_naive)
 }
 END_TEST
 
+/* One layout for both constructors (optimized/opt_layout.c): same weights, caches and scratch bytes for the same
+ * config and options, for the defaults and the naive variants (whose workspaces differ). */
+START_TEST(test_constructors_share_layout)
+{
+    static const char *const sets[] = {"tiny", "topk512"};
+    for (int si = 0; si < 2; si++) {
+        dsv4_model *m = open_set(sets[si]);
+        const dsv4_config *cfg = dsv4_model_config(m);
+        for (int naive = 0; naive < 2; naive++) {
+            dsv4_opt_options o;
+            dsv4_opt_options_default(&o);
+            o.n_seq = 3;
+            o.max_context = 64;
+            if (naive) {
+                o.attn = DSV4_OPT_ATTN_SIMT, o.indexer = DSV4_OPT_INDEXER_FP32, o.mhc = DSV4_OPT_MHC_ROUNDTRIP;
+                o.index_context = DSV4_OPT_INDEX_MAX;
+            }
+            dsv4_opt *a = NULL, *b = NULL;
+            ck_assert_msg(dsv4_opt_init(m, &o, &a) == 0, "%s", dsv4_last_error());
+            ck_assert_msg(dsv4_opt_init_random(cfg, 7, &o, &b) == 0, "%s", dsv4_last_error());
+            size_t wa, sa, xa, wb, sb, xb;
+            dsv4_opt_memory(a, &wa, &sa, &xa);
+            dsv4_opt_memory(b, &wb, &sb, &xb);
+            ck_assert_msg(wa == wb && sa == sb && xa == xb,
+                          "%s naive=%d: model arenas %zu/%zu/%zu B, random %zu/%zu/%zu B", sets[si], naive, wa, sa,
+                          xa, wb, sb, xb);
+            int32_t tok[3] = {1, 2, 3}, next[3];
+            ck_assert_msg(dsv4_opt_random_state(b, 16, 11) == 0, "%s", dsv4_last_error());
+            ck_assert_msg(dsv4_opt_step(b, tok, NULL, NULL, NULL, next) == 0, "%s", dsv4_last_error());
+            for (int c = 0; c < 3; c++) ck_assert_int_lt((unsigned)next[c], (unsigned)cfg->vocab_size);
+            dsv4_opt_free(a);
+            dsv4_opt_free(b);
+        }
+        dsv4_model_free(m);
+    }
+}
+END_TEST
+
 int main(void)
 {
     dsv4_test_require_gpu();
@@ -160,6 +200,7 @@ int main(void)
     tcase_add_test(tc, test_no_alloc_and_graph_equals_eager);
     tcase_add_test(tc, test_deterministic_default);
     tcase_add_test(tc, test_deterministic_naive);
+    tcase_add_test(tc, test_constructors_share_layout);
     suite_add_tcase(s, tc);
     return dsv4_test_main(s);
 }

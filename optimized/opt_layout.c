@@ -1,0 +1,459 @@
+/* opt_layout.c - the one layout of the optimized path's three arenas and the one init sequence, shared by both
+ * constructors of struct dsv4_opt: dsv4_opt_init (opt_model.c, weights uploaded from a model folder) and
+ * dsv4_opt_init_random (opt_random.cu, weights generated on the GPU from a seed). The constructors differ only in
+ * their opt_weight_src (opt_internal.h), which fills the views this file carves.
+ *
+ * Invariants that fail quietly:
+ * - Each arena is laid out twice with the same function: once to count (base NULL, the weight source is not
+ *   called), once to carve and fill, so the views can never disagree with the size, and both constructors give
+ *   the same w_bytes, s_bytes and x_bytes for the same config and options.
+ * - A weight view is filled by one bf16_view / f32 call (the generator draws one stream per view, in carve order:
+ *   that order is part of the random weights' identity) and by one bf16_part call per file tensor inside it
+ *   (fused projections have several parts at row offsets).
+ * - The compressor states start as kv 0 / score -inf (an empty slot has weight 0); reset restores exactly that.
+ * - The kernel workspace is the maximum over every shape a step can use (the gather-list sizes are the buckets
+ *   of opt_step_sizes), so no step can need more than was allocated. The kernels' size queries answer from the
+ *   shapes alone (no buffer exists yet when this runs).
+ * - RoPE tables are built like the reference's (fp32 pow, YaRN ramp between floor/ceil correction dims, no mscale).
+ * Spec: model-spec §1 (shapes), §3 (RoPE), §12.1 (the caches).
+ */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/elementwise.cuh"
+#include "kernels/indexer.cuh"
+#include "kernels/mhc.cuh"
+#include "kernels/sparse_attn.cuh"
+#include "kernels/topk.cuh"
+#include "opt_internal.h"
+
+void *opt_carve(opt_carver *cv, size_t bytes)
+{
+    cv->off = (cv->off + 255) & ~(size_t)255;
+    void *p = cv->base ? cv->base + cv->off : NULL;
+    cv->off += bytes;
+    return p;
+}
+
+/* ------------------------------------------------------------------------------------ weights */
+static int fill_f32(opt_weight_src *s, const dsv4_opt *o, float *dst, size_t numel, opt_wkind kind, size_t fan_in,
+                    const char *fmt, ...) __attribute__((format(printf, 7, 8)));
+static int fill_f32(opt_weight_src *s, const dsv4_opt *o, float *dst, size_t numel, opt_wkind kind, size_t fan_in,
+                    const char *fmt, ...)
+{
+    char name[160];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    return s->f32(s, o, dst, numel, kind, fan_in, name);
+}
+
+static int fill_part(opt_weight_src *s, const dsv4_opt *o, uint16_t *dst, size_t numel, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static int fill_part(opt_weight_src *s, const dsv4_opt *o, uint16_t *dst, size_t numel, const char *fmt, ...)
+{
+    char name[160];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    return s->bf16_part(s, o, dst, numel, name);
+}
+
+/* An f32 view of one file tensor. */
+#define WF(dst, numel, kind, fan_in, ...)                                                                        \
+    do {                                                                                                         \
+        (dst) = opt_carve(cv, (size_t)(numel) * 4);                                                              \
+        if (cv->base) DSV4_OPT_TRY(fill_f32(src, o, (dst), (size_t)(numel), (kind), (size_t)(fan_in), __VA_ARGS__)); \
+    } while (0)
+/* A bf16 view (filled as a whole by the generator), then the file tensors inside it. */
+#define WB_VIEW(dst, numel, kind, fan_in)                                                                        \
+    do {                                                                                                         \
+        (dst) = opt_carve(cv, (size_t)(numel) * 2);                                                              \
+        if (cv->base) DSV4_OPT_TRY(src->bf16_view(src, o, (dst), (size_t)(numel), (kind), (size_t)(fan_in)));    \
+    } while (0)
+#define WB_PART(ptr, numel, ...)                                                                                 \
+    do {                                                                                                         \
+        if (cv->base) DSV4_OPT_TRY(fill_part(src, o, (ptr), (size_t)(numel), __VA_ARGS__));                     \
+    } while (0)
+/* A bf16 view of one file tensor. */
+#define WB(dst, numel, kind, fan_in, ...)                                                                        \
+    do {                                                                                                         \
+        WB_VIEW(dst, numel, kind, fan_in);                                                                       \
+        WB_PART(dst, numel, __VA_ARGS__);                                                                        \
+    } while (0)
+
+static int layer_weights(dsv4_opt *o, opt_weight_src *src, opt_carver *cv, int L)
+{
+    opt_layer *ly = &o->layers[L];
+    const size_t D = o->D, nD = (size_t)o->n * o->D, mix = (size_t)(2 + o->n) * o->n, E = o->E, NI = o->NI;
+    const size_t d = o->d, dI = o->dI;
+    const int csa = ly->attn == DSV4_ATTN_CSA;
+    const size_t width = (csa ? 2 : 1) * d;
+    WF(ly->hc_attn_fn, mix * nD, OPT_W_LINEAR, nD, "layers.%d.hc_attn_fn", L);
+    WF(ly->hc_attn_base, mix, OPT_W_MHC_BASE, 0, "layers.%d.hc_attn_base", L);
+    WF(ly->hc_attn_scale, 3, OPT_W_MHC_SCALE, 0, "layers.%d.hc_attn_scale", L);
+    WF(ly->hc_ffn_fn, mix * nD, OPT_W_LINEAR, nD, "layers.%d.hc_ffn_fn", L);
+    WF(ly->hc_ffn_base, mix, OPT_W_MHC_BASE, 0, "layers.%d.hc_ffn_base", L);
+    WF(ly->hc_ffn_scale, 3, OPT_W_MHC_SCALE, 0, "layers.%d.hc_ffn_scale", L);
+    WF(ly->attn_norm, D, OPT_W_NORM, 0, "layers.%d.attn_norm.weight", L);
+    WF(ly->ffn_norm, D, OPT_W_NORM, 0, "layers.%d.ffn_norm.weight", L);
+    WF(ly->q_norm, o->qr, OPT_W_NORM, 0, "layers.%d.attn.q_norm.weight", L);
+    WF(ly->kv_norm, d, OPT_W_NORM, 0, "layers.%d.attn.kv_norm.weight", L);
+    WF(ly->sinks, o->H, OPT_W_SINK, 0, "layers.%d.attn.attn_sink", L);
+    /* the fused x-projection */
+    int r = 0;
+    ly->off_qa = r, r += o->qr;
+    ly->off_kv = r, r += (int)d;
+    ly->off_ckv = r, r += ly->ratio > 0 ? (int)width : 0;
+    ly->off_cg = r, r += ly->ratio > 0 ? (int)width : 0;
+    ly->off_ikv = r, r += csa ? 2 * (int)dI : 0;
+    ly->off_ig = r, r += csa ? 2 * (int)dI : 0;
+    ly->off_iw = r, r += csa ? o->HI : 0;
+    ly->n_x = r;
+    if (r > o->n_x_max) o->n_x_max = r;
+    WB_VIEW(ly->w_x, (size_t)r * D, OPT_W_LINEAR, D);
+    uint16_t *wx = ly->w_x;
+    WB_PART(wx + ly->off_qa * D, (size_t)o->qr * D, "layers.%d.attn.wq_a.weight", L);
+    WB_PART(wx + ly->off_kv * D, d * D, "layers.%d.attn.wkv.weight", L);
+    if (ly->ratio > 0) {
+        WB_PART(wx + ly->off_ckv * D, width * D, "layers.%d.attn.compressor.wkv.weight", L);
+        WB_PART(wx + ly->off_cg * D, width * D, "layers.%d.attn.compressor.wgate.weight", L);
+        WF(ly->cmp_ape, (size_t)ly->ratio * width, OPT_W_APE, 0, "layers.%d.attn.compressor.ape", L);
+        WF(ly->cmp_norm, d, OPT_W_NORM, 0, "layers.%d.attn.compressor.norm.weight", L);
+    }
+    if (csa) {
+        WB_PART(wx + ly->off_ikv * D, 2 * dI * D, "layers.%d.attn.indexer.compressor.wkv.weight", L);
+        WB_PART(wx + ly->off_ig * D, 2 * dI * D, "layers.%d.attn.indexer.compressor.wgate.weight", L);
+        WB_PART(wx + ly->off_iw * D, (size_t)o->HI * D, "layers.%d.attn.indexer.weights_proj.weight", L);
+        WF(ly->idx_ape, (size_t)ly->ratio * 2 * dI, OPT_W_APE, 0, "layers.%d.attn.indexer.compressor.ape", L);
+        WF(ly->idx_norm, dI, OPT_W_NORM, 0, "layers.%d.attn.indexer.compressor.norm.weight", L);
+        WB(ly->idx_wq_b, (size_t)o->HI * dI * o->qr, OPT_W_LINEAR, o->qr, "layers.%d.attn.indexer.wq_b.weight", L);
+    }
+    WB(ly->wq_b, (size_t)o->H * d * o->qr, OPT_W_LINEAR, o->qr, "layers.%d.attn.wq_b.weight", L);
+    WB(ly->wo_a, (size_t)o->G * o->o_r * (o->H * d / o->G), OPT_W_LINEAR, o->H * d / o->G,
+       "layers.%d.attn.wo_a.weight", L);
+    WB(ly->wo_b, D * o->G * o->o_r, OPT_W_LINEAR, (size_t)o->G * o->o_r, "layers.%d.attn.wo_b.weight", L);
+    /* the fused ffn projection: router gate | shared w1 | shared w3 */
+    WB_VIEW(ly->w_f, (E + 2 * NI) * D, OPT_W_LINEAR, D);
+    WB_PART(ly->w_f, E * D, "layers.%d.ffn.gate.weight", L);
+    WB_PART(ly->w_f + E * D, NI * D, "layers.%d.ffn.shared_experts.w1.weight", L);
+    WB_PART(ly->w_f + (E + NI) * D, NI * D, "layers.%d.ffn.shared_experts.w3.weight", L);
+    WB(ly->sh_w2, D * NI, OPT_W_LINEAR, NI, "layers.%d.ffn.shared_experts.w2.weight", L);
+    if (ly->mlp == DSV4_MLP_HASH_MOE) {
+        ly->tid2eid = opt_carve(cv, (size_t)o->V * o->K * 4);
+        if (cv->base) {
+            char name[96];
+            snprintf(name, sizeof name, "layers.%d.ffn.gate.tid2eid", L);
+            DSV4_OPT_TRY(src->tid2eid(src, o, ly->tid2eid, name));
+        }
+    } else {
+        WF(ly->gate_bias, E, OPT_W_BIAS, 0, "layers.%d.ffn.gate.bias", L);
+    }
+    /* the experts: w13 [E][w1; w3], w2 [E] */
+    WB_VIEW(ly->w13, E * 2 * NI * D, OPT_W_LINEAR, D);
+    WB_VIEW(ly->w2, E * D * NI, OPT_W_LINEAR, NI);
+    for (size_t e = 0; e < E && cv->base; e++) {
+        WB_PART(ly->w13 + e * 2 * NI * D, NI * D, "layers.%d.ffn.experts.%zu.w1.weight", L, e);
+        WB_PART(ly->w13 + (e * 2 + 1) * NI * D, NI * D, "layers.%d.ffn.experts.%zu.w3.weight", L, e);
+        WB_PART(ly->w2 + e * D * NI, D * NI, "layers.%d.ffn.experts.%zu.w2.weight", L, e);
+    }
+    return 0;
+}
+
+/* transformers' rope inverse frequencies in fp32 (model-spec §3). */
+static void rope_inv_freq(const dsv4_rope_params *rp, int rope_dim, float *inv)
+{
+    int lo = 0, hi = 0;
+    if (rp->yarn) {
+        double l0 = (double)rp->original_max_position_embeddings, pi = 3.14159265358979323846;
+        double bf = rp->beta_fast > 0 ? rp->beta_fast : 32.0, bs = rp->beta_slow > 0 ? rp->beta_slow : 1.0;
+        int l = (int)floor((rope_dim * log(l0 / (bf * 2.0 * pi))) / (2.0 * log(rp->theta)));
+        int h = (int)ceil((rope_dim * log(l0 / (bs * 2.0 * pi))) / (2.0 * log(rp->theta)));
+        lo = l < 0 ? 0 : l;
+        hi = h > rope_dim - 1 ? rope_dim - 1 : h;
+    }
+    float span = (float)(hi - lo);
+    if (lo == hi) span = (float)((double)hi + 0.001 - lo);
+    for (int i = 0; i < rope_dim / 2; i++) {
+        float pos_freq = powf((float)rp->theta, (float)(2 * i) / (float)rope_dim), extra = 1.0f / pos_freq;
+        if (!rp->yarn) {
+            inv[i] = extra;
+            continue;
+        }
+        float inter = 1.0f / ((float)rp->factor * pos_freq);
+        float ramp = ((float)i - (float)lo) / span;
+        ramp = ramp < 0.0f ? 0.0f : (ramp > 1.0f ? 1.0f : ramp);
+        float ef = 1.0f - ramp;
+        inv[i] = inter * (1.0f - ef) + extra * ef;
+    }
+}
+
+static int weights_layout(dsv4_opt *o, opt_weight_src *src, opt_carver *cv)
+{
+    const size_t V = o->V, D = o->D, n = o->n;
+    o->n_x_max = 0;
+    WB(o->embed, V * D, OPT_W_EMBED, 0, "embed.weight");
+    if (o->cfg.tie_word_embeddings) o->head = o->embed;
+    else WB(o->head, V * D, OPT_W_LINEAR, D, "head.weight");
+    WF(o->norm, D, OPT_W_NORM, 0, "norm.weight");
+    WF(o->hc_head_fn, n * n * D, OPT_W_LINEAR, n * D, "hc_head_fn");
+    WF(o->hc_head_base, n, OPT_W_MHC_BASE, 0, "hc_head_base");
+    WF(o->hc_head_scale, 1, OPT_W_MHC_SCALE, 0, "hc_head_scale");
+    o->inv_main = opt_carve(cv, (size_t)(o->np + 1) * 4);
+    o->inv_cmp = opt_carve(cv, (size_t)(o->np + 1) * 4);
+    if (cv->base && o->np > 0) {
+        float t[2][512];
+        rope_inv_freq(&o->cfg.rope_main, o->cfg.qk_rope_head_dim, t[0]);
+        rope_inv_freq(&o->cfg.rope_compress, o->cfg.qk_rope_head_dim, t[1]);
+        DSV4_OPT_CUDA(cudaMemcpy(o->inv_main, t[0], (size_t)o->np * 4, cudaMemcpyHostToDevice));
+        DSV4_OPT_CUDA(cudaMemcpy(o->inv_cmp, t[1], (size_t)o->np * 4, cudaMemcpyHostToDevice));
+    }
+    for (int L = 0; L < o->cfg.num_hidden_layers; L++) DSV4_OPT_TRY(layer_weights(o, src, cv, L));
+    return 0;
+}
+#undef WF
+#undef WB_VIEW
+#undef WB_PART
+#undef WB
+
+/* ------------------------------------------------------------------------------------ caches */
+static void state_layout(dsv4_opt *o, opt_carver *cv)
+{
+    const size_t C = o->C, d = o->d, dI = o->dI, W = o->W;
+    for (int L = 0; L < o->cfg.num_hidden_layers; L++) {
+        opt_layer *ly = &o->layers[L];
+        const int csa = ly->attn == DSV4_ATTN_CSA;
+        ly->pool_cap = ly->ratio > 0 ? (o->opt.max_context / ly->ratio > 0 ? o->opt.max_context / ly->ratio : 1) : 0;
+        ly->kvc = opt_carve(cv, C * (W + ly->pool_cap) * d * 2);
+        if (ly->ratio <= 0) continue;
+        size_t rows = (size_t)(csa ? 2 : 1) * ly->ratio, width = (size_t)(csa ? 2 : 1) * d;
+        ly->cmp_kv = opt_carve(cv, C * rows * width * 4);
+        ly->cmp_score = opt_carve(cv, C * rows * width * 4);
+        if (!csa) continue;
+        ly->ipool = opt_carve(cv, C * ly->pool_cap * dI * 2);
+        ly->icmp_kv = opt_carve(cv, C * 2 * ly->ratio * 2 * dI * 4);
+        ly->icmp_score = opt_carve(cv, C * 2 * ly->ratio * 2 * dI * 4);
+    }
+}
+
+int opt_state_reset(dsv4_opt *o, int seq)
+{
+    const int c0 = seq < 0 ? 0 : seq, nc = seq < 0 ? o->C : 1;
+    for (int L = 0; L < o->cfg.num_hidden_layers; L++) {
+        opt_layer *ly = &o->layers[L];
+        if (ly->ratio <= 0) continue;
+        const int csa = ly->attn == DSV4_ATTN_CSA;
+        size_t n = (size_t)(csa ? 2 : 1) * ly->ratio * (csa ? 2 : 1) * o->d;
+        DSV4_OPT_CUDA(cudaMemsetAsync(ly->cmp_kv + c0 * n, 0, nc * n * 4, o->stream));
+        DSV4_OPT_TRY(dsv4_opt_fill_f32(ly->cmp_score + c0 * n, -INFINITY, nc * n, o->stream));
+        if (!csa) continue;
+        n = (size_t)2 * ly->ratio * 2 * o->dI;
+        DSV4_OPT_CUDA(cudaMemsetAsync(ly->icmp_kv + c0 * n, 0, nc * n * 4, o->stream));
+        DSV4_OPT_TRY(dsv4_opt_fill_f32(ly->icmp_score + c0 * n, -INFINITY, nc * n, o->stream));
+    }
+    DSV4_OPT_CUDA(cudaStreamSynchronize(o->stream));
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------ scratch */
+static size_t workspace_need(const dsv4_opt *o)
+{
+    size_t need = 0, s;
+    dsv4_mhc_pre_params mp = {.n_tok = o->C, .n_streams = o->n, .dim = o->D, .kernel = (dsv4_mhc_kernel)o->opt.mhc};
+    if ((s = dsv4_opt_mhc_pre_workspace_bytes(&mp)) > need) need = s;
+    mp.head = 1;
+    if ((s = dsv4_opt_mhc_pre_workspace_bytes(&mp)) > need) need = s;
+    dsv4_sparse_attn_params ap = {.n_seq = o->C, .n_heads = o->H, .head_dim = o->d, .rope_dim = 2 * o->np,
+                                  .kernel = (dsv4_attn_kernel)o->opt.attn, .out_dtype = DSV4_OUT_BF16};
+    /* every gather-list size a step can use: the window, the CSA picks, the HCA buckets */
+    int extras[64], ne = 0;
+    extras[ne++] = 0;
+    extras[ne++] = o->topk;
+    for (int b = 16; ne < 62; b *= 2) {
+        extras[ne++] = b < o->pool_cap_hca ? b : o->pool_cap_hca;
+        if (b >= o->pool_cap_hca) break;
+    }
+    for (int i = 0; i < ne; i++) {
+        ap.n_idx = o->W + extras[i];
+        ap.n_slots = o->W + (o->pool_cap_hca > o->pool_cap_csa ? o->pool_cap_hca : o->pool_cap_csa);
+        if ((s = dsv4_opt_sparse_attn_workspace_bytes(&ap)) > need) need = s;
+    }
+    if (o->pool_cap_csa > 0) {
+        dsv4_indexer_params ip = {.n_seq = o->C, .n_heads = o->HI, .head_dim = o->dI, .n_work = o->pool_cap_csa,
+                                  .kernel = (dsv4_indexer_kernel)o->opt.indexer};
+        if ((s = dsv4_opt_indexer_scratch_bytes(&ip)) > need) need = s;
+        dsv4_topk_params tp = {.n_seq = o->C, .k = o->topk, .n_work = o->pool_cap_csa,
+                               .score_stride = o->pool_cap_csa};
+        for (int b = 1; b < 2 * o->pool_cap_csa; b *= 2) {
+            tp.n_work = b < o->pool_cap_csa ? b : o->pool_cap_csa;
+            tp.context = DSV4_INDEX_CONTEXT_LIVE;
+            if ((s = dsv4_opt_topk_workspace_bytes(&tp)) > need) need = s;
+            tp.context = DSV4_INDEX_CONTEXT_MAX;
+            if ((s = dsv4_opt_topk_workspace_bytes(&tp)) > need) need = s;
+        }
+    }
+    return need;
+}
+
+static void scratch_layout(dsv4_opt *o, opt_carver *cv)
+{
+    const size_t C = o->C, D = o->D, n = o->n, Hd = (size_t)o->H * o->d, HId = (size_t)o->HI * o->dI;
+    const size_t NI = o->NI, K = o->K;
+    o->X = opt_carve(cv, C * n * D * 2);
+    o->X2 = opt_carve(cv, C * n * D * 2);
+    o->Xf = opt_carve(cv, C * n * D * 4);
+    o->pre = opt_carve(cv, C * n * 4);
+    o->post = opt_carve(cv, C * n * 4);
+    o->comb = opt_carve(cv, C * n * n * 4);
+    o->xa = opt_carve(cv, C * D * 4);
+    o->xn = opt_carve(cv, C * D * 2);
+    o->proj = opt_carve(cv, C * o->n_x_max * 4);
+    o->qr_b = opt_carve(cv, C * o->qr * 2);
+    o->qfull = opt_carve(cv, C * (Hd > HId ? Hd : HId) * 4);
+    o->q = opt_carve(cv, C * Hd * 2);
+    o->qI = opt_carve(cv, C * HId * 2);
+    o->wI = opt_carve(cv, C * o->HI * 4);
+    o->kvf = opt_carve(cv, C * o->d * 4);
+    o->iscore = opt_carve(cv, C * (o->pool_cap_csa > 0 ? o->pool_cap_csa : 1) * 4);
+    o->topk_ids = opt_carve(cv, C * o->topk * 4);
+    int extra = o->topk > o->pool_cap_hca ? o->topk : o->pool_cap_hca;
+    o->idx = opt_carve(cv, C * (o->W + extra) * 4);
+    o->o = opt_carve(cv, C * Hd * 2);
+    o->z = opt_carve(cv, C * o->G * o->o_r * 2);
+    o->aout = opt_carve(cv, C * D * 4);
+    o->fout = opt_carve(cv, C * D * 4);
+    o->fproj = opt_carve(cv, C * (o->E + 2 * NI) * 4);
+    o->rids = opt_carve(cv, C * K * 4);
+    o->rw = opt_carve(cv, C * K * 4);
+    o->h_sh = opt_carve(cv, C * NI * 2);
+    o->h_r = opt_carve(cv, C * K * NI * 2);
+    o->y_sh = opt_carve(cv, C * D * 4);
+    o->logits = opt_carve(cv, C * o->V * 4);
+    o->next = opt_carve(cv, C * 4);
+    o->ring_slot = opt_carve(cv, C * 4);
+    o->live_csa = opt_carve(cv, C * 4);
+    o->live_hca = opt_carve(cv, C * 4);
+    o->cos_m = opt_carve(cv, C * (o->np + 1) * 4);
+    o->sin_m = opt_carve(cv, C * (o->np + 1) * 4);
+    o->cos_c = opt_carve(cv, C * (o->np + 1) * 4);
+    o->sin_c = opt_carve(cv, C * (o->np + 1) * 4);
+    o->d_in = opt_carve(cv, 3 * C * 4);
+    o->ws = opt_carve(cv, o->ws_bytes);
+    o->cublas_ws = opt_carve(cv, o->cublas_ws_bytes);
+}
+
+/* ------------------------------------------------------------------------------------ init */
+int opt_check_config(const dsv4_config *f, const dsv4_opt_options *op)
+{
+    DSV4_CHECK(op->n_seq >= 1 && op->n_seq <= 4096, "optimized: n_seq %d outside [1, 4096]", op->n_seq);
+    DSV4_CHECK(op->max_context >= 1 && op->max_context <= (1 << 20), "optimized: max_context %d outside [1, 2^20]",
+               op->max_context);
+    DSV4_CHECK(op->dump_seq >= 0 && op->dump_seq < op->n_seq, "optimized: dump_seq %d outside [0, %d)", op->dump_seq,
+               op->n_seq);
+    if (f->num_key_value_heads != 1 || f->hc_mult < 1 || f->hc_mult > 4 || f->qk_rope_head_dim % 2 ||
+        f->qk_rope_head_dim > 1024 || f->o_groups < 1 || f->num_attention_heads % f->o_groups ||
+        f->num_experts_per_tok > 16 || strcmp(f->scoring_func, "sqrtsoftplus"))
+        return dsv4_error(DSV4_ERR_UNSUPPORTED, "optimized: config outside what the path supports (1 KV head, "
+                          "hc_mult <= 4, even rope dim, heads divisible by o_groups, <= 16 experts per token, "
+                          "sqrtsoftplus)");
+    if (f->hidden_size % 2 || f->moe_intermediate_size % 2)
+        return dsv4_error(DSV4_ERR_UNSUPPORTED, "optimized: hidden_size %d and moe_intermediate_size %d must be even",
+                          f->hidden_size, f->moe_intermediate_size);
+    return 0;
+}
+
+/* Count an arena with `layout`, check the device has room, allocate it, carve it, zero it on the stream. */
+static int arena(dsv4_opt *o, const opt_weight_src *src, void (*layout)(dsv4_opt *, opt_carver *), void **mem,
+                 size_t *bytes, const char *label)
+{
+    char what[96];
+    opt_carver cv = {0};
+    layout(o, &cv);
+    *bytes = cv.off;
+    snprintf(what, sizeof what, "%s: %s", src->what, label);
+    DSV4_OPT_TRY(dsv4_mem_check_device((double)*bytes, what));
+    DSV4_OPT_TRY(opt_dev_alloc(mem, *bytes, label));
+    cv = (opt_carver){.base = *mem};
+    layout(o, &cv);
+    DSV4_OPT_CUDA(cudaMemsetAsync(*mem, 0, *bytes, o->stream));
+    return 0;
+}
+
+int opt_init_common(dsv4_opt *o, opt_weight_src *src)
+{
+    const dsv4_config *f = &o->cfg;
+    char what[96];
+    o->C = o->opt.n_seq;
+    o->D = f->hidden_size, o->n = f->hc_mult, o->V = f->vocab_size, o->H = f->num_attention_heads;
+    o->d = f->head_dim, o->qr = f->q_lora_rank, o->HI = f->index_n_heads, o->dI = f->index_head_dim;
+    o->E = f->n_routed_experts, o->K = f->num_experts_per_tok, o->NI = f->moe_intermediate_size;
+    o->W = f->sliding_window, o->G = f->o_groups, o->o_r = f->o_lora_rank, o->np = f->qk_rope_head_dim / 2;
+    o->topk = f->index_topk > 0 ? f->index_topk : 1;
+    DSV4_OPT_CUDA(cudaSetDevice(o->opt.device));
+    int dev_major = 0, dev_minor = 0;
+    DSV4_OPT_CUDA(cudaDeviceGetAttribute(&dev_major, cudaDevAttrComputeCapabilityMajor, o->opt.device));
+    DSV4_OPT_CUDA(cudaDeviceGetAttribute(&dev_minor, cudaDevAttrComputeCapabilityMinor, o->opt.device));
+    snprintf(o->producer, sizeof o->producer,
+             "dsv4 %s optimized cuda bf16 sm_%d%d attn=%s indexer=%s mhc=%s index_context=%s kv=%s", DSV4_VERSION,
+             dev_major, dev_minor, dsv4_opt_attn_name(o->opt.attn), dsv4_opt_indexer_name(o->opt.indexer),
+             dsv4_opt_mhc_name(o->opt.mhc), dsv4_opt_index_context_name(o->opt.index_context),
+             dsv4_opt_kv_name(o->opt.kv));
+    o->layers = calloc((size_t)f->num_hidden_layers, sizeof *o->layers);
+    o->pos = calloc((size_t)o->C, sizeof *o->pos);
+    if (!o->layers || !o->pos) return dsv4_error(DSV4_ERR_NOMEM, "optimized: out of host memory");
+    for (int L = 0; L < f->num_hidden_layers; L++) {
+        opt_layer *ly = &o->layers[L];
+        ly->attn = f->attn_type[L];
+        ly->mlp = f->mlp_type[L];
+        ly->ratio = ly->attn == DSV4_ATTN_SLIDING ? 0 : f->compress_ratio[L];
+        if (ly->attn != DSV4_ATTN_SLIDING && ly->ratio <= 0)
+            return dsv4_error(DSV4_ERR_CONFIG, "layer %d: %s attention with compress ratio %d", L,
+                              dsv4_attn_type_name(ly->attn), ly->ratio);
+        if (ly->attn == DSV4_ATTN_CSA && ly->ratio != f->compress_rate_csa)
+            return dsv4_error(DSV4_ERR_UNSUPPORTED, "layer %d: CSA ratio %d differs from compress_rate_csa %d", L,
+                              ly->ratio, f->compress_rate_csa);
+        if (ly->attn == DSV4_ATTN_HCA && ly->ratio != f->compress_rate_hca)
+            return dsv4_error(DSV4_ERR_UNSUPPORTED, "layer %d: HCA ratio %d differs from compress_rate_hca %d", L,
+                              ly->ratio, f->compress_rate_hca);
+    }
+    /* the generator fills on this stream; everything below is ordered on it */
+    DSV4_OPT_CUDA(cudaStreamCreateWithFlags(&o->stream, cudaStreamNonBlocking));
+    /* weights: count, check, allocate, fill (not zeroed: every byte is written by the source) */
+    opt_carver cv = {0};
+    DSV4_OPT_TRY(weights_layout(o, src, &cv));
+    o->w_bytes = cv.off;
+    snprintf(what, sizeof what, "%s: weights", src->what);
+    DSV4_OPT_TRY(dsv4_mem_check_device((double)o->w_bytes, what));
+    DSV4_OPT_TRY(opt_dev_alloc(&o->w_mem, o->w_bytes, "weights"));
+    cv = (opt_carver){.base = o->w_mem};
+    DSV4_OPT_TRY(weights_layout(o, src, &cv));
+    /* caches, then the pool sizes the scratch depends on */
+    DSV4_OPT_TRY(arena(o, src, state_layout, &o->s_mem, &o->s_bytes, "caches"));
+    for (int L = 0; L < f->num_hidden_layers; L++) {
+        if (o->layers[L].attn == DSV4_ATTN_CSA) o->pool_cap_csa = o->layers[L].pool_cap;
+        if (o->layers[L].attn == DSV4_ATTN_HCA) o->pool_cap_hca = o->layers[L].pool_cap;
+    }
+    /* scratch */
+    o->ws_bytes = workspace_need(o);
+    o->cublas_ws_bytes = (size_t)32 << 20;
+    DSV4_OPT_TRY(arena(o, src, scratch_layout, &o->x_mem, &o->x_bytes, "scratch"));
+    o->h_probe_floats = (size_t)o->V;
+    size_t more[] = {(size_t)o->n * o->D, (size_t)(o->pool_cap_csa > 0 ? o->pool_cap_csa : 1), (size_t)o->topk};
+    for (int i = 0; i < 3; i++)
+        if (more[i] > o->h_probe_floats) o->h_probe_floats = more[i];
+    DSV4_OPT_CUDA(cudaMallocHost((void **)&o->h_probe, o->h_probe_floats * 4));
+    DSV4_OPT_CUDA(cudaMallocHost((void **)&o->h_in, (size_t)4 * o->C * 4));
+    o->h_next = o->h_in + 3 * o->C;
+    DSV4_OPT_CUBLAS(cublasCreate(&o->cublas));
+    DSV4_OPT_CUBLAS(cublasSetStream(o->cublas, o->stream));
+    DSV4_OPT_CUBLAS(cublasSetWorkspace(o->cublas, o->cublas_ws, o->cublas_ws_bytes));
+    DSV4_OPT_TRY(opt_state_reset(o, -1));
+    /* the loader's uploads ran on the legacy stream: finish everything before the first step */
+    DSV4_OPT_CUDA(cudaDeviceSynchronize());
+    return 0;
+}
