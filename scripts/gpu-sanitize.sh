@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # gpu-sanitize.sh [SECONDS [TEST...]] - on the GPU machine, after scripts/gpu-test.sh has built build-gpu/: run each GPU test
 # binary (or the TESTs named) under compute-sanitizer memcheck, racecheck and initcheck, each run time-boxed to
-# SECONDS (default 90).
+# SECONDS (default 90). TOOLS="racecheck initcheck" picks the tools.
 # Prints one line per (tool, test): clean, ERRORS (with the sanitizer's summary) or TIMEOUT (not completed).
 # Exit status 1 if any run reported errors. Logs to $OUT/sanitize-<tool>-<test>.log when OUT is set.
 set -u
@@ -15,7 +15,7 @@ export DSV4_SOURCE_DIR=$root DSV4_BINARY_DIR=$build DSV4_BIN=$build/dsv4 CK_FORK
 export LD_LIBRARY_PATH=/tmp/dsv4-prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 tests=${*:-$(cd "$build" && ls test_gpu_* test_kernel_* test_opt_* test_ref_gpu_ops 2>/dev/null)}
 status=0
-for tool in memcheck racecheck initcheck; do
+for tool in ${TOOLS:-memcheck racecheck initcheck}; do
     for t in $tests; do
         log=$out/sanitize-$tool-$t.log
         timeout "$limit" compute-sanitizer --tool "$tool" --error-exitcode 99 "$build/$t" >"$log" 2>&1
