@@ -165,34 +165,6 @@ static int layer_weights(dsv4_opt *o, opt_weight_src *src, opt_carver *cv, int L
     return 0;
 }
 
-/* transformers' rope inverse frequencies in fp32 (model-spec §3). */
-static void rope_inv_freq(const dsv4_rope_params *rp, int rope_dim, float *inv)
-{
-    int lo = 0, hi = 0;
-    if (rp->yarn) {
-        double l0 = (double)rp->original_max_position_embeddings, pi = 3.14159265358979323846;
-        double bf = rp->beta_fast > 0 ? rp->beta_fast : 32.0, bs = rp->beta_slow > 0 ? rp->beta_slow : 1.0;
-        int l = (int)floor((rope_dim * log(l0 / (bf * 2.0 * pi))) / (2.0 * log(rp->theta)));
-        int h = (int)ceil((rope_dim * log(l0 / (bs * 2.0 * pi))) / (2.0 * log(rp->theta)));
-        lo = l < 0 ? 0 : l;
-        hi = h > rope_dim - 1 ? rope_dim - 1 : h;
-    }
-    float span = (float)(hi - lo);
-    if (lo == hi) span = (float)((double)hi + 0.001 - lo);
-    for (int i = 0; i < rope_dim / 2; i++) {
-        float pos_freq = powf((float)rp->theta, (float)(2 * i) / (float)rope_dim), extra = 1.0f / pos_freq;
-        if (!rp->yarn) {
-            inv[i] = extra;
-            continue;
-        }
-        float inter = 1.0f / ((float)rp->factor * pos_freq);
-        float ramp = ((float)i - (float)lo) / span;
-        ramp = ramp < 0.0f ? 0.0f : (ramp > 1.0f ? 1.0f : ramp);
-        float ef = 1.0f - ramp;
-        inv[i] = inter * (1.0f - ef) + extra * ef;
-    }
-}
-
 static int weights_layout(dsv4_opt *o, opt_weight_src *src, opt_carver *cv)
 {
     const size_t V = o->V, D = o->D, n = o->n;
@@ -208,8 +180,8 @@ static int weights_layout(dsv4_opt *o, opt_weight_src *src, opt_carver *cv)
     o->inv_cmp = opt_carve(cv, (size_t)(o->np + 1) * 4);
     if (cv->base && o->np > 0) {
         float t[2][512];
-        rope_inv_freq(&o->cfg.rope_main, o->cfg.qk_rope_head_dim, t[0]);
-        rope_inv_freq(&o->cfg.rope_compress, o->cfg.qk_rope_head_dim, t[1]);
+        dsv4_rope_inv_freq(&o->cfg.rope_main, o->cfg.qk_rope_head_dim, t[0]);
+        dsv4_rope_inv_freq(&o->cfg.rope_compress, o->cfg.qk_rope_head_dim, t[1]);
         DSV4_OPT_CUDA(cudaMemcpy(o->inv_main, t[0], (size_t)o->np * 4, cudaMemcpyHostToDevice));
         DSV4_OPT_CUDA(cudaMemcpy(o->inv_cmp, t[1], (size_t)o->np * 4, cudaMemcpyHostToDevice));
     }

@@ -796,8 +796,8 @@ static int gpu_init(dsv4_model *m, int max_tokens, dsv4_ref_gpu *g)
     /* RoPE inverse frequencies from the CPU's formula */
     float inv[2 * 512];
     if (g->n_pairs > 512) return dsv4_error(DSV4_ERR_UNSUPPORTED, "ref-gpu: %d rope pairs", g->n_pairs);
-    dsv4_ref_rope_inv_freq(&f->rope_main, f->qk_rope_head_dim, inv);
-    dsv4_ref_rope_inv_freq(&f->rope_compress, f->qk_rope_head_dim, inv + g->n_pairs);
+    dsv4_rope_inv_freq(&f->rope_main, f->qk_rope_head_dim, inv);
+    dsv4_rope_inv_freq(&f->rope_compress, f->qk_rope_head_dim, inv + g->n_pairs);
     DSV4_REF_CUDA_CHECK(cudaMalloc((void **)&g->inv_main, 2 * (size_t)(g->n_pairs + 1) * sizeof(float)));
     g->inv_cmp = g->inv_main + g->n_pairs;
     DSV4_REF_CUDA_CHECK(cudaMemcpy(g->inv_main, inv, 2 * (size_t)g->n_pairs * sizeof(float), cudaMemcpyHostToDevice));

@@ -386,8 +386,8 @@ static int cpu_init(dsv4_model *m, int max_tokens, dsv4_ref_cpu *c)
     c->inv_main = dsv4_ref_alloc(2 * (size_t)(c->n_pairs + 1) * sizeof(float), "rope tables");
     if (!c->inv_main) return DSV4_ERR_NOMEM;
     c->inv_cmp = c->inv_main + c->n_pairs + 1;
-    dsv4_ref_rope_inv_freq(&f->rope_main, f->qk_rope_head_dim, c->inv_main);
-    dsv4_ref_rope_inv_freq(&f->rope_compress, f->qk_rope_head_dim, c->inv_cmp);
+    dsv4_rope_inv_freq(&f->rope_main, f->qk_rope_head_dim, c->inv_main);
+    dsv4_rope_inv_freq(&f->rope_compress, f->qk_rope_head_dim, c->inv_cmp);
 
     BIND(c->embed, V * D, "embed.weight");
     if (f->tie_word_embeddings) c->head = c->embed;

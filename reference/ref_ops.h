@@ -21,11 +21,6 @@
 void dsv4_ref_linear(float *y, const float *x, const float *w, int S, int n_in, int n_out);
 /* y [n] = w ⊙ x / sqrt(mean(x²) + eps); w [n] may be NULL (unweighted). y may alias x. */
 void dsv4_ref_rmsnorm(float *y, const float *x, const float *w, int n, float eps);
-/* The RoPE inverse frequencies θ_i, i < rope_dim/2 (model-spec §3), computed as transformers does in fp32:
- * plain base^(-2i/d), or YaRN blended with the ramp between floor/ceil of the correction dims (no mscale). */
-void dsv4_ref_rope_inv_freq(const dsv4_rope_params *rp, int rope_dim, float *inv_freq /* [rope_dim/2] */);
-/* The YaRN correction range (lo, hi) for a table (0, 0 for a plain table). */
-void dsv4_ref_rope_yarn_range(const dsv4_rope_params *rp, int rope_dim, int *lo, int *hi);
 /* cos/sin of pos·θ_i for one position: the angle is formed in fp32 like transformers (inv_freq @ pos). */
 void dsv4_ref_rope_cos_sin(const float *inv_freq, int n_pairs, int64_t pos, float *cos_out, float *sin_out);
 /* Interleaved-pair RoPE on the TRAILING 2·n_pairs channels of x [dim]; the leading channels are untouched.

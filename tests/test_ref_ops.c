@@ -204,12 +204,12 @@ START_TEST(test_rope_tables_flash)
     dsv4_rope_params cmp_t = {.theta = 160000.0, .yarn = 1, .factor = 16.0, .original_max_position_embeddings = 65536,
                               .beta_fast = 32.0, .beta_slow = 1.0};
     int lo, hi;
-    dsv4_ref_rope_yarn_range(&cmp_t, 64, &lo, &hi);
+    dsv4_rope_yarn_range(&cmp_t, 64, &lo, &hi);
     ck_assert_int_eq(lo, 15);
     ck_assert_int_eq(hi, 25);
     float im[32], ic[32];
-    dsv4_ref_rope_inv_freq(&main_t, 64, im);
-    dsv4_ref_rope_inv_freq(&cmp_t, 64, ic);
+    dsv4_rope_inv_freq(&main_t, 64, im);
+    dsv4_rope_inv_freq(&cmp_t, 64, ic);
     for (int i = 0; i < 32; i++) {
         double t_main = pow(10000.0, -2.0 * i / 64), t0 = pow(160000.0, -2.0 * i / 64);
         double ramp = fmin(fmax((i - 15.0) / 10.0, 0.0), 1.0);

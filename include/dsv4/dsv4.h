@@ -233,6 +233,15 @@ void dsv4_tempfile_remove_all(void);
 void dsv4_tempfile_install_signal_handlers(void);
 
 /* ---------------------------------------------------------------------------------------------------------
+ * RoPE frequency tables (model-spec §3), the same bits for every path.
+ */
+/* θ_i for i < rope_dim/2: plain base^(-2i/d), or YaRN blended with the ramp between floor/ceil of the correction
+ * dims (no mscale), computed in fp32 as transformers does. */
+void dsv4_rope_inv_freq(const dsv4_rope_params *rp, int rope_dim, float *inv_freq /* [rope_dim/2] */);
+/* The YaRN correction range (lo, hi) of a table; (0, 0) for a plain table. */
+void dsv4_rope_yarn_range(const dsv4_rope_params *rp, int rope_dim, int *lo, int *hi);
+
+/* ---------------------------------------------------------------------------------------------------------
  * Scalar conversions (exact, shared by every path; model-spec §2/§3).
  */
 float dsv4_bf16_to_f32(uint16_t b);

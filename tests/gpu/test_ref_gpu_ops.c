@@ -170,8 +170,8 @@ static void flash_tables(float *inv_main, float *inv_cmp)
     dsv4_rope_params mp = {.theta = 10000.0};
     dsv4_rope_params cp = {.theta = 160000.0, .yarn = 1, .factor = 16.0, .original_max_position_embeddings = 65536,
                            .beta_fast = 32.0, .beta_slow = 1.0};
-    dsv4_ref_rope_inv_freq(&mp, 64, inv_main);
-    dsv4_ref_rope_inv_freq(&cp, 64, inv_cmp);
+    dsv4_rope_inv_freq(&mp, 64, inv_main);
+    dsv4_rope_inv_freq(&cp, 64, inv_cmp);
 }
 
 START_TEST(test_rope)
