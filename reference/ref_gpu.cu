@@ -110,6 +110,20 @@ typedef struct binder {
     size_t max_numel;
 } binder;
 
+/* Device allocation of one arena: refused with both sizes before cudaMalloc when the GPU cannot hold it, and a
+ * failed cudaMalloc reported with the size and what it was for (never a NULL that crashes later). */
+static int ref_gpu_alloc(void **p, size_t bytes, const char *what)
+{
+    int rc = dsv4_mem_check_device((double)bytes, what);
+    if (rc) return rc;
+    cudaError_t e = cudaMalloc(p, bytes);
+    if (e != cudaSuccess) {
+        *p = NULL;
+        return dsv4_mem_device_alloc_failed((double)bytes, what, cudaGetErrorString(e));
+    }
+    return 0;
+}
+
 static int bind(binder *b, float **out, size_t numel, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 static int bind(binder *b, float **out, size_t numel, const char *fmt, ...)
 {
@@ -228,7 +242,8 @@ static int upload_tid2eid(dsv4_ref_gpu *g, dsv4_model *m)
     int n_hash = 0;
     for (int L = 0; L < f->num_hidden_layers; L++) n_hash += g->lw[L].mlp == DSV4_MLP_HASH_MOE;
     if (!n_hash) return 0;
-    DSV4_REF_CUDA_CHECK(cudaMalloc((void **)&g->i_arena, (size_t)n_hash * V * k * sizeof(int32_t)));
+    int arc = ref_gpu_alloc((void **)&g->i_arena, (size_t)n_hash * V * k * sizeof(int32_t), "ref-gpu tid2eid tables");
+    if (arc) return arc;
     int32_t *h = (int32_t *)dsv4_ref_alloc(V * k * sizeof(int32_t), "ref-gpu tid2eid staging");
     if (!h) return DSV4_ERR_NOMEM;
     int rc = 0, i = 0;
@@ -798,7 +813,7 @@ static int gpu_init(dsv4_model *m, int max_tokens, dsv4_ref_gpu *g)
     if (g->n_pairs > 512) return dsv4_error(DSV4_ERR_UNSUPPORTED, "ref-gpu: %d rope pairs", g->n_pairs);
     dsv4_rope_inv_freq(&f->rope_main, f->qk_rope_head_dim, inv);
     dsv4_rope_inv_freq(&f->rope_compress, f->qk_rope_head_dim, inv + g->n_pairs);
-    DSV4_REF_CUDA_CHECK(cudaMalloc((void **)&g->inv_main, 2 * (size_t)(g->n_pairs + 1) * sizeof(float)));
+    TRY(ref_gpu_alloc((void **)&g->inv_main, 2 * (size_t)(g->n_pairs + 1) * sizeof(float), "ref-gpu rope tables"));
     g->inv_cmp = g->inv_main + g->n_pairs;
     DSV4_REF_CUDA_CHECK(cudaMemcpy(g->inv_main, inv, 2 * (size_t)g->n_pairs * sizeof(float), cudaMemcpyHostToDevice));
 
@@ -809,7 +824,7 @@ static int gpu_init(dsv4_model *m, int max_tokens, dsv4_ref_gpu *g)
     memset(&b, 0, sizeof b);
     b.m = m;
     TRY(bind_all(g, &b));
-    DSV4_REF_CUDA_CHECK(cudaMalloc((void **)&g->w_arena, b.off * sizeof(float)));
+    TRY(ref_gpu_alloc((void **)&g->w_arena, b.off * sizeof(float), "ref-gpu weights (f32)"));
     size_t total = b.off;
     b.arena = g->w_arena;
     b.off = 0;
@@ -824,7 +839,7 @@ static int gpu_init(dsv4_model *m, int max_tokens, dsv4_ref_gpu *g)
     /* decode state sized by max_tokens */
     rc = 0;
     size_t st = layout_state(g, max_tokens, NULL, &rc);
-    DSV4_REF_CUDA_CHECK(cudaMalloc((void **)&g->state_mem, st * sizeof(float)));
+    TRY(ref_gpu_alloc((void **)&g->state_mem, st * sizeof(float), "ref-gpu decode state"));
     DSV4_REF_CUDA_CHECK(cudaMemset(g->state_mem, 0, st * sizeof(float)));
     layout_state(g, max_tokens, g->state_mem, &rc);
     if (rc) return rc;
@@ -834,7 +849,7 @@ static int gpu_init(dsv4_model *m, int max_tokens, dsv4_ref_gpu *g)
     size_t iq = ISCORE_FLOATS / (size_t)g->pool_cap_max;
     g->iq = (int)(iq < (size_t)g->chunk ? (iq < 1 ? 1 : iq) : (size_t)g->chunk);
     size_t scr = layout_scratch(g, g->chunk, &g->sc, NULL);
-    DSV4_REF_CUDA_CHECK(cudaMalloc((void **)&g->scratch_mem, scr * sizeof(float)));
+    TRY(ref_gpu_alloc((void **)&g->scratch_mem, scr * sizeof(float), "ref-gpu scratch"));
     layout_scratch(g, g->chunk, &g->sc, g->scratch_mem);
 
     /* host staging: the widest probe rows of a chunk, or a block of logits rows */
