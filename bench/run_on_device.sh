@@ -19,15 +19,9 @@ left() { echo $((budget - ($(date +%s) - t0))); }
 exec > >(tee -a "$out/run.log") 2>&1
 echo "run_on_device: budget ${budget}s, commit ${DSV4_COMMIT:-?}"
 
-prefix=/tmp/dsv4-prefix
-ls "$root"/.debs/*.deb >/dev/null 2>&1 || { echo "run_on_device: no .debs/ (carry .debs)"; exit 2; }
-mkdir -p "$prefix"
-for deb in "$root"/.debs/*.deb; do dpkg -x "$deb" "$prefix"; done
-pcdir=$prefix/usr/lib/x86_64-linux-gnu/pkgconfig
-sed -i "s|^prefix=.*|prefix=$prefix/usr|" "$pcdir"/*.pc
-export PKG_CONFIG_PATH=$pcdir${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
-export LD_LIBRARY_PATH=$prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export PATH=/usr/local/cuda/bin:$PATH
+dsv4_root=$root
+# shellcheck source=scripts/gpu-env.sh
+source "$root/scripts/gpu-env.sh" || exit 2
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv,noheader |
     sed 's/^/nvidia-smi: /'

@@ -12,7 +12,9 @@ out=${OUT:-$root/out}
 mkdir -p "$out"
 build=$root/build-gpu
 export DSV4_SOURCE_DIR=$root DSV4_BINARY_DIR=$build DSV4_BIN=$build/dsv4 CK_FORK=no
-export LD_LIBRARY_PATH=/tmp/dsv4-prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+dsv4_root=$root
+# shellcheck source=scripts/gpu-env.sh
+source "$root/scripts/gpu-env.sh" || exit 2
 tests=${*:-$(cd "$build" && ls test_gpu_* test_kernel_* test_opt_* test_ref_gpu_ops 2>/dev/null)}
 status=0
 for tool in ${TOOLS:-memcheck racecheck initcheck}; do

@@ -8,15 +8,9 @@ set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-$root/out}
 mkdir -p "$out"
-prefix=/tmp/dsv4-prefix
-ls "$root"/.debs/*.deb >/dev/null 2>&1 || { echo "gpu-test: no .debs/ here: run scripts/fetch-debs.sh and carry .debs" >&2; exit 2; }
-mkdir -p "$prefix"
-for deb in "$root"/.debs/*.deb; do dpkg -x "$deb" "$prefix"; done
-pcdir=$prefix/usr/lib/x86_64-linux-gnu/pkgconfig
-sed -i "s|^prefix=.*|prefix=$prefix/usr|" "$pcdir"/*.pc
-export PKG_CONFIG_PATH=$pcdir${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
-export LD_LIBRARY_PATH=$prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export PATH=/usr/local/cuda/bin:$PATH
+dsv4_root=$root
+# shellcheck source=scripts/gpu-env.sh
+source "$root/scripts/gpu-env.sh" || exit 2
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 nvcc --version | tail -n 2 | tee -a "$out/gpu.txt"
 build=$root/build-gpu
@@ -24,7 +18,7 @@ set -o pipefail
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo 2>&1 | tee "$out/configure.log" | tail -n 3 || exit 1
 cmake --build "$build" -j"$(nproc)" 2>&1 | tee "$out/build.log" | grep -E 'warning|error|Error' | head -n 40
 [ "${PIPESTATUS[0]}" -eq 0 ] || { tail -n 30 "$out/build.log"; exit 1; }
-cd "$build"
+cd "$build" || exit 1
 if [ $# -eq 0 ]; then set -- -L gpu; fi
 ctest --output-on-failure "$@" 2>&1 | tee "$out/ctest.log"
 exit "${PIPESTATUS[0]}"
