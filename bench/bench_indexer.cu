@@ -1,7 +1,7 @@
 /* bench_indexer.cu - micro-benchmark of kernels/indexer.cu, both variants of `indexer` and both positions of
  * `index_context`, Flash shapes: 64 heads x 128, live entries 1K (4K context) and 8K (32K context), maximum
  * 262144 entries (1M context / 4), C = 1, 16, 64.
- *   run: build/bench_indexer
+ *   run: build/bench_indexer [--quick]
  * Bytes counted (the fewest): the keys of the computed entries (live, or all 262144 for `max`) and q read once,
  * the scores written once; the fp32 variant's scratch traffic is not counted (it is what that variant wastes).
  * FLOPs: 2*H*d per computed entry. Live runs rotate the key window per rep through a 64 MB-per-sequence pool so
@@ -27,8 +27,9 @@ static void idx_fn(void *ctx, int rep)
     BENCH_OK(dsv4_opt_indexer_scores(&b->p));
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    bench_init(argc, argv);
     bench_ceilings cl = bench_measure_ceilings();
     bench_header();
     const int Cs[3] = {1, 16, 64}, lives[2] = {1024, 8192};
@@ -90,5 +91,5 @@ int main(void)
         cudaFree(sc);
         cudaFree(scr);
     }
-    return 0;
+    return bench_finish();
 }

@@ -1,6 +1,6 @@
 /* bench_topk.cu - micro-benchmark of kernels/topk.cu: exact top-512 of n = 1K, 8K, 64K, 256K live scores per
  * sequence (4K ... 1M context), C = 1, 16, 64.
- *   run: build/bench_topk
+ *   run: build/bench_topk [--quick]
  * Bytes counted (the fewest): the n scores read once and the 512 ids written. FLOPs: none (reported as 0).
  * Each rep reads a different score set out of a pool of >= 180 MB, so the scores come from HBM (in the decode step
  * they were just written by the indexer and may partly sit in L2: this is the cold case).
@@ -26,8 +26,9 @@ static void tk_fn(void *ctx, int rep)
     BENCH_OK(dsv4_opt_topk(&b->p));
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    bench_init(argc, argv);
     bench_ceilings cl = bench_measure_ceilings();
     bench_header();
     const int Cs[3] = {1, 16, 64}, ns[4] = {1024, 8192, 65536, 262144};
@@ -69,5 +70,5 @@ int main(void)
             cudaFree(out);
             cudaFree(ws);
         }
-    return 0;
+    return bench_finish();
 }
