@@ -42,6 +42,37 @@ typedef struct cmp_host {
     int32_t *pos;
 } cmp_host;
 
+/* CPU entry of window w in double from a sequence's state after this token's row (model-spec §7.2-§7.3):
+ * per-channel softmax pooling over the state rows (CSA: a-halves of rows < r, b-halves of rows >= r), RMSNorm,
+ * RoPE of the trailing pairs at r·w. */
+static void cpu_entry(const cmp_case *k, const float *kv, const float *sc, const float *nw, const float *inv, int w,
+                      double *e)
+{
+    const int r = k->ratio, dc = k->d_c, W = (k->overlap ? 2 : 1) * dc, rows = (k->overlap ? 2 : 1) * r;
+    double ss = 0.0;
+    for (int ch = 0; ch < dc; ch++) {
+        double mx = -INFINITY, sum = 0.0, acc = 0.0;
+        for (int i = 0; i < rows; i++) mx = fmax(mx, sc[(size_t)i * W + ((k->overlap && i >= r) ? dc + ch : ch)]);
+        for (int i = 0; i < rows; i++) sum += exp(sc[(size_t)i * W + ((k->overlap && i >= r) ? dc + ch : ch)] - mx);
+        for (int i = 0; i < rows; i++) {
+            const size_t o = (size_t)i * W + ((k->overlap && i >= r) ? dc + ch : ch);
+            acc += kv[o] * exp(sc[o] - mx) / sum;
+        }
+        e[ch] = acc;
+        ss += acc * acc;
+    }
+    const double rr = 1.0 / sqrt(ss / dc + EPS);
+    for (int ch = 0; ch < dc; ch++) e[ch] = nw[ch] * (e[ch] * rr);
+    const int r0 = dc - 2 * NP;
+    for (int i = 0; i < NP; i++) {
+        const float a = inv[i] * (float)(w * r);
+        const double cs = (float)cos((double)a), sn = (float)sin((double)a);
+        const double x0 = e[r0 + 2 * i], x1 = e[r0 + 2 * i + 1];
+        e[r0 + 2 * i] = x0 * cs - x1 * sn;
+        e[r0 + 2 * i + 1] = x1 * cs + x0 * sn;
+    }
+}
+
 static void check_case(const cmp_case *k, int close, int C, const dsv4_compressor_params *p, const cmp_host *h)
 {
     const int r = k->ratio, dc = k->d_c, W = (k->overlap ? 2 : 1) * dc, rows = (k->overlap ? 2 : 1) * r;
@@ -73,28 +104,9 @@ static void check_case(const cmp_case *k, int close, int C, const dsv4_compresso
             snprintf(what, sizeof(what), "compressor %s write C=%d seq %d state row", k->name, C, c);
             bench_check_close(what, got, want, 2 * (size_t)W, 0.0, 0.0);
         } else {
-            double e[1024], ss = 0.0;
-            for (int ch = 0; ch < dc; ch++) {
-                double mx = -INFINITY, sum = 0.0, acc = 0.0;
-                for (int i = 0; i < rows; i++) mx = fmax(mx, sc[(size_t)i * W + ((k->overlap && i >= r) ? dc + ch : ch)]);
-                for (int i = 0; i < rows; i++) sum += exp(sc[(size_t)i * W + ((k->overlap && i >= r) ? dc + ch : ch)] - mx);
-                for (int i = 0; i < rows; i++) {
-                    const size_t o = (size_t)i * W + ((k->overlap && i >= r) ? dc + ch : ch);
-                    acc += kv[o] * exp(sc[o] - mx) / sum;
-                }
-                e[ch] = acc;
-                ss += acc * acc;
-            }
-            const double rr = 1.0 / sqrt(ss / dc + EPS);
-            for (int ch = 0; ch < dc; ch++) e[ch] = h->nw[ch] * (e[ch] * rr);
-            const int w = pos / r, r0 = dc - 2 * NP;
-            for (int i = 0; i < NP; i++) {
-                const float a = h->inv[i] * (float)(w * r);
-                const double cs = (float)cos((double)a), sn = (float)sin((double)a);
-                const double x0 = e[r0 + 2 * i], x1 = e[r0 + 2 * i + 1];
-                e[r0 + 2 * i] = x0 * cs - x1 * sn;
-                e[r0 + 2 * i + 1] = x1 * cs + x0 * sn;
-            }
+            double e[1024];
+            const int w = pos / r;
+            cpu_entry(k, kv, sc, h->nw, h->inv, w, e);
             const uint16_t *dst = pool + (size_t)c * p->pool_seq_stride + (size_t)(k->row0 + w) * dc;
             for (int ch = 0; ch < dc; ch++) {
                 want[ch] = e[ch];
