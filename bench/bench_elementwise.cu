@@ -105,6 +105,9 @@ static void bench_norm_rope(const bench_ceilings *cl, int C)
     bench_fill_f32(xq, (size_t)C * H * HD, 91, 3.0f);
     bench_fill_f32(xkv, (size_t)C * NX, 92, 3.0f);
     bench_fill_f32(w, HD, 93, 1.0f);
+    /* garbage in the outputs: unwritten elements (or the previous C's, whose inputs share the seeds) must fail */
+    bench_fill_bf16(oq, (size_t)C * H * HD, 94, 1e3f);
+    bench_fill_bf16(ring, (size_t)C * ring_stride, 94, 1e3f);
     float *hcs = (float *)malloc((size_t)C * NP * 4), *hsn = (float *)malloc((size_t)C * NP * 4);
     int32_t *hslot = (int32_t *)malloc((size_t)C * 4);
     uint64_t rs = 77 + C;
@@ -181,6 +184,7 @@ static void bench_norm_rope(const bench_ceilings *cl, int C)
         k.out_seq_stride = ring_stride;
         k.out_f32 = (float *)of;
         k.post_scale = 1.0f;
+        bench_fill_f32(of, (size_t)C * HD, 95 + fp8, 1e3f);
         BENCH_OK(dsv4_opt_norm_rope(&k));
         BENCH_CHECK(cudaDeviceSynchronize());
         float *hx = (float *)bench_to_host(xkv, (size_t)C * NX * 4);
@@ -227,6 +231,7 @@ static void bench_embed_argmax(const bench_ceilings *cl, int C, const void *tabl
     e.tokens = (const int32_t *)tok;
     e.embed = (const uint16_t *)table;
     e.X = (uint16_t *)X;
+    bench_fill_bf16(X, (size_t)C * NS * D, 96, 1e3f);
     BENCH_OK(dsv4_opt_embed(&e));
     BENCH_CHECK(cudaDeviceSynchronize());
     {
@@ -252,6 +257,7 @@ static void bench_embed_argmax(const bench_ceilings *cl, int C, const void *tabl
 
     bench_fill_f32(lg, (size_t)C * V, 95 + C, 8.0f);
     am_ctx a = {(int32_t *)am, (const float *)lg, C};
+    BENCH_CHECK(cudaMemset(am, 0xff, (size_t)C * 4));
     argmax_fn(&a, 0);
     BENCH_CHECK(cudaDeviceSynchronize());
     {
@@ -301,6 +307,10 @@ static void bench_step(const bench_ceilings *cl, int C)
     BENCH_CHECK(cudaMemcpy(act, hact, (size_t)C * 4, cudaMemcpyHostToDevice));
     BENCH_CHECK(cudaMemcpy(inv, hinv, 2 * NP * 4, cudaMemcpyHostToDevice));
     float *t = (float *)tab;
+    BENCH_CHECK(cudaMemset(ring, 0x7f, (size_t)C * 4)); /* garbage in the outputs: unwritten ones fail */
+    BENCH_CHECK(cudaMemset(lc, 0x7f, (size_t)C * 4));
+    BENCH_CHECK(cudaMemset(lh, 0x7f, (size_t)C * 4));
+    BENCH_CHECK(cudaMemset(tab, 0xff, (size_t)4 * C * NP * 4));
     dsv4_step_setup_params su;
     memset(&su, 0, sizeof(su));
     su.n_seq = C;
@@ -375,6 +385,7 @@ static void bench_step(const bench_ceilings *cl, int C)
         xp.topk = (const int32_t *)tk;
         xp.live = (const int32_t *)(ki == 2 ? lh : lc);
         xp.idx = (int32_t *)idx;
+        BENCH_CHECK(cudaMemset(idx, 0x7f, (size_t)C * (WIN + TOPK) * 4));
         BENCH_OK(dsv4_opt_step_index(&xp));
         BENCH_CHECK(cudaDeviceSynchronize());
         const int n_idx = WIN + extra[ki];

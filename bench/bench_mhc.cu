@@ -179,8 +179,13 @@ int main(int argc, char **argv)
         bench_fill_f32(m.scale, 3, 44, 1.0f);
         bench_fill_f32(m.nw, D, 45, 1.0f);
         bench_fill_f32(m.out, (size_t)C * D, 46, 1.0f);
-        /* the NaN-free but never-written outputs would pass as zeros: fill them with garbage first */
+        /* garbage in every output first: an unwritten element (or one left by the previous C, whose inputs share
+         * the seeds) must fail the check */
         bench_fill_f32(m.x, (size_t)C * D, 47, 1e3f);
+        bench_fill_bf16(m.xn, (size_t)C * D, 47, 1e3f);
+        bench_fill_f32(m.pre, (size_t)C * N, 47, 1e3f);
+        bench_fill_f32(m.post, (size_t)C * N, 47, 1e3f);
+        bench_fill_f32(m.comb, (size_t)C * N * N, 47, 1e3f);
 
         dsv4_mhc_pre_params p;
         memset(&p, 0, sizeof(p));

@@ -210,7 +210,8 @@ int main(int argc, char **argv)
             const char *var = v == 0 ? "learned" : "hash";
             rp.bias = v == 0 ? (const float *)bias : NULL;
             rp.tid2eid = v == 0 ? NULL : (const int32_t *)tid2eid;
-            BENCH_CHECK(cudaMemset(ids, 0xff, (size_t)C * K * 4));
+            BENCH_CHECK(cudaMemset(ids, 0xff, (size_t)C * K * 4)); /* -1 and NaN: unwritten outputs fail */
+            BENCH_CHECK(cudaMemset(wts, 0xff, (size_t)C * K * 4));
             BENCH_OK(dsv4_opt_moe_route(&rp));
             BENCH_CHECK(cudaDeviceSynchronize());
             check_route(var, C, &rp, hlg, v == 0 ? hbias : NULL, ht2e, htok);
@@ -255,7 +256,8 @@ int main(int argc, char **argv)
         ep.shared = (const float *)sh;
         ep.shared_stride = D;
         ep.out = (float *)out;
-        bench_fill_f32(out, (size_t)C * D, 86, 1e3f);
+        bench_fill_f32(out, (size_t)C * D, 86, 1e3f); /* garbage: unwritten outputs must fail the checks */
+        bench_fill_bf16(h, (size_t)C * K * I, 87, 1e3f);
         BENCH_OK(dsv4_opt_moe_experts(&ep));
         BENCH_CHECK(cudaDeviceSynchronize());
         check_experts(C, &ep, hids, hw);
@@ -277,6 +279,7 @@ int main(int argc, char **argv)
         sp.g_off = E;
         sp.u_off = E + I;
         sp.h = (uint16_t *)hs;
+        bench_fill_bf16(hs, (size_t)C * I, 88, 1e3f);
         BENCH_OK(dsv4_opt_swiglu(&sp));
         BENCH_CHECK(cudaDeviceSynchronize());
         {
