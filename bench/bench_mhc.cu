@@ -179,13 +179,6 @@ int main(int argc, char **argv)
         bench_fill_f32(m.scale, 3, 44, 1.0f);
         bench_fill_f32(m.nw, D, 45, 1.0f);
         bench_fill_f32(m.out, (size_t)C * D, 46, 1.0f);
-        /* garbage in every output first: an unwritten element (or one left by the previous C, whose inputs share
-         * the seeds) must fail the check */
-        bench_fill_f32(m.x, (size_t)C * D, 47, 1e3f);
-        bench_fill_bf16(m.xn, (size_t)C * D, 47, 1e3f);
-        bench_fill_f32(m.pre, (size_t)C * N, 47, 1e3f);
-        bench_fill_f32(m.post, (size_t)C * N, 47, 1e3f);
-        bench_fill_f32(m.comb, (size_t)C * N * N, 47, 1e3f);
 
         dsv4_mhc_pre_params p;
         memset(&p, 0, sizeof(p));
@@ -225,6 +218,13 @@ int main(int argc, char **argv)
         for (int v = 0; v < 2; v++) {
             const char *var = v == 0 ? "castfree" : "roundtrip";
             p.kernel = v == 0 ? DSV4_MHC_KERNEL_CASTFREE : DSV4_MHC_KERNEL_ROUNDTRIP;
+            /* garbage in every output first: an unwritten element (or one left by the other variant or the
+             * previous C, whose inputs share the seeds) must fail the check */
+            bench_fill_f32(m.x, (size_t)C * D, 47 + v, 1e3f);
+            bench_fill_bf16(m.xn, (size_t)C * D, 47 + v, 1e3f);
+            bench_fill_f32(m.pre, (size_t)C * N, 47 + v, 1e3f);
+            bench_fill_f32(m.post, (size_t)C * N, 47 + v, 1e3f);
+            bench_fill_f32(m.comb, (size_t)C * N * N, 47 + v, 1e3f);
             BENCH_OK(dsv4_opt_mhc_pre(&p));
             BENCH_CHECK(cudaDeviceSynchronize());
             check_pre(var, C, &m);
