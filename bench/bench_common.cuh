@@ -1,7 +1,7 @@
 /* bench_common.cuh - what the kernel micro-benchmarks share (style rule 15, METHOD.md): the two ceilings measured in
  * the same run (device-to-device copy: bytes read + written per second; cuBLAS bf16 GEMM 8192^3 with fp32
  * accumulation: FLOP/s), random device fills (never zeros), event timing with warm-up, the median of the reps and
- * their spread, `--quick` (fewer reps), the spot checks against a small CPU computation (a broken launch must not
+ * their spread, `--quick` (fewer reps), `--verbose` (every check line), the spot checks against a small CPU computation (a broken launch must not
  * pass as fast: a failed check marks the run and the exit status), and one table line per measurement.
  * Included by bench/bench_*.cu only (header-only, static functions).
  */
@@ -90,22 +90,30 @@ static void *bench_flush_buf;
 static int bench_reps = BENCH_REPS;  /* BENCH_QUICK_REPS with --quick */
 static double bench_last_spread;     /* (p90 - p10) / median of the last bench_median_us, in percent */
 static int bench_failures;           /* failed spot checks so far */
+static int bench_passes;             /* passed spot checks so far */
+static int bench_verbose;            /* --verbose: a line for every check, not only the failed ones */
+static double bench_worst_ratio;     /* the largest |err| / tolerance of any passed value, and where */
+static char bench_worst_what[96];
 
-/* --quick: fewer reps (the rest unchanged); anything else is a usage error. */
+/* --quick: fewer reps (the rest unchanged); --verbose: every check's line; anything else is a usage error. */
 static void bench_init(int argc, char **argv)
 {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) {
             bench_reps = BENCH_QUICK_REPS;
+        } else if (!strcmp(argv[i], "--verbose")) {
+            bench_verbose = 1;
         } else {
-            fprintf(stderr, "usage: %s [--quick]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--verbose]\n", argv[0]);
             exit(2);
         }
     }
 }
-/* The exit status of a bench: 1 when any spot check failed. */
+/* The summary of the spot checks and the exit status of a bench: 1 when any failed. */
 static int bench_finish(void)
 {
+    printf("spot checks: %d ok, %d failed; closest to its tolerance: %.3g of it (%s)\n", bench_passes,
+           bench_failures, bench_worst_ratio, bench_worst_what[0] ? bench_worst_what : "-");
     if (bench_failures) printf("FAILED: %d spot check(s) (the timings of those rows mean nothing)\n", bench_failures);
     return bench_failures ? 1 : 0;
 }
@@ -238,26 +246,37 @@ static void *bench_to_host(const void *dev, size_t bytes)
     BENCH_CHECK(cudaMemcpy(h, dev, bytes, cudaMemcpyDeviceToHost));
     return h;
 }
-/* got[i] vs want[i] for n values: |got - want| <= atol + rtol·|want|, NaN/Inf in got always fails. Prints one
- * line (worst error and where, the first faults) and counts a failure. Returns 1 when all pass. */
+/* got[i] vs want[i] for n values: |got - want| <= atol + rtol·|want|, NaN/Inf in got always fails. On a failure
+ * (or with --verbose) prints one line (worst error and where, the first faults); counts it. 1 when all pass. */
 static int bench_check_close(const char *what, const float *got, const double *want, size_t n, double atol,
                              double rtol)
 {
     size_t bad = 0, worst = 0;
-    double worst_err = -1.0;
+    double worst_err = -1.0, worst_ratio = 0.0;
     for (size_t i = 0; i < n; i++) {
-        double g = got[i], e = fabs(g - want[i]);
-        int ok = isfinite(g) && e <= atol + rtol * fabs(want[i]);
+        double g = got[i], e = fabs(g - want[i]), tol = atol + rtol * fabs(want[i]);
+        int ok = isfinite(g) && e <= tol;
         if (!isfinite(g)) e = INFINITY;
         if (e > worst_err) {
             worst_err = e;
             worst = i;
         }
+        if (ok && tol > 0.0 && e / tol > worst_ratio) worst_ratio = e / tol;
         if (!ok && bad++ < 4) printf("  check %s: [%zu] got %.7g want %.7g\n", what, i, g, want[i]);
     }
-    printf("check %-44s %s: %zu values, max |err| %.3g at [%zu] (got %.7g want %.7g), tol %.1g+%.1g|want|\n", what,
-           bad ? "FAIL" : "ok", n, worst_err, worst, n ? got[worst] : 0.0, n ? want[worst] : 0.0, atol, rtol);
-    if (bad) bench_failures++;
+    if (bad || bench_verbose)
+        printf("check %-44s %s: %zu values, max |err| %.3g at [%zu] (got %.7g want %.7g), tol %.1g+%.1g|want|\n",
+               what, bad ? "FAIL" : "ok", n, worst_err, worst, n ? got[worst] : 0.0, n ? want[worst] : 0.0, atol,
+               rtol);
+    if (bad) {
+        bench_failures++;
+    } else {
+        bench_passes++;
+        if (worst_ratio > bench_worst_ratio) {
+            bench_worst_ratio = worst_ratio;
+            snprintf(bench_worst_what, sizeof(bench_worst_what), "%s", what);
+        }
+    }
     return !bad;
 }
 /* Exact comparison of n int32 values. */
@@ -266,8 +285,11 @@ static int bench_check_equal_i32(const char *what, const int32_t *got, const int
     size_t bad = 0;
     for (size_t i = 0; i < n; i++)
         if (got[i] != want[i] && bad++ < 4) printf("  check %s: [%zu] got %d want %d\n", what, i, got[i], want[i]);
-    printf("check %-44s %s: %zu values, %zu differ\n", what, bad ? "FAIL" : "ok", n, bad);
-    if (bad) bench_failures++;
+    if (bad || bench_verbose) printf("check %-44s %s: %zu values, %zu differ\n", what, bad ? "FAIL" : "ok", n, bad);
+    if (bad)
+        bench_failures++;
+    else
+        bench_passes++;
     return !bad;
 }
 /* A deterministic host PRNG for ids and positions (splitmix64). */

@@ -3,7 +3,7 @@
  * 8 state rows), CSA indexer (ratio 4, d_c 128, overlapping) and HCA main (ratio 128, d_c 512, 128 state rows),
  * 32 rope pairs, C = 1, 16, 64 sequences, each case as a step that only writes its state row (`write`, 3 of 4 CSA
  * steps, 127 of 128 HCA steps) and as a step that closes a window (`close`: pool, RMSNorm, RoPE, pool-entry write).
- *   run: build/bench_compressor [--quick]
+ *   run: build/bench_compressor [--quick] [--verbose]
  * Bytes counted (the fewest): write: the kv and gate projections read, the ape row read once per distinct slot, the
  * kv and score state rows written; close adds the state values the pooling reads (rows x d_c of each of kv and
  * score), norm_w, inv_freq, and the bf16 pool entry written. CSA's move of the current rows to the previous rows

@@ -4,7 +4,7 @@
  * window-ring write + the f32 copy; `--kv` bf16 and fp8), the embedding gather into the 4 streams (vocab 129280,
  * D 4096), the greedy argmax over the vocab, and the per-step bookkeeping step_setup / step_index (window 128,
  * CSA ratio 4 + 512 picks, HCA ratio 128 + 256 entries), C = 1, 16, 64.
- *   run: build/bench_elementwise [--quick]
+ *   run: build/bench_elementwise [--quick] [--verbose]
  * Bytes counted (the fewest): every input element read once, every output written once (embed: one table row per
  * token; argmax: the C x 129280 logits). FLOPs: norm_rope 3 per channel + 6 per rope pair (the FP8 simulation not
  * counted); the gathers, argmax and bookkeeping count 0 (no arithmetic worth the name).

@@ -2,7 +2,7 @@
  * (sqrtsoftplus + bias top-6 of 256 for learned layers, tid2eid for hash layers), the grouped bf16 routed-expert
  * kernel dsv4_opt_moe_experts (D 4096, I 2048, E 256: 12.9 GB of expert weights) and the shared expert's clamped
  * SwiGLU, C = 1, 16, 64 tokens.
- *   run: build/bench_moe [--quick]
+ *   run: build/bench_moe [--quick] [--verbose]
  * Bytes counted (the fewest): route learned: the C x 256 logits, the bias, ids + weights written; route hash: the
  * token ids, their tid2eid rows and the 6 picked logits (the kernel reads all 256; not counted), ids + weights.
  * experts: the weights of the DISTINCT experts the batch touches (random routing: printed as ex=N/256; each

@@ -1,6 +1,6 @@
 /* bench_sparse_attn.cu - micro-benchmark of kernels/sparse_attn.cu, both variants of `attn`, Flash shapes:
  * 64 heads x 512, 128 window + 512 selected entries, bf16 output, C = 1, 16, 64 sequences.
- *   run: build/bench_sparse_attn [--quick]
+ *   run: build/bench_sparse_attn [--quick] [--verbose]
  * Bytes counted (the fewest a step must move): the 640 gathered KV rows and q of each sequence, read once, and the
  * bf16 output, written once. FLOPs: 2*H*d*n (Q.K^T) + 2*H*d*n (P.V) per sequence. Each rep gathers a different
  * random entry set out of a KV pool of >= 256 MB, so the rows come from HBM, not L2 (60 MB).

@@ -1,6 +1,6 @@
 /* bench_topk.cu - micro-benchmark of kernels/topk.cu: exact top-512 of n = 1K, 8K, 64K, 256K live scores per
  * sequence (4K ... 1M context), C = 1, 16, 64.
- *   run: build/bench_topk [--quick]
+ *   run: build/bench_topk [--quick] [--verbose]
  * Bytes counted (the fewest): the n scores read once and the 512 ids written. FLOPs: none (reported as 0).
  * Each rep reads a different score set out of a pool of >= 180 MB, so the scores come from HBM (in the decode step
  * they were just written by the indexer and may partly sit in L2: this is the cold case).
