@@ -1,8 +1,9 @@
 /* bench_common.cuh - what the kernel micro-benchmarks share (style rule 15, METHOD.md): the two ceilings measured in
  * the same run (device-to-device copy: bytes read + written per second; cuBLAS bf16 GEMM 8192^3 with fp32
  * accumulation: FLOP/s), random device fills (never zeros), event timing with warm-up, the median of the reps and
- * their spread, `--quick` (fewer reps), `--verbose` (every check line), the spot checks against a small CPU computation (a broken launch must not
- * pass as fast: a failed check marks the run and the exit status), and one table line per measurement.
+ * their spread, `--quick` (fewer reps), `--verbose` (every check's line), the spot checks against a small CPU
+ * computation (a broken launch must not pass as fast: a failed check marks the run and the exit status), and one
+ * table line per measurement.
  * Included by bench/bench_*.cu only (header-only, static functions).
  */
 #ifndef DSV4_BENCH_COMMON_CUH
