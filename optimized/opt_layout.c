@@ -150,12 +150,11 @@ static int projection(dsv4_opt *o, opt_weight_src *src, opt_carver *cv, opt_proj
     return 0;
 }
 
-/* A linear of one file tensor, fp8 in fp8 mode when the checkpoint keeps it in FP8 (q8). */
-static int linear1(dsv4_opt *o, opt_weight_src *src, opt_carver *cv, opt_linear *w, int q8, int n_out, int n_in,
-                   lin_part p)
+/* A linear of one file tensor the checkpoint keeps in FP8: fp8 in fp8 mode, else bf16. */
+static int linear1(dsv4_opt *o, opt_weight_src *src, opt_carver *cv, opt_linear *w, int n_out, int n_in, lin_part p)
 {
     p.rows = n_out;
-    return linear(o, src, cv, w, q8 && o->fp8, n_in, &p, 1);
+    return linear(o, src, cv, w, o->fp8, n_in, &p, 1);
 }
 
 /* The routed experts: bf16 w13 [E][w1; w3] and w2 [E], or (fp8 mode) the same as packed FP4 + e8m0 scales. */
@@ -248,11 +247,11 @@ static int layer_weights(dsv4_opt *o, opt_weight_src *src, opt_carver *cv, int L
     if (csa) {
         WF(ly->idx_ape, (size_t)ly->ratio * 2 * dI, OPT_W_APE, 0, "layers.%d.attn.indexer.compressor.ape", L);
         WF(ly->idx_norm, dI, OPT_W_NORM, 0, "layers.%d.attn.indexer.compressor.norm.weight", L);
-        DSV4_OPT_TRY(linear1(o, src, cv, &ly->idx_wq_b, 1, o->HI * (int)dI, o->qr,
+        DSV4_OPT_TRY(linear1(o, src, cv, &ly->idx_wq_b, o->HI * (int)dI, o->qr,
                              part(0, "layers.%d.attn.indexer.wq_b.weight", L)));
     }
-    DSV4_OPT_TRY(linear1(o, src, cv, &ly->wq_b, 1, o->H * (int)d, o->qr, part(0, "layers.%d.attn.wq_b.weight", L)));
-    DSV4_OPT_TRY(linear1(o, src, cv, &ly->wo_a, 1, o->G * o->o_r, o->H * (int)d / o->G,
+    DSV4_OPT_TRY(linear1(o, src, cv, &ly->wq_b, o->H * (int)d, o->qr, part(0, "layers.%d.attn.wq_b.weight", L)));
+    DSV4_OPT_TRY(linear1(o, src, cv, &ly->wo_a, o->G * o->o_r, o->H * (int)d / o->G,
                          part(0, "layers.%d.attn.wo_a.weight", L)));
     for (int g = 0; o->fp8 && g < o->G; g++) { /* a group's scale rows must be its own slice (opt_internal.h) */
         const int off = g * o->o_r;
@@ -260,14 +259,14 @@ static int layer_weights(dsv4_opt *o, opt_weight_src *src, opt_carver *cv, int L
             return dsv4_error(DSV4_ERR_UNSUPPORTED, "optimized --weights fp8: wo_a group %d (rows %d..%d) straddles "
                               "a 128-row scale block", g, off, off + o->o_r - 1);
     }
-    DSV4_OPT_TRY(linear1(o, src, cv, &ly->wo_b, 1, (int)D, o->G * o->o_r, part(0, "layers.%d.attn.wo_b.weight", L)));
+    DSV4_OPT_TRY(linear1(o, src, cv, &ly->wo_b, (int)D, o->G * o->o_r, part(0, "layers.%d.attn.wo_b.weight", L)));
     /* the ffn projection: router gate (bf16) | shared w1 | shared w3 (FP8) */
     lin_part fq[2] = {part((int)NI, "layers.%d.ffn.shared_experts.w1.weight", L),
                       part((int)NI, "layers.%d.ffn.shared_experts.w3.weight", L)};
     const int fq_off[2] = {(int)E, (int)(E + NI)};
     lin_part fb = part((int)E, "layers.%d.ffn.gate.weight", L);
     DSV4_OPT_TRY(projection(o, src, cv, &ly->f, (int)D, fq, fq_off, 2, &fb, 0, 1, 0));
-    DSV4_OPT_TRY(linear1(o, src, cv, &ly->sh_w2, 1, (int)D, (int)NI,
+    DSV4_OPT_TRY(linear1(o, src, cv, &ly->sh_w2, (int)D, (int)NI,
                          part(0, "layers.%d.ffn.shared_experts.w2.weight", L)));
     if (ly->mlp == DSV4_MLP_HASH_MOE) {
         ly->tid2eid = opt_carve(cv, (size_t)o->V * o->K * 4);
