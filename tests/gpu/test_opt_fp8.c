@@ -15,6 +15,8 @@
  *   the same two gates for --quantize fp8 on golden/tiny (f32 weights quantised at load: --weights fp8 holds
  *   the quantiser's codes, --weights bf16 their dequantisation), and its deviation from the unquantised bf16
  *   run is printed (reported, not gated: that is the quantisation error itself);
+ * - fp8 mode keeps the path's invariants: no allocation in a step, graph == eager bitwise, the random
+ *   constructor has the loader's layout and runs;
  * - memory: in fp8 mode each layer's weights shrink by exactly what the quantised tensors save (on-disk FP8/FP4
  *   bytes + scales instead of 2 bytes per value), up to the arena's 256-byte alignment per view; printed per
  *   layer for both modes.
@@ -326,6 +328,63 @@ START_TEST(test_memory_per_layer_both_modes)
 }
 END_TEST
 
+/* fp8 mode keeps the path's invariants: the decode steps allocate nothing, a graph replay equals an eager step
+ * bitwise (staggered batch of 2, every step), and the random constructor gives the loader's arena sizes (same
+ * config, both e8m0 scales) and runs a step with finite logits. */
+START_TEST(test_fp8_invariants)
+{
+    dsv4_model *m = NULL;
+    ck_assert_msg(dsv4_model_open(dsv4_test_source_path("golden/tiny-fp8"), &m) == 0, "%s", dsv4_last_error());
+    dsv4_dump *g = NULL;
+    ck_assert_msg(dsv4_dump_open(dsv4_test_source_path("golden/tiny-fp8/forced.h5"), &g) == 0, "%s",
+                  dsv4_last_error());
+    int T;
+    const int32_t *tok = dsv4_dump_tokens(g, &T);
+    const dsv4_config *cfg = dsv4_model_config(m);
+    const int V = cfg->vocab_size;
+    dsv4_opt_options o;
+    dsv4_opt_options_default(&o);
+    o.n_seq = 2, o.max_context = T, o.dump_seq = 1, o.weights = DSV4_OPT_WEIGHTS_FP8;
+    dsv4_opt *gr = NULL, *ea = NULL, *rn = NULL;
+    ck_assert_msg(dsv4_opt_init(m, &o, &gr) == 0, "%s", dsv4_last_error());
+    o.cuda_graph = 0;
+    ck_assert_msg(dsv4_opt_init(m, &o, &ea) == 0, "%s", dsv4_last_error());
+    float *lg = malloc((size_t)V * 4), *le = malloc((size_t)V * 4);
+    const long before = dsv4_opt_device_alloc_count();
+    for (int s = 0; s < T + 3; s++) {
+        int32_t in[2] = {s < T ? tok[s] : 0, s >= 3 ? tok[s - 3] : 0};
+        uint8_t act[2] = {s < T, s >= 3};
+        int32_t ng[2], ne[2];
+        ck_assert_msg(dsv4_opt_step(gr, in, act, NULL, lg, ng) == 0, "step %d: %s", s, dsv4_last_error());
+        ck_assert_msg(dsv4_opt_step(ea, in, act, NULL, le, ne) == 0, "step %d: %s", s, dsv4_last_error());
+        if (s >= 3) {
+            ck_assert_msg(memcmp(lg, le, (size_t)V * 4) == 0, "step %d: fp8 graph and eager logits differ", s);
+            ck_assert_int_eq(ng[1], ne[1]);
+        }
+    }
+    ck_assert_msg(dsv4_opt_device_alloc_count() == before, "fp8 decode steps made %ld device allocations",
+                  dsv4_opt_device_alloc_count() - before);
+    /* the random constructor: the same layout as the loader's in fp8 mode */
+    o.cuda_graph = 1, o.n_seq = 1, o.dump_seq = 0;
+    ck_assert_msg(dsv4_opt_init_random(cfg, 5, &o, &rn) == 0, "%s", dsv4_last_error());
+    for (int L = -1; L < cfg->num_hidden_layers; L++)
+        ck_assert_msg(dsv4_opt_layer_weight_bytes(rn, L) == dsv4_opt_layer_weight_bytes(gr, L),
+                      "layer %d: random %zu B, loader %zu B", L, dsv4_opt_layer_weight_bytes(rn, L),
+                      dsv4_opt_layer_weight_bytes(gr, L));
+    ck_assert_msg(strstr(dsv4_opt_producer(rn), "weights=fp8"), "%s", dsv4_opt_producer(rn));
+    int32_t t0 = 3, nx;
+    ck_assert_msg(dsv4_opt_step(rn, &t0, NULL, NULL, lg, &nx) == 0, "%s", dsv4_last_error());
+    for (int v = 0; v < V; v++) ck_assert_msg(isfinite(lg[v]), "random fp8 model: logit %d is %g", v, (double)lg[v]);
+    dsv4_opt_free(gr);
+    dsv4_opt_free(ea);
+    dsv4_opt_free(rn);
+    dsv4_dump_free(g);
+    dsv4_model_free(m);
+    free(lg);
+    free(le);
+}
+END_TEST
+
 int main(void)
 {
     dsv4_test_require_gpu();
@@ -334,6 +393,7 @@ int main(void)
     TCase *tc = tcase_create("opt_fp8");
     tcase_set_timeout(tc, 1200);
     tcase_add_test(tc, test_memory_per_layer_both_modes);
+    tcase_add_test(tc, test_fp8_invariants);
     tcase_add_test(tc, test_fp8_equals_bf16_on_tiny_fp8);
     tcase_add_test(tc, test_quantize_at_load_on_tiny);
     suite_add_tcase(s, tc);
