@@ -763,14 +763,16 @@ static void print_tables(json_t *root)
     json_t *runs = json_object_get(root, "runs"), *r;
     size_t i;
     printf("\nthroughput (median of the timed steps; spread = min..max):\n");
-    printf("%-5s %-14s %7s %10s %17s %12s %10s %10s %7s\n", "C", "variant", "ctx", "ms/step", "spread", "tokens/s",
-           "us/layer", "floor ms", "%floor");
+    printf("%-5s %-14s %-7s %7s %10s %17s %12s %10s %10s %7s\n", "C", "variant", "weights", "ctx", "ms/step", "spread",
+           "tokens/s", "us/layer", "floor ms", "%floor");
     json_array_foreach(runs, i, r)
     {
         char spread[32];
         snprintf(spread, sizeof spread, "%.2f..%.2f", jnum(r, "ms_min"), jnum(r, "ms_max"));
-        printf("%-5d %-14s %7d %10.3f %17s %12.1f %10.1f %10.3f %6.0f%%\n", (int)jnum(r, "C"),
-               json_string_value(json_object_get(r, "variant")), (int)jnum(r, "context"), jnum(r, "ms_median"), spread,
+        const char *wm = json_string_value(json_object_get(r, "weights"));
+        printf("%-5d %-14s %-7s %7d %10.3f %17s %12.1f %10.1f %10.3f %6.0f%%\n", (int)jnum(r, "C"),
+               json_string_value(json_object_get(r, "variant")), wm ? wm : "?", (int)jnum(r, "context"),
+               jnum(r, "ms_median"), spread,
                jnum(r, "tokens_per_s"), jnum(r, "us_per_layer"), jnum(r, "floor_ms"),
                100 * jnum(r, "fraction_of_floor"));
     }
