@@ -31,12 +31,12 @@ static void run_usage(FILE *f)
             "                [--dump-positions LIST|all|decode] [--dump OUT.h5]\n"
             "                [--attn mma|simt] [--indexer bf16|fp32] [--mhc castfree|roundtrip]\n"
             "                [--index-context live|max] [--kv bf16|fp8] [--max-context N] [--batch C]\n"
-            "                [--dump-seq I] [--graph on|off]\n\n"
+            "                [--dump-seq I] [--graph on|off] [--weights bf16|fp8] [--quantize fp8]\n\n"
             "Runs the model over a prompt (one prefill) and N one-token decode steps, and writes every probe of\n"
             "dump-format.md for the chosen positions to OUT.h5.\n\n"
             "  --model DIR            model folder: config.json + *.safetensors\n"
             "  --path P               ref-cpu (fp32 CPU reference, default), ref-gpu (fp32 GPU reference) or opt\n"
-            "                         (optimized CUDA path, bf16; the prompt runs as one-token steps)\n"
+            "                         (optimized CUDA path, bf16 or fp8 weights; the prompt runs as one-token steps)\n"
             "  --tokens-from G.h5     take /tokens, prompt_len, n_decode, mode and /positions from a dump\n"
             "  --prompt-tokens FILE   prompt token ids, whitespace separated (decoding is greedy)\n"
             "  --decode N             decode steps after the prompt (default: the dump's n_decode, else 0)\n"
@@ -54,7 +54,14 @@ static void run_usage(FILE *f)
             "  --max-context N        positions the caches are allocated for (default: the run's tokens)\n"
             "  --batch C              decode C copies together, copy c starting c steps later (default 1)\n"
             "  --dump-seq I           the copy whose probes are dumped (default 0)\n"
-            "  --graph on|off         replay the decode step as a CUDA graph (default on)\n\n"
+            "  --graph on|off         replay the decode step as a CUDA graph (default on)\n"
+            "  --weights bf16|fp8     how linears and experts are held on the GPU (default: the checkpoint's own\n"
+            "                         format): fp8 keeps the FP8 e4m3 linears with their 128x128 block scales and\n"
+            "                         the FP4 e2m1 routed experts as on disk (nothing expanded to bf16); bf16\n"
+            "                         dequantises them at load\n"
+            "  --quantize fp8         quantise a bf16/f32 model's linears / experts at load into those formats\n"
+            "                         (model-spec §3 rounding; implies --weights fp8 unless --weights bf16, which\n"
+            "                         then holds the quantised values in bf16)\n\n"
             "The dump's prompt_len is the prompt length whatever --decode-from says (its root attribute\n"
             "'prefill_len' records K), so dumps of one prompt line up. A progress line (tokens/s, ETA) goes to\n"
             "stderr on runs longer than a few seconds. Exit status: 0 ok, 1 the run failed, 2 bad usage or\n"
@@ -223,7 +230,8 @@ static int parse_args(int argc, char **argv, run_args *a)
         else if (!strcmp(o, "--greedy")) a->greedy = 1;
         else if (!strcmp(o, "--forced")) a->forced = 1;
         else if (!strcmp(o, "--attn") || !strcmp(o, "--indexer") || !strcmp(o, "--mhc") ||
-                 !strcmp(o, "--index-context") || !strcmp(o, "--kv")) {
+                 !strcmp(o, "--index-context") || !strcmp(o, "--kv") || !strcmp(o, "--weights") ||
+                 !strcmp(o, "--quantize")) {
             if (!v) return dsv4_error(DSV4_ERR_USAGE, "%s needs a value", o);
             int rc = dsv4_opt_options_set(&a->opt, o + 2, v);
             if (rc) return rc;
@@ -413,6 +421,17 @@ int dsv4_cmd_run(int argc, char **argv)
     else rc = dsv4_ref_gpu_init(m, pl.T, &ref);
     if (rc) goto out;
     const char *producer = op ? dsv4_opt_producer(op) : dsv4_ref_producer(ref);
+    if (op) { /* the memory per layer of this weights mode (issue 11 asks for both modes) */
+        size_t wb, sb, xb;
+        char b[3][32];
+        dsv4_opt_memory(op, &wb, &sb, &xb);
+        printf("dsv4 run: opt memory: weights %s (%s), caches %s, scratch %s; weights per layer:",
+               dsv4_mem_format((double)wb, b[0], 32), dsv4_opt_weights_name(dsv4_opt_weights_mode(op)),
+               dsv4_mem_format((double)sb, b[1], 32), dsv4_mem_format((double)xb, b[2], 32));
+        for (int L = 0; L < cfg->num_hidden_layers; L++)
+            printf(" %zu", dsv4_opt_layer_weight_bytes(op, L));
+        printf(" bytes; rest (embed, head, ...) %zu bytes\n", dsv4_opt_layer_weight_bytes(op, -1));
+    }
 
     if (a.positions) rc = parse_positions(a.positions, pl.T, pl.P, &positions, &n_pos);
     else if (pl.gold_pos) {

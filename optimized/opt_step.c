@@ -111,7 +111,7 @@ static int indexer(dsv4_opt *o, int L, const opt_layer *ly, int n_csa)
     const int s = o->opt.dump_seq, C = o->C, HI = o->HI, dI = o->dI;
     DSV4_OPT_TRY(compressor(o, ly, dI, 1, ly->off_ikv, ly->off_ig, ly->idx_ape, ly->idx_norm, ly->icmp_kv,
                             ly->icmp_score, ly->ipool, (int64_t)ly->pool_cap * dI, 0, 0));
-    DSV4_OPT_TRY(opt_gemm(o, o->qfull, 1, HI * dI, o->qr_b, o->qr, ly->idx_wq_b, HI * dI, o->qr, C));
+    DSV4_OPT_TRY(opt_linear_apply(o, &ly->idx_wq_b, o->qfull, 1, HI * dI, o->qr_b, o->qr, C));
     DSV4_OPT_TRY(norm_rope(o, o->qfull, 0, (int64_t)HI * dI, HI, dI, 0, NULL, 1, o->cos_c, o->sin_c, o->qI,
                            (int64_t)HI * dI));
     dsv4_norm_rope_params wp = {.n_tok = C, .heads = 1, .dim = HI, .x = o->proj + ly->off_iw,
@@ -150,9 +150,9 @@ static int attention(dsv4_opt *o, int L, int n_csa, int n_hca)
     const float *cs = sliding ? o->cos_m : o->cos_c, *sn = sliding ? o->sin_m : o->sin_c;
     const int64_t kv_stride = (int64_t)(W + ly->pool_cap) * d;
 
-    DSV4_OPT_TRY(opt_gemm(o, o->proj, 1, nx, o->xn, D, ly->w_x, nx, D, C));
+    DSV4_OPT_TRY(opt_proj_apply(o, &ly->x, o->proj, nx, o->xn, D, C));
     DSV4_OPT_TRY(norm_rope(o, o->proj + ly->off_qa, 0, nx, 1, o->qr, 1, ly->q_norm, 0, NULL, NULL, o->qr_b, o->qr));
-    DSV4_OPT_TRY(opt_gemm(o, o->qfull, 1, H * d, o->qr_b, o->qr, ly->wq_b, H * d, o->qr, C));
+    DSV4_OPT_TRY(opt_linear_apply(o, &ly->wq_b, o->qfull, 1, H * d, o->qr_b, o->qr, C));
     DSV4_OPT_TRY(norm_rope(o, o->qfull, 0, (int64_t)H * d, H, d, 1, NULL, 1, cs, sn, o->q, (int64_t)H * d));
     dsv4_norm_rope_params kp = {.n_tok = C, .heads = 1, .dim = d, .x = o->proj + ly->off_kv, .x_tok_stride = nx,
                                 .norm = 1, .weight = ly->kv_norm, .eps = (float)o->cfg.rms_norm_eps,
@@ -183,22 +183,36 @@ static int attention(dsv4_opt *o, int L, int n_csa, int n_hca)
     DSV4_OPT_TRY(dsv4_opt_sparse_attn(&ap));
 
     /* grouped output projection: z_g = o_g · W_oa[g]ᵀ for the G groups of H/G heads, then out = z · W_obᵀ */
-    const int G = o->G, o_r = o->o_r, gin = H * d / G;
-    const float one = 1.0f, zero = 0.0f;
-    DSV4_OPT_CUBLAS(cublasGemmStridedBatchedEx(o->cublas, CUBLAS_OP_T, CUBLAS_OP_N, o_r, C, gin, &one, ly->wo_a,
-                                               CUDA_R_16BF, gin, (long long)o_r * gin, o->o, CUDA_R_16BF, H * d,
-                                               gin, &zero, o->z, CUDA_R_16BF, G * o_r, o_r, G, CUBLAS_COMPUTE_32F,
-                                               CUBLAS_GEMM_DEFAULT));
-    DSV4_OPT_TRY(opt_gemm(o, o->aout, 1, D, o->z, G * o_r, ly->wo_b, D, G * o_r, C));
+    const int G = o->G, o_r = o->o_r;
+    DSV4_OPT_TRY(opt_linear_apply_grouped(o, &ly->wo_a, G, o->z, G * o_r, o->o, H * d, C));
+    DSV4_OPT_TRY(opt_linear_apply(o, &ly->wo_b, o->aout, 1, D, o->z, G * o_r, C));
     PROBE("attn_out", o->aout + (size_t)s * D, D, PR_F32);
     return 0;
+}
+
+int opt_experts(dsv4_opt *o, const opt_layer *ly)
+{
+    const int C = o->C, D = o->D, NI = o->NI, K = o->K;
+    if (o->fp8) {
+        dsv4_fp4_experts_params fp = {.n_tok = C, .k = K, .dim = D, .inter = NI,
+                                      .limit = (float)o->cfg.swiglu_limit, .x = o->xn, .ids = o->rids,
+                                      .weights = o->rw, .w13 = ly->q13, .s13 = ly->s13, .w2 = ly->q2, .s2 = ly->s2,
+                                      .h = o->h_r, .shared = o->y_sh, .shared_stride = D, .out = o->fout,
+                                      .stream = o->stream};
+        return dsv4_opt_fp4_experts(&fp);
+    }
+    dsv4_moe_experts_params ep = {.n_tok = C, .k = K, .dim = D, .inter = NI, .limit = (float)o->cfg.swiglu_limit,
+                                  .x = o->xn, .ids = o->rids, .weights = o->rw, .w13 = ly->w13, .w2 = ly->w2,
+                                  .h = o->h_r, .shared = o->y_sh, .shared_stride = D, .out = o->fout,
+                                  .stream = o->stream};
+    return dsv4_opt_moe_experts(&ep);
 }
 
 static int moe(dsv4_opt *o, int L)
 {
     const opt_layer *ly = &o->layers[L];
     const int s = o->opt.dump_seq, C = o->C, D = o->D, E = o->E, NI = o->NI, K = o->K, nf = E + 2 * NI;
-    DSV4_OPT_TRY(opt_gemm(o, o->fproj, 1, nf, o->xn, D, ly->w_f, nf, D, C));
+    DSV4_OPT_TRY(opt_proj_apply(o, &ly->f, o->fproj, nf, o->xn, D, C));
     dsv4_moe_route_params rp = {.n_tok = C, .n_experts = E, .k = K, .logits = o->fproj, .logit_stride = nf,
                                 .bias = ly->gate_bias, .tid2eid = ly->tid2eid, .tokens = o->d_in,
                                 .routed_scale = (float)o->cfg.routed_scaling_factor, .ids = o->rids,
@@ -209,12 +223,8 @@ static int moe(dsv4_opt *o, int L)
     dsv4_swiglu_params sp = {.n_tok = C, .inter = NI, .limit = (float)o->cfg.swiglu_limit, .gu = o->fproj,
                              .gu_stride = nf, .g_off = E, .u_off = E + NI, .h = o->h_sh, .stream = o->stream};
     DSV4_OPT_TRY(dsv4_opt_swiglu(&sp));
-    DSV4_OPT_TRY(opt_gemm(o, o->y_sh, 1, D, o->h_sh, NI, ly->sh_w2, D, NI, C));
-    dsv4_moe_experts_params ep = {.n_tok = C, .k = K, .dim = D, .inter = NI, .limit = (float)o->cfg.swiglu_limit,
-                                  .x = o->xn, .ids = o->rids, .weights = o->rw, .w13 = ly->w13, .w2 = ly->w2,
-                                  .h = o->h_r, .shared = o->y_sh, .shared_stride = D, .out = o->fout,
-                                  .stream = o->stream};
-    DSV4_OPT_TRY(dsv4_opt_moe_experts(&ep));
+    DSV4_OPT_TRY(opt_linear_apply(o, &ly->sh_w2, o->y_sh, 1, D, o->h_sh, NI, C));
+    DSV4_OPT_TRY(opt_experts(o, ly));
     PROBE("ffn_out", o->fout + (size_t)s * D, D, PR_F32);
     return 0;
 }
