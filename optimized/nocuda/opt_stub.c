@@ -66,3 +66,8 @@ void dsv4_opt_memory(const dsv4_opt *o, size_t *weights, size_t *state, size_t *
     if (state) *state = 0;
     if (scratch) *scratch = 0;
 }
+int dsv4_opt_follow_stats_get(dsv4_opt *o, dsv4_opt_follow_stats *s)
+{
+    if (s) memset(s, 0, sizeof *s);
+    return dsv4_error(DSV4_ERR_UNSUPPORTED, "optimized path: this build has no CUDA");
+}
