@@ -7,7 +7,8 @@
  * later position as a one-token decode step (K = 0: token by token from position 0). Greedy feeds the argmax
  * of the previous position's logits (ties -> lowest id).
  * The optimized path (--path opt) feeds the prompt as one-token steps (exact: the same state machine) and can
- * run a batch of C copies of the sequence, copy c starting c steps later, dumping the copy --dump-seq.
+ * run a batch of C copies of the sequence, copy c starting c steps later, dumping the copy --dump-seq, and can
+ * follow a reference dump's discrete choices (--follow: topk_idx / router_ids; dsv4_opt.h "Decision following").
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
@@ -61,7 +62,8 @@ static void run_usage(FILE *f)
             "                         the rest of the step on DUMP's (experts weighted by the path's own scores);\n"
             "                         only the --dump-seq copy follows. This is how the bf16 path is gated on\n"
             "                         small models, where one near-tie flip in bf16 changes 1 of 4 keys or\n"
-            "                         experts (docs/optimized.md). Stops at the first token that differs\n\n"
+            "                         experts (docs/optimized.md). Following stops at the first position whose\n"
+            "                         token is not DUMP's\n\n"
             "The dump's prompt_len is the prompt length whatever --decode-from says (its root attribute\n"
             "'prefill_len' records K), so dumps of one prompt line up. A progress line (tokens/s, ETA) goes to\n"
             "stderr on runs longer than a few seconds. Exit status: 0 ok, 1 the run failed, 2 bad usage or\n"
