@@ -6,7 +6,8 @@
  * Bad inputs give errors that name the file and what is wrong: a missing file, a dump of another model (layer
  * count, index_topk), a dataset of the wrong width, a router row with a repeated or out-of-range expert, a top-k
  * id of an entry that does not exist yet at that position. The bad dumps are written here with the dump writer
- * (tiny's config, one dataset each).
+ * (tiny's config, one dataset each). The command line refuses --follow with a reference path, a dump of another
+ * model and a dump of other tokens, with exit status 2, before any GPU is needed.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
@@ -230,6 +231,38 @@ START_TEST(bad_rows_are_refused)
 }
 END_TEST
 
+/* `dsv4 run ... ARGS`: must exit 2 with every needle in its output */
+static void expect_cli_error(const char *args, const char *const *needles)
+{
+    char cmd[4096], *out = NULL;
+    const char *g = dsv4_test_source_path("");
+    snprintf(cmd, sizeof cmd, "%s run --model %sgolden/tiny %s 2>&1", dsv4_test_bin(), g, args);
+    int st = dsv4_test_run(cmd, &out);
+    printf("$ %s -> %d\n%s", cmd, st, out ? out : "");
+    ck_assert_msg(st == 2, "%s: exit %d, want 2\n%s", cmd, st, out ? out : "");
+    for (int i = 0; needles[i]; i++)
+        ck_assert_msg(out && strstr(out, needles[i]), "%s: output lacks '%s'\n%s", cmd, needles[i], out ? out : "");
+    free(out);
+}
+
+START_TEST(cli_refuses_bad_follow)
+{
+    char a[4096];
+    const char *g = dsv4_test_source_path("");
+    char *root = strdup(g);
+    snprintf(a, sizeof a, "--path ref-cpu --tokens-from %sgolden/tiny/forced.h5 --follow %sgolden/tiny/forced.h5",
+             root, root);
+    expect_cli_error(a, (const char *const[]){"--follow is an option of --path opt", NULL});
+    snprintf(a, sizeof a, "--path opt --tokens-from %sgolden/tiny/forced.h5 --follow %sgolden/topk512/forced.h5",
+             root, root);
+    expect_cli_error(a, (const char *const[]){"topk512/forced.h5", "num_hidden_layers", NULL});
+    snprintf(a, sizeof a, "--path opt --tokens-from %sgolden/tiny/forced.h5 --follow %sgolden/tiny/greedy.h5", root,
+             root);
+    expect_cli_error(a, (const char *const[]){"greedy.h5", "its token at position", NULL});
+    free(root);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("opt_follow");
@@ -238,6 +271,7 @@ int main(void)
     tcase_add_test(tc, topk512_subset_of_positions);
     tcase_add_test(tc, missing_file_and_other_model);
     tcase_add_test(tc, bad_rows_are_refused);
+    tcase_add_test(tc, cli_refuses_bad_follow);
     suite_add_tcase(s, tc);
     return dsv4_test_main(s);
 }
