@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # e2e_opt_lib.sh - the shell helpers of the optimized path's end-to-end gates (tests/e2e_opt_gpu.sh,
 # tests/e2e_opt_flash_gpu.sh), sourced, not run. Expects BIN (the dsv4 command), T (a scratch folder for dumps),
 # LOG (where logs go) and the counters pass, fail, reported (0) to be set by the script.
@@ -30,7 +31,7 @@ verify() {
     local topk
     topk=$(awk '/^top-k per CSA layer/ {f = 1; next} f && NF == 0 {f = 0} f && $1 ~ /^[0-9]+$/ {print}' "$log")
     if [ -n "$topk" ]; then
-        while read -r L rows rec jac differ acc strict _; do
+        while read -r L rows rec _ _ acc strict _; do
             echo "   topk L$L: $rows rows, strict recall mean ${rec#*/} (min ${rec%/*}), tie-accepted picks $acc, strict misses $strict"
         done <<<"$topk"
         local bad
