@@ -56,6 +56,7 @@ static __device__ int follow_merge(const dsv4_follow_params &p)
     const int ch = changed;
     if (ch)
         for (int j = threadIdx.x; j < k; j += blockDim.x) row[j] = own[j];
+    __syncthreads(); /* the row is read back by thread 0 (route weights): the other threads' writes first */
     return ch;
 }
 
