@@ -7,7 +7,8 @@
  * later position as a one-token decode step (K = 0: token by token from position 0). Greedy feeds the argmax
  * of the previous position's logits (ties -> lowest id).
  * The optimized path (--path opt) feeds the prompt as one-token steps (exact: the same state machine) and can
- * run a batch of C copies of the sequence, copy c starting c steps later, dumping the copy --dump-seq.
+ * run a batch of C copies of the sequence, copy c starting c steps later, dumping the copy --dump-seq, and can
+ * follow a reference dump's discrete choices (--follow: topk_idx / router_ids; dsv4_opt.h "Decision following").
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
@@ -31,7 +32,8 @@ static void run_usage(FILE *f)
             "                [--dump-positions LIST|all|decode] [--dump OUT.h5]\n"
             "                [--attn mma|simt] [--indexer bf16|fp32] [--mhc castfree|roundtrip]\n"
             "                [--index-context live|max] [--kv bf16|fp8] [--max-context N] [--batch C]\n"
-            "                [--dump-seq I] [--graph on|off] [--weights bf16|fp8] [--quantize fp8]\n\n"
+            "                [--dump-seq I] [--graph on|off] [--weights bf16|fp8] [--quantize fp8]\n"
+            "                [--follow DUMP.h5]\n\n"
             "Runs the model over a prompt (one prefill) and N one-token decode steps, and writes every probe of\n"
             "dump-format.md for the chosen positions to OUT.h5.\n\n"
             "  --model DIR            model folder: config.json + *.safetensors\n"
@@ -61,7 +63,15 @@ static void run_usage(FILE *f)
             "                         dequantises them at load\n"
             "  --quantize fp8         quantise a bf16/f32 model's linears / experts at load into those formats\n"
             "                         (model-spec §3 rounding; implies --weights fp8 unless --weights bf16, which\n"
-            "                         then holds the quantised values in bf16)\n\n"
+            "                         then holds the quantised values in bf16)\n"
+            "  --follow DUMP.h5       decision following: at every position and layer where DUMP (a reference\n"
+            "                         dump of the same tokens, e.g. --path ref-cpu --dump-positions all) holds\n"
+            "                         topk_idx / router_ids, compute and dump the path's own selection, then run\n"
+            "                         the rest of the step on DUMP's (experts weighted by the path's own scores);\n"
+            "                         only the --dump-seq copy follows. This is how the bf16 path is gated on\n"
+            "                         small models, where one near-tie flip in bf16 changes 1 of 4 keys or\n"
+            "                         experts (docs/optimized.md). Following stops at the first position whose\n"
+            "                         token is not DUMP's\n\n"
             "The dump's prompt_len is the prompt length whatever --decode-from says (its root attribute\n"
             "'prefill_len' records K), so dumps of one prompt line up. A progress line (tokens/s, ETA) goes to\n"
             "stderr on runs longer than a few seconds. Exit status: 0 ok, 1 the run failed, 2 bad usage or\n"
@@ -197,7 +207,7 @@ static void progress_update(run_progress *pr, int done, int total)
 }
 
 typedef struct run_args {
-    const char *model, *path, *tokens_from, *prompt_tokens, *positions, *dump;
+    const char *model, *path, *tokens_from, *prompt_tokens, *positions, *dump, *follow;
     int decode, greedy, forced, decode_from;
     dsv4_opt_options opt; /* --path opt */
     int max_context;      /* 0: the run's length */
@@ -227,6 +237,7 @@ static int parse_args(int argc, char **argv, run_args *a)
         else if (!strcmp(o, "--prompt-tokens")) TAKE(prompt_tokens);
         else if (!strcmp(o, "--dump-positions")) TAKE(positions);
         else if (!strcmp(o, "--dump")) TAKE(dump);
+        else if (!strcmp(o, "--follow")) TAKE(follow);
         else if (!strcmp(o, "--greedy")) a->greedy = 1;
         else if (!strcmp(o, "--forced")) a->forced = 1;
         else if (!strcmp(o, "--attn") || !strcmp(o, "--indexer") || !strcmp(o, "--mhc") ||
@@ -269,6 +280,8 @@ static int parse_args(int argc, char **argv, run_args *a)
     if (a->greedy && a->forced) return dsv4_error(DSV4_ERR_USAGE, "--greedy and --forced exclude each other");
     if (strcmp(a->path, "ref-cpu") && strcmp(a->path, "ref-gpu") && strcmp(a->path, "opt"))
         return dsv4_error(DSV4_ERR_USAGE, "--path '%s': want ref-cpu, ref-gpu or opt", a->path);
+    if (a->follow && strcmp(a->path, "opt"))
+        return dsv4_error(DSV4_ERR_USAGE, "--follow is an option of --path opt (the references make their own choices)");
     if (a->opt.n_seq < 1 || a->opt.dump_seq >= a->opt.n_seq)
         return dsv4_error(DSV4_ERR_USAGE, "--batch %d / --dump-seq %d: want 0 <= dump-seq < batch", a->opt.n_seq,
                           a->opt.dump_seq);
@@ -378,6 +391,38 @@ static int run_opt_steps(dsv4_opt *op, const dsv4_opt_options *oo, run_plan *pl,
     return rc;
 }
 
+/* --follow: load the table and check the dump ran the same prompt (forced runs: every common token), so the
+ * choices followed are about this text; a greedy run is checked over the prompt, the step stops at a token that
+ * differs later. */
+static int follow_open(const char *path, const dsv4_config *cfg, const run_plan *pl, dsv4_opt_follow **out)
+{
+    int rc = dsv4_opt_follow_load(path, cfg, out);
+    if (rc) return rc;
+    int n;
+    const int32_t *t = dsv4_opt_follow_tokens(*out, &n);
+    const int upto = pl->greedy ? pl->P : pl->T;
+    for (int p = 0; p < upto && p < n; p++)
+        if (t[p] != pl->tokens[p])
+            return dsv4_error(DSV4_ERR_USAGE, "--follow %s: its token at position %d is %d, the run's is %d (follow a "
+                              "dump of the same tokens, e.g. made with --tokens-from the same file)", path, p, t[p],
+                              pl->tokens[p]);
+    return 0;
+}
+
+/* The root attribute "command": the command line of this run (dump-format.md extras). */
+static int write_command_attr(dsv4_dump_writer *w, int argc, char **argv)
+{
+    size_t len = 16;
+    for (int i = 0; i < argc; i++) len += strlen(argv[i]) + 1;
+    char *cmd = malloc(len);
+    if (!cmd) return dsv4_error(DSV4_ERR_NOMEM, "out of memory");
+    size_t o = (size_t)snprintf(cmd, len, "dsv4");
+    for (int i = 0; i < argc; i++) o += (size_t)snprintf(cmd + o, len - o, " %s", argv[i]);
+    int rc = dsv4_dump_writer_attr(w, "command", cmd);
+    free(cmd);
+    return rc;
+}
+
 static int exit_code(int rc) { return rc == DSV4_ERR_USAGE || rc == DSV4_ERR_IO || rc == DSV4_ERR_FORMAT ||
                                       rc == DSV4_ERR_CONFIG || rc == DSV4_ERR_MISSING || rc == DSV4_ERR_SHAPE ||
                                       rc == DSV4_ERR_UNSUPPORTED ? 2 : 1; }
@@ -398,6 +443,7 @@ int dsv4_cmd_run(int argc, char **argv)
     dsv4_model *m = NULL;
     dsv4_ref *ref = NULL;
     dsv4_opt *op = NULL;
+    dsv4_opt_follow *follow = NULL;
     dsv4_dump_writer *w = NULL;
     dsv4_probe_sink *sink = NULL;
     int32_t *positions = NULL;
@@ -416,6 +462,8 @@ int dsv4_cmd_run(int argc, char **argv)
     const dsv4_config *cfg = dsv4_model_config(m);
     if (use_opt) {
         a.opt.max_context = a.max_context > 0 ? a.max_context : pl.T;
+        if (a.follow && (rc = follow_open(a.follow, cfg, &pl, &follow))) goto out;
+        a.opt.follow = follow;
         rc = dsv4_opt_init(m, &a.opt, &op);
     } else if (!strcmp(a.path, "ref-cpu")) rc = dsv4_ref_cpu_init(m, pl.T, &ref);
     else rc = dsv4_ref_gpu_init(m, pl.T, &ref);
@@ -457,6 +505,7 @@ int dsv4_cmd_run(int argc, char **argv)
         char kbuf[32];
         snprintf(kbuf, sizeof kbuf, "%d", K);
         if ((rc = dsv4_dump_writer_attr(w, "prefill_len", kbuf))) goto out;
+        if (follow && (rc = write_command_attr(w, argc, argv))) goto out; /* says which dump it followed */
         if ((rc = dsv4_probe_sink_init(w, cfg, positions, n_pos, pl.T, &sink))) goto out;
     }
 
@@ -504,12 +553,22 @@ int dsv4_cmd_run(int argc, char **argv)
         printf("\n");
     }
     if (a.dump) printf("dump: %s (%d positions)\n", a.dump, n_pos);
+    if (follow) {
+        dsv4_opt_follow_stats fs;
+        if ((rc = dsv4_opt_follow_stats_get(op, &fs))) goto out;
+        printf("follow: %s: %ld top-k rows followed (%ld ran on the dump's picks, not the path's), %ld router rows "
+               "(%ld on the dump's experts)", a.follow, fs.topk_rows, fs.topk_changed, fs.router_rows,
+               fs.router_changed);
+        if (fs.stopped_at >= 0) printf("; stopped at position %d, whose token is not the dump's", fs.stopped_at);
+        printf("\n");
+    }
 out:
     if (rc) fprintf(stderr, "dsv4 run: %s\n", dsv4_last_error());
     dsv4_probe_sink_free(sink);
     dsv4_dump_writer_abort(w);
     dsv4_ref_free(ref);
     dsv4_opt_free(op);
+    dsv4_opt_follow_free(follow);
     dsv4_model_free(m);
     free(logits);
     free(positions);

@@ -114,7 +114,7 @@ struct dsv4_opt {
     dsv4_config cfg;
     int C, D, n, V, H, d, qr, HI, dI, E, K, NI, W, G, o_r, np, topk;
     int fp8;                         /* weights mode fp8 (opt.weights resolved) */
-    char producer[192];
+    char producer[320];
     opt_layer *layers;               /* [L] host array of views */
     /* arenas */
     void *w_mem, *s_mem, *x_mem;
@@ -167,6 +167,15 @@ struct dsv4_opt {
     cublasHandle_t cublas;
     opt_graph graphs[OPT_MAX_GRAPHS];
     int n_graphs;
+    /* decision following (options.follow): the dump_seq's rows of this step, per layer L at L·follow_stride:
+     * [topk flag, router flag, topk ids (topk), router ids (K)] (flags 0: keep the own selection) */
+    const dsv4_opt_follow *follow;   /* NULL: off */
+    int follow_stride;               /* 2 + topk + K */
+    int32_t *h_follow;               /* pinned [L, follow_stride], filled by the host before each step */
+    int32_t *d_follow;               /* [L, follow_stride] scratch, copied from h_follow by the step */
+    int32_t *d_follow_changed;       /* [2] device counters: top-k rows, router rows whose selection changed */
+    long follow_rows[2];             /* rows staged so far: top-k, router */
+    int follow_stop;                 /* position of dump_seq where following stopped (token differs), -1 */
     /* probing state of the current step */
     dsv4_probe_sink *probe;
     float *h_probe;                  /* pinned host staging for probe rows */

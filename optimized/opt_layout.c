@@ -454,6 +454,10 @@ static void scratch_layout(dsv4_opt *o, opt_carver *cv)
     o->d_in = opt_carve(cv, 3 * C * 4);
     o->ws = opt_carve(cv, o->ws_bytes);
     o->cublas_ws = opt_carve(cv, o->cublas_ws_bytes);
+    if (o->follow) {
+        o->d_follow = opt_carve(cv, (size_t)o->cfg.num_hidden_layers * o->follow_stride * 4);
+        o->d_follow_changed = opt_carve(cv, 2 * 4);
+    }
 }
 
 /* ------------------------------------------------------------------------------------ init */
@@ -503,6 +507,15 @@ int opt_init_common(dsv4_opt *o, opt_weight_src *src)
     o->E = f->n_routed_experts, o->K = f->num_experts_per_tok, o->NI = f->moe_intermediate_size;
     o->W = f->sliding_window, o->G = f->o_groups, o->o_r = f->o_lora_rank, o->np = f->qk_rope_head_dim / 2;
     o->topk = f->index_topk > 0 ? f->index_topk : 1;
+    o->follow = o->opt.follow;
+    o->follow_stride = 2 + o->topk + o->K;
+    o->follow_stop = -1;
+    if (o->follow && (dsv4_opt_follow_width(o->follow, DSV4_OPT_FOLLOW_TOPK) != f->index_topk ||
+                      dsv4_opt_follow_width(o->follow, DSV4_OPT_FOLLOW_ROUTER) != o->K))
+        return dsv4_error(DSV4_ERR_USAGE, "optimized: the follow table of %s was loaded for another config "
+                          "(index_topk %d, experts per token %d; the model has %d, %d)",
+                          dsv4_opt_follow_path(o->follow), dsv4_opt_follow_width(o->follow, DSV4_OPT_FOLLOW_TOPK),
+                          dsv4_opt_follow_width(o->follow, DSV4_OPT_FOLLOW_ROUTER), f->index_topk, o->K);
     DSV4_OPT_CUDA(cudaSetDevice(o->opt.device));
     int dev_major = 0, dev_minor = 0;
     DSV4_OPT_CUDA(cudaDeviceGetAttribute(&dev_major, cudaDevAttrComputeCapabilityMajor, o->opt.device));
@@ -517,6 +530,11 @@ int opt_init_common(dsv4_opt *o, opt_weight_src *src)
              dsv4_opt_indexer_name(o->opt.indexer), dsv4_opt_mhc_name(o->opt.mhc),
              dsv4_opt_index_context_name(o->opt.index_context), dsv4_opt_kv_name(o->opt.kv),
              dsv4_opt_weights_name(o->opt.weights), o->opt.quantize == DSV4_OPT_QUANTIZE_FP8 ? " quantize=fp8" : "");
+    if (o->follow) { /* the producer says the run's choices were the dump's */
+        const char *fp = dsv4_opt_follow_path(o->follow), *base = strrchr(fp, '/');
+        size_t len = strlen(o->producer);
+        snprintf(o->producer + len, sizeof o->producer - len, " follow=%s", base ? base + 1 : fp);
+    }
     o->layers = calloc((size_t)f->num_hidden_layers, sizeof *o->layers);
     o->pos = calloc((size_t)o->C, sizeof *o->pos);
     if (!o->layers || !o->pos) return dsv4_error(DSV4_ERR_NOMEM, "optimized: out of host memory");
@@ -563,6 +581,11 @@ int opt_init_common(dsv4_opt *o, opt_weight_src *src)
     DSV4_OPT_CUDA(cudaMallocHost((void **)&o->h_probe, o->h_probe_floats * 4));
     DSV4_OPT_CUDA(cudaMallocHost((void **)&o->h_in, (size_t)4 * o->C * 4));
     o->h_next = o->h_in + 3 * o->C;
+    if (o->follow) {
+        DSV4_OPT_CUDA(cudaMallocHost((void **)&o->h_follow,
+                                     (size_t)f->num_hidden_layers * o->follow_stride * sizeof *o->h_follow));
+        memset(o->h_follow, 0, (size_t)f->num_hidden_layers * o->follow_stride * sizeof *o->h_follow);
+    }
     DSV4_OPT_CUBLAS(cublasCreate(&o->cublas));
     DSV4_OPT_CUBLAS(cublasSetStream(o->cublas, o->stream));
     DSV4_OPT_CUBLAS(cublasSetWorkspace(o->cublas, o->cublas_ws, o->cublas_ws_bytes));

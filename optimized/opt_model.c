@@ -361,6 +361,7 @@ void dsv4_opt_free(dsv4_opt *o)
     cudaFree(o->x_mem);
     cudaFreeHost(o->h_probe);
     cudaFreeHost(o->h_in);
+    cudaFreeHost(o->h_follow);
     free(o->layers);
     free(o->pos);
     free(o);
@@ -372,7 +373,24 @@ int dsv4_opt_reset(dsv4_opt *o, int seq)
 {
     DSV4_CHECK(o && seq >= 0 && seq < o->C, "dsv4_opt_reset: sequence %d outside [0, %d)", seq, o ? o->C : 0);
     o->pos[seq] = 0;
+    if (seq == o->opt.dump_seq) o->follow_stop = -1; /* a fresh start follows from position 0 again */
     return opt_state_reset(o, seq);
+}
+
+int dsv4_opt_follow_stats_get(dsv4_opt *o, dsv4_opt_follow_stats *s)
+{
+    DSV4_CHECK(o && s, "dsv4_opt_follow_stats_get: NULL argument");
+    memset(s, 0, sizeof *s);
+    s->stopped_at = o->follow_stop;
+    if (!o->follow) return 0;
+    int32_t changed[2];
+    DSV4_OPT_CUDA(cudaStreamSynchronize(o->stream));
+    DSV4_OPT_CUDA(cudaMemcpy(changed, o->d_follow_changed, sizeof changed, cudaMemcpyDeviceToHost));
+    s->topk_rows = o->follow_rows[0];
+    s->router_rows = o->follow_rows[1];
+    s->topk_changed = changed[0];
+    s->router_changed = changed[1];
+    return 0;
 }
 
 const char *dsv4_opt_producer(const dsv4_opt *o) { return o ? o->producer : "dsv4 optimized"; }

@@ -39,6 +39,8 @@ typedef enum dsv4_opt_weights { DSV4_OPT_WEIGHTS_AUTO, DSV4_OPT_WEIGHTS_BF16, DS
  * §3 rounding); in bf16 mode its quantised values are dequantised to bf16 (the same weight values as fp8 mode). */
 typedef enum dsv4_opt_quantize { DSV4_OPT_QUANTIZE_NONE, DSV4_OPT_QUANTIZE_FP8 } dsv4_opt_quantize;
 
+typedef struct dsv4_opt_follow dsv4_opt_follow; /* opaque: the discrete choices of a dump (below) */
+
 typedef struct dsv4_opt_options {
     int n_seq;                /* C: sequences decoded together, >= 1 */
     int max_context;          /* positions each sequence may reach (caches sized for it), >= 1, <= 1048576 */
@@ -52,6 +54,7 @@ typedef struct dsv4_opt_options {
     int device;               /* CUDA device ordinal */
     dsv4_opt_weights weights; /* default auto */
     dsv4_opt_quantize quantize; /* default none */
+    const dsv4_opt_follow *follow; /* NULL: off; else dump_seq follows its choices (borrowed while o lives) */
 } dsv4_opt_options;
 
 /* The defaults: every optimization on, C = 1, max_context 4096, graphs on, dump sequence 0, device 0. */
@@ -101,6 +104,43 @@ dsv4_opt_weights dsv4_opt_weights_mode(const dsv4_opt *o);
  * RoPE tables). The layers and the rest sum to dsv4_opt_memory's weights. 0 for a layer out of range. */
 size_t dsv4_opt_layer_weight_bytes(const dsv4_opt *o, int layer);
 
+/* ---- Decision following (optimized/opt_follow.c: host-only, also in a build without CUDA) -----------------
+ * Teacher-forcing of the discrete choices, as --tokens-from forces tokens: a reference dump's topk_idx (CSA
+ * layers) and router_ids (MoE layers) rows. With options.follow set, at each step of dump_seq at position p and
+ * each layer L where the dump holds a row, the path first computes ITS OWN selection (that is what its probes
+ * record, so the verifier still measures selection agreement), then runs the rest of the step on the dump's
+ * selection: attention gathers the dump's entries; the MoE runs the dump's experts, weighted from the path's own
+ * router scores for those ids as the route weights its own picks (s_id / Σ s_id · routed_scale). Ids the two
+ * selections share keep their slots, so a step whose selections agree is bitwise the free-running one. No row
+ * (position not stored, layer absent, a row of -1 padding only): the path's own selection. Other sequences of
+ * the batch are unaffected. Following stops at the first position of dump_seq whose fed token differs from the
+ * dump's /tokens (its choices are then about another text). */
+typedef enum dsv4_opt_follow_kind { DSV4_OPT_FOLLOW_TOPK, DSV4_OPT_FOLLOW_ROUTER } dsv4_opt_follow_kind;
+
+/* Reads every topk_idx and router_ids row of the dump at `path` into a compact table, checked against cfg (the
+ * model that will follow it): layer count, attention and MLP types, index_topk, experts per token, expert count
+ * and compression ratios must be the dump's; router rows hold k distinct experts in [0, E) (or only -1); top-k
+ * ids lie in [-1, (p+1) div ratio). DSV4_ERR_SHAPE / DSV4_ERR_FORMAT naming the file and dataset otherwise. */
+int dsv4_opt_follow_load(const char *path, const dsv4_config *cfg, dsv4_opt_follow **out);
+void dsv4_opt_follow_free(dsv4_opt_follow *f);
+const char *dsv4_opt_follow_path(const dsv4_opt_follow *f);
+/* The dump's /tokens (owned by f). */
+const int32_t *dsv4_opt_follow_tokens(const dsv4_opt_follow *f, int *n);
+/* Row width: index_topk (TOPK) or num_experts_per_tok (ROUTER). */
+int dsv4_opt_follow_width(const dsv4_opt_follow *f, dsv4_opt_follow_kind kind);
+/* The dump's row of `layer` at position `pos` (width ids, owned by f), or NULL when the path uses its own. */
+const int32_t *dsv4_opt_follow_row(const dsv4_opt_follow *f, dsv4_opt_follow_kind kind, int layer, int pos);
+/* Rows of that kind the table holds (over all layers). */
+long dsv4_opt_follow_rows(const dsv4_opt_follow *f, dsv4_opt_follow_kind kind);
+
+/* What following did so far on o: rows of the dump used, of them the rows where the dump's selection differed
+ * from the path's own (so the step ran on the dump's), and the position where following stopped (-1: never). */
+typedef struct dsv4_opt_follow_stats {
+    long topk_rows, topk_changed;
+    long router_rows, router_changed;
+    int stopped_at;
+} dsv4_opt_follow_stats;
+int dsv4_opt_follow_stats_get(dsv4_opt *o, dsv4_opt_follow_stats *s);
 
 /* ---- Benchmarking (optimized/opt_random.cu, optimized/opt_bench.c; used by `dsv4 bench`) ----------------- */
 /* Like dsv4_opt_init, but from a config alone: every weight is generated on the GPU from `seed` (no files, no

@@ -88,3 +88,8 @@ size_t dsv4_opt_layer_weight_bytes(const dsv4_opt *o, int layer)
     (void)o, (void)layer;
     return 0;
 }
+int dsv4_opt_follow_stats_get(dsv4_opt *o, dsv4_opt_follow_stats *s)
+{
+    if (s) memset(s, 0, sizeof *s);
+    return dsv4_error(DSV4_ERR_UNSUPPORTED, "optimized path: this build has no CUDA");
+}
