@@ -33,7 +33,7 @@ static void run_usage(FILE *f)
             "                [--attn mma|simt] [--indexer bf16|fp32] [--mhc castfree|roundtrip]\n"
             "                [--index-context live|max] [--kv bf16|fp8] [--max-context N] [--batch C]\n"
             "                [--dump-seq I] [--graph on|off] [--weights bf16|fp8] [--quantize fp8]\n"
-            "                [--follow DUMP.h5]\n\n"
+            "                [--follow DUMP.h5] [--probes NAMES]\n\n"
             "Runs the model over a prompt (one prefill) and N one-token decode steps, and writes every probe of\n"
             "dump-format.md for the chosen positions to OUT.h5.\n\n"
             "  --model DIR            model folder: config.json + *.safetensors\n"
@@ -51,6 +51,8 @@ static void run_usage(FILE *f)
             "                         0,3,10-20,decode;\n"
             "                         default: the dump's /positions with --tokens-from, else all\n"
             "  --dump OUT.h5          write the dump (written to a temporary name, renamed when complete)\n"
+            "  --probes NAMES         store only these probes, comma separated (default all), e.g.\n"
+            "                         topk_idx,router_ids: the small dump of every position that --follow needs\n"
             "opt only (first value = default; the second is the naive variant of design.md):\n"
             "  --attn, --indexer, --mhc, --index-context, --kv   the switches, e.g. --mhc roundtrip\n"
             "  --max-context N        positions the caches are allocated for (default: the run's tokens)\n"
@@ -207,7 +209,7 @@ static void progress_update(run_progress *pr, int done, int total)
 }
 
 typedef struct run_args {
-    const char *model, *path, *tokens_from, *prompt_tokens, *positions, *dump, *follow;
+    const char *model, *path, *tokens_from, *prompt_tokens, *positions, *dump, *follow, *probes;
     int decode, greedy, forced, decode_from;
     dsv4_opt_options opt; /* --path opt */
     int max_context;      /* 0: the run's length */
@@ -238,6 +240,7 @@ static int parse_args(int argc, char **argv, run_args *a)
         else if (!strcmp(o, "--dump-positions")) TAKE(positions);
         else if (!strcmp(o, "--dump")) TAKE(dump);
         else if (!strcmp(o, "--follow")) TAKE(follow);
+        else if (!strcmp(o, "--probes")) TAKE(probes);
         else if (!strcmp(o, "--greedy")) a->greedy = 1;
         else if (!strcmp(o, "--forced")) a->forced = 1;
         else if (!strcmp(o, "--attn") || !strcmp(o, "--indexer") || !strcmp(o, "--mhc") ||
@@ -507,6 +510,7 @@ int dsv4_cmd_run(int argc, char **argv)
         if ((rc = dsv4_dump_writer_attr(w, "prefill_len", kbuf))) goto out;
         if (follow && (rc = write_command_attr(w, argc, argv))) goto out; /* says which dump it followed */
         if ((rc = dsv4_probe_sink_init(w, cfg, positions, n_pos, pl.T, &sink))) goto out;
+        if ((rc = dsv4_probe_sink_keep(sink, a.probes))) goto out;
     }
 
     logits = malloc((size_t)cfg->vocab_size * sizeof *logits);

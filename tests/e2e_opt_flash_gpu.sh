@@ -4,8 +4,8 @@
 # index_topk 512, 4 layers CSA/HCA/CSA/HCA, 32 experts top-6, vocab 8192), with decision following as the gate:
 #   1. the fp32 GPU reference (--path ref-gpu, itself verified against the CPU one by test_ref_gpu_flash) on a
 #      2,600-token prompt (the CSA layers rank 650 entries for 512 picks at the end) + 2 greedy decode steps,
-#      every position dumped (the follow table needs every position's topk_idx and router_ids; the dump is
-#      ~1.5 GB, most of this script's time);
+#      run twice: every position's topk_idx and router_ids (--probes; what --follow needs), and every probe of
+#      the last 64 prompt positions and the decode positions (what is compared);
 #   2. --path opt on those tokens (--tokens-from REF --forced) following REF, defaults and, unless
 #      DSV4_FLASH_VARIANTS=0, each naive variant alone (--attn simt, --indexer fp32, --mhc roundtrip,
 #      --index-context max): `dsv4 verify --profile bf16 REF OPT` is GATED, with the issue's numbers (top-k strict
@@ -43,11 +43,16 @@ for ((i = 0; i < P; i++)); do echo $((2 + (i * 7919 + i * i % 8191) % 8190)); do
 last=$((P + N_DECODE - 1))
 first=$((P > 64 ? P - 64 : 0))
 
+# the reference twice (it is deterministic, so both see the same greedy tokens): the selections of every
+# position for --follow (--probes keeps that dump small), and every probe of the positions compared
 s=$SECONDS
-run flash-ref "$M" ref-gpu --prompt-tokens "$T/prompt.txt" --decode $N_DECODE --dump-positions all ||
+run flash-sel "$M" ref-gpu --prompt-tokens "$T/prompt.txt" --decode $N_DECODE --dump-positions all \
+    --probes topk_idx,router_ids &&
+    run flash-ref "$M" ref-gpu --prompt-tokens "$T/prompt.txt" --decode $N_DECODE --dump-positions "$first-$last" ||
     { echo "e2e_opt_flash_gpu: the reference run failed; 0 passed, $fail failed"; exit 1; }
 echo "   ($((SECONDS - s)) s)"
 REF="$T/flash-ref.h5"
+SEL="$T/flash-sel.h5"
 variants=("default|")
 [ "${DSV4_FLASH_VARIANTS:-1}" = 0 ] ||
     variants+=("attn-simt|--attn simt" "indexer-fp32|--indexer fp32" "mhc-roundtrip|--mhc roundtrip"
@@ -57,7 +62,7 @@ for v in "${variants[@]}"; do
     read -r -a args <<<"${v#*|}"
     s=$SECONDS
     if run "$name-follow" "$M" opt --tokens-from "$REF" --forced --dump-positions "$first-$last" "${args[@]}" \
-        --follow "$REF"; then
+        --follow "$SEL"; then
         echo "   ($((SECONDS - s)) s)"
         verify "$name-follow-vs-ref" 1 "$REF" "$T/$name-follow.h5"
     fi
