@@ -6,8 +6,8 @@
  * Grouping without a host round trip or workspace (graph-capturable): every block rebuilds, in shared memory, the
  * set of experts its chunk of <= 64 tokens touches (a bitmap of ids) and the pairs of the expert it works on (a
  * ballot scan in pair order, so the order is fixed).
- *  - up: grid (I/16 row tiles, expert slot, token chunk). Slot y takes the y-th touched expert in id order (slots
- *    past the last touched expert exit at once). 4 warps split the D columns by 128-column super-steps; each warp
+ *  - up: grid (I/16 row tiles, min(pairs, 128) slot blocks, token chunk). Slot block y takes the touched experts
+ *    of rank y, y + 128, ... in id order. 4 warps split the D columns by 128-column super-steps; each warp
  *    holds 16 W1 rows and the 16 matching W3 rows (two m-tiles) against 8 tokens (one n-tile) per pass, and the 4
  *    partials are summed in warp order in shared memory before the SwiGLU epilogue.
  *  - down: grid (D/16 row tiles, token chunk), 8 warps. The touched experts are dealt to the warps in id order; a
@@ -32,7 +32,10 @@ enum {
     F4_MAX_E = 1024,  /* bitmap size: expert ids must be below this */
     F4_UP_WARPS = 4,
     F4_DOWN_WARPS = 8,
-    F4_SS = 128       /* columns per super-step: 4 lanes x 32 codes */
+    F4_SS = 128,      /* columns per super-step: 4 lanes x 32 codes */
+    F4_UP_DEPTH = 2,  /* super-steps per weight batch (up: 2 m-tiles, down: 1) */
+    F4_DOWN_DEPTH = 4,
+    F4_UP_SLOT_BLOCKS = 128 /* blocks along the expert slots; each loops over slots y, y + 128, ... */
 };
 
 /* Builds the bitmap of the experts touched by pairs [pair0, pair0 + n_pairs) into bits[F4_MAX_E / 32]. All threads;
@@ -67,87 +70,103 @@ static __device__ int f4_warp_pairs_of(T *list, const int32_t *ids, int pair0, i
 
 /* One warp: acc[m] += W_m[16 rows, cols] · x[8 tokens, cols]ᵀ over super-steps ss0, ss0 + stride, ... of K columns.
  * wrow[m][r] / srow[m][r]: the packed codes / e8m0 scales of row g (r = 0) and g + 8 (r = 1) of m-tile m; xrow: the
- * bf16 row of this lane's token (n index g), or NULL for a padding token. */
-template <int MT>
+ * bf16 row of this lane's token (n index g), or NULL for a padding token. The weights come in batches of DEPTH
+ * super-steps, the next batch loaded while the current one is multiplied, so up to 2·DEPTH·MT KB are in flight
+ * per warp (what keeps HBM busy with few warps per SM). */
+template <int MT, int DEPTH>
 static __device__ __forceinline__ void f4_warp_tile(float acc[MT][4], const uint8_t *const wrow[MT][2],
                                                     const uint8_t *const srow[MT][2], const uint16_t *xrow, int K,
                                                     int ss0, int stride)
 {
     const int t = threadIdx.x & 3, nss = (K + F4_SS - 1) / F4_SS;
-    uint4 nxt[MT][2];
-    uint8_t nsc[MT][2];
-    auto load = [&](int ss) {
-        const int col = ss * F4_SS + 32 * t;
+    uint4 nxt[DEPTH][MT][2];
+    uint8_t nsc[DEPTH][MT][2];
+    auto load = [&](int b) {
 #pragma unroll
-        for (int m = 0; m < MT; m++)
+        for (int d = 0; d < DEPTH; d++) {
+            const int col = (b + d * stride) * F4_SS + 32 * t;
 #pragma unroll
-            for (int r = 0; r < 2; r++) {
-                if (col < K) {
-                    nxt[m][r] = qw_ld_stream(wrow[m][r] + col / 2);
-                    nsc[m][r] = srow[m][r][col / 32];
-                } else {
-                    nxt[m][r] = make_uint4(0, 0, 0, 0);
-                    nsc[m][r] = 0;
-                }
-            }
-    };
-    if (ss0 < nss) load(ss0);
-    for (int ss = ss0; ss < nss; ss += stride) {
-        uint4 cur[MT][2];
-        uint32_t m1[MT][2], m2[MT][2];
-        bool two = false;
-#pragma unroll
-        for (int m = 0; m < MT; m++)
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                cur[m][r] = nxt[m][r];
-                qw_e8m0_mults(nsc[m][r], &m1[m][r], &m2[m][r]);
-                two |= m2[m][r] != 0;
-            }
-        if (ss + stride < nss) load(ss + stride);
-        const int col = ss * F4_SS + 32 * t;
-        uint32_t X[16];
-        if (xrow && col < K) {
-            const uint4 *src = reinterpret_cast<const uint4 *>(xrow + col);
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const uint4 v = __ldg(src + i);
-                X[4 * i] = v.x, X[4 * i + 1] = v.y, X[4 * i + 2] = v.z, X[4 * i + 3] = v.w;
-            }
-        } else {
-#pragma unroll
-            for (int i = 0; i < 16; i++) X[i] = 0;
-        }
-#pragma unroll
-        for (int s = 0; s < 8; s++) {
-            const int q = s >> 1, u = s & 1;
-            const uint32_t b[2] = {__byte_perm(X[4 * q + u], X[4 * q + u + 2], 0x5410),
-                                   __byte_perm(X[4 * q + u], X[4 * q + u + 2], 0x7632)};
-#pragma unroll
-            for (int m = 0; m < MT; m++) {
-                uint32_t a[4];
+            for (int m = 0; m < MT; m++)
 #pragma unroll
                 for (int r = 0; r < 2; r++) {
-                    const uint32_t w = qw_word(cur[m][r], q);
-                    uint32_t lo = u ? qw_e2m1_pair_raw<2>(w) : qw_e2m1_pair_raw<0>(w);
-                    uint32_t hi = u ? qw_e2m1_pair_raw<3>(w) : qw_e2m1_pair_raw<1>(w);
-                    lo = qw_bf16x2_mul(lo, m1[m][r]);
-                    hi = qw_bf16x2_mul(hi, m1[m][r]);
-                    if (two && m2[m][r]) {
-                        lo = qw_bf16x2_mul(lo, m2[m][r]);
-                        hi = qw_bf16x2_mul(hi, m2[m][r]);
+                    if (col < K) {
+                        nxt[d][m][r] = qw_ld_stream(wrow[m][r] + col / 2);
+                        nsc[d][m][r] = srow[m][r][col / 32];
+                    } else {
+                        nxt[d][m][r] = make_uint4(0, 0, 0, 0);
+                        nsc[d][m][r] = 0;
                     }
-                    a[r] = lo;     /* a[0]: row g, a[1]: row g+8 (k 2t, 2t+1) */
-                    a[2 + r] = hi; /* a[2], a[3]: k 2t+8, 2t+9 */
                 }
-                dsv4_mma_bf16_16816(acc[m], a, b);
+        }
+    };
+    if (ss0 < nss) load(ss0);
+    for (int b = ss0; b < nss; b += DEPTH * stride) {
+        uint4 cur[DEPTH][MT][2];
+        uint8_t csc[DEPTH][MT][2];
+#pragma unroll
+        for (int d = 0; d < DEPTH; d++)
+#pragma unroll
+            for (int m = 0; m < MT; m++)
+#pragma unroll
+                for (int r = 0; r < 2; r++) cur[d][m][r] = nxt[d][m][r], csc[d][m][r] = nsc[d][m][r];
+        if (b + DEPTH * stride < nss) load(b + DEPTH * stride);
+#pragma unroll
+        for (int d = 0; d < DEPTH; d++) {
+            const int col = (b + d * stride) * F4_SS + 32 * t;
+            if (b + d * stride >= nss) break;
+            uint32_t m1[MT][2], m2[MT][2];
+            bool two = false;
+#pragma unroll
+            for (int m = 0; m < MT; m++)
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    qw_e8m0_mults(csc[d][m][r], &m1[m][r], &m2[m][r]);
+                    two |= m2[m][r] != 0;
+                }
+            uint32_t X[16];
+            if (xrow && col < K) {
+                const uint4 *src = reinterpret_cast<const uint4 *>(xrow + col);
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const uint4 v = __ldg(src + i);
+                    X[4 * i] = v.x, X[4 * i + 1] = v.y, X[4 * i + 2] = v.z, X[4 * i + 3] = v.w;
+                }
+            } else {
+#pragma unroll
+                for (int i = 0; i < 16; i++) X[i] = 0;
+            }
+#pragma unroll
+            for (int s = 0; s < 8; s++) {
+                const int q = s >> 1, u = s & 1;
+                const uint32_t bb[2] = {__byte_perm(X[4 * q + u], X[4 * q + u + 2], 0x5410),
+                                        __byte_perm(X[4 * q + u], X[4 * q + u + 2], 0x7632)};
+#pragma unroll
+                for (int m = 0; m < MT; m++) {
+                    uint32_t a[4];
+#pragma unroll
+                    for (int r = 0; r < 2; r++) {
+                        const uint32_t w = qw_word(cur[d][m][r], q);
+                        uint32_t lo = u ? qw_e2m1_pair_raw<2>(w) : qw_e2m1_pair_raw<0>(w);
+                        uint32_t hi = u ? qw_e2m1_pair_raw<3>(w) : qw_e2m1_pair_raw<1>(w);
+                        lo = qw_bf16x2_mul(lo, m1[m][r]);
+                        hi = qw_bf16x2_mul(hi, m1[m][r]);
+                        if (two && m2[m][r]) {
+                            lo = qw_bf16x2_mul(lo, m2[m][r]);
+                            hi = qw_bf16x2_mul(hi, m2[m][r]);
+                        }
+                        a[r] = lo;     /* a[0]: row g, a[1]: row g+8 (k 2t, 2t+1) */
+                        a[2 + r] = hi; /* a[2], a[3]: k 2t+8, 2t+9 */
+                    }
+                    dsv4_mma_bf16_16816(acc[m], a, bb);
+                }
             }
         }
     }
 }
 
-/* grid (I/16, slots, token chunks), F4_UP_WARPS warps. */
-__global__ void __launch_bounds__(F4_UP_WARPS * 32) fp4_up_kernel(const __grid_constant__ dsv4_fp4_experts_params p)
+/* grid (I/16, slot blocks, token chunks), F4_UP_WARPS warps: block y takes the touched experts of rank y,
+ * y + gridDim.y, ... (the bitmap is built once per block, and no block is launched only to find nothing). */
+__global__ void __launch_bounds__(F4_UP_WARPS * 32, 3) fp4_up_kernel(const __grid_constant__ dsv4_fp4_experts_params p)
 {
     __shared__ uint32_t bits[F4_MAX_E / 32];
     __shared__ int list[F4_MAX_PAIRS];
@@ -155,76 +174,77 @@ __global__ void __launch_bounds__(F4_UP_WARPS * 32) fp4_up_kernel(const __grid_c
     __shared__ float red[F4_UP_WARPS][2][32][4];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int tok0 = blockIdx.z * F4_TOK, ntok = p.n_tok - tok0 < F4_TOK ? p.n_tok - tok0 : F4_TOK;
-    const int pair0 = tok0 * p.k, n_pairs = ntok * p.k, D = p.dim, I = p.inter;
+    const int pair0 = tok0 * p.k, n_pairs = ntok * p.k, D = p.dim, I = p.inter, m0 = blockIdx.x * 16;
     f4_touched_bitmap(bits, p.ids, pair0, n_pairs);
-    if (warp == 0) {
-        const uint32_t word = bits[lane];
-        const int c = __popc(word);
-        int incl = c;
-        for (int o = 1; o < 32; o <<= 1) {
-            const int v = __shfl_up_sync(0xffffffffu, incl, o);
-            if (lane >= o) incl += v;
+    for (int slot = blockIdx.y;; slot += gridDim.y) {
+        if (warp == 0) {
+            const uint32_t word = bits[lane];
+            const int c = __popc(word);
+            int incl = c;
+            for (int o = 1; o < 32; o <<= 1) {
+                const int v = __shfl_up_sync(0xffffffffu, incl, o);
+                if (lane >= o) incl += v;
+            }
+            const int excl = incl - c;
+            int e = -1;
+            if (slot >= excl && slot < incl) {
+                uint32_t w = word;
+                for (int n = slot - excl; n > 0; n--) w &= w - 1; /* drop the lower set bits */
+                e = lane * 32 + __ffs(w) - 1;
+            }
+            const uint32_t hit = __ballot_sync(0xffffffffu, e >= 0);
+            e = __shfl_sync(0xffffffffu, e, hit ? __ffs(hit) - 1 : 0);
+            if (!hit) e = -1;
+            int cnt = 0;
+            if (e >= 0) {
+                cnt = f4_warp_pairs_of(list, p.ids, pair0, n_pairs, e);
+                for (int i = lane; i < cnt; i += 32) list[i] += pair0;
+            }
+            if (lane == 0) s_e = e, s_cnt = cnt;
         }
-        const int slot = blockIdx.y, excl = incl - c;
-        int e = -1;
-        if (slot >= excl && slot < incl) {
-            uint32_t w = word;
-            for (int n = slot - excl; n > 0; n--) w &= w - 1; /* drop the lower set bits */
-            e = lane * 32 + __ffs(w) - 1;
-        }
-        const uint32_t hit = __ballot_sync(0xffffffffu, e >= 0);
-        e = __shfl_sync(0xffffffffu, e, hit ? __ffs(hit) - 1 : 0);
-        if (!hit) e = -1;
-        int cnt = 0;
-        if (e >= 0) {
-            cnt = f4_warp_pairs_of(list, p.ids, pair0, n_pairs, e);
-            for (int i = lane; i < cnt; i += 32) list[i] += pair0;
-        }
-        if (lane == 0) s_e = e, s_cnt = cnt;
-    }
-    __syncthreads();
-    const int e = s_e, cnt = s_cnt;
-    if (e < 0) return;
-    const int m0 = blockIdx.x * 16;
-    const uint8_t *w13 = p.w13 + (size_t)e * 2 * I * (D / 2), *s13 = p.s13 + (size_t)e * 2 * I * (D / 32);
-    const uint8_t *wrow[2][2], *srow[2][2];
-#pragma unroll
-    for (int m = 0; m < 2; m++)
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            const size_t row = (size_t)m * I + m0 + g + 8 * r;
-            wrow[m][r] = w13 + row * (D / 2);
-            srow[m][r] = s13 + row * (D / 32);
-        }
-    for (int pass = 0; pass * 8 < cnt; pass++) {
-        const int idx = pass * 8 + g;
-        const uint16_t *xrow = idx < cnt ? p.x + (size_t)(list[idx] / p.k) * D : NULL;
-        float acc[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
-        f4_warp_tile<2>(acc, wrow, srow, xrow, D, warp, F4_UP_WARPS);
+        __syncthreads();
+        const int e = s_e, cnt = s_cnt;
+        if (e < 0) return; /* uniform: every thread read the same s_e */
+        const uint8_t *w13 = p.w13 + (size_t)e * 2 * I * (D / 2), *s13 = p.s13 + (size_t)e * 2 * I * (D / 32);
+        const uint8_t *wrow[2][2], *srow[2][2];
 #pragma unroll
         for (int m = 0; m < 2; m++)
 #pragma unroll
-            for (int i = 0; i < 4; i++) red[warp][m][lane][i] = acc[m][i];
-        __syncthreads();
-        if (warp == 0) {
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                float gs = 0.0f, us = 0.0f;
-                for (int w = 0; w < F4_UP_WARPS; w++) gs += red[w][0][lane][i], us += red[w][1][lane][i];
-                const int row = m0 + g + (i >= 2 ? 8 : 0), slot = pass * 8 + 2 * t + (i & 1);
-                if (slot >= cnt) continue;
-                const int pair = list[slot];
-                const float gv = fminf(gs, p.limit), uv = fminf(fmaxf(us, -p.limit), p.limit);
-                const float h = gv / (1.0f + expf(-gv)) * uv * p.weights[pair];
-                p.h[(size_t)pair * I + row] = dsv4_f32_to_bf16_bits(h);
+            for (int r = 0; r < 2; r++) {
+                const size_t row = (size_t)m * I + m0 + g + 8 * r;
+                wrow[m][r] = w13 + row * (D / 2);
+                srow[m][r] = s13 + row * (D / 32);
             }
+        for (int pass = 0; pass * 8 < cnt; pass++) {
+            const int idx = pass * 8 + g;
+            const uint16_t *xrow = idx < cnt ? p.x + (size_t)(list[idx] / p.k) * D : NULL;
+            float acc[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+            f4_warp_tile<2, F4_UP_DEPTH>(acc, wrow, srow, xrow, D, warp, F4_UP_WARPS);
+#pragma unroll
+            for (int m = 0; m < 2; m++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) red[warp][m][lane][i] = acc[m][i];
+            __syncthreads();
+            if (warp == 0) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    float gs = 0.0f, us = 0.0f;
+                    for (int w = 0; w < F4_UP_WARPS; w++) gs += red[w][0][lane][i], us += red[w][1][lane][i];
+                    const int row = m0 + g + (i >= 2 ? 8 : 0), slot_i = pass * 8 + 2 * t + (i & 1);
+                    if (slot_i >= cnt) continue;
+                    const int pair = list[slot_i];
+                    const float gv = fminf(gs, p.limit), uv = fminf(fmaxf(us, -p.limit), p.limit);
+                    const float h = gv / (1.0f + expf(-gv)) * uv * p.weights[pair];
+                    p.h[(size_t)pair * I + row] = dsv4_f32_to_bf16_bits(h);
+                }
+            }
+            __syncthreads(); /* red, list and s_e are reused */
         }
-        __syncthreads();
     }
 }
 
 /* grid (D/16, 1, token chunks), F4_DOWN_WARPS warps; dynamic shared memory f4_down_smem(). */
-__global__ void __launch_bounds__(F4_DOWN_WARPS * 32)
+__global__ void __launch_bounds__(F4_DOWN_WARPS * 32, 2)
     fp4_down_kernel(const __grid_constant__ dsv4_fp4_experts_params p)
 {
     __shared__ uint32_t bits[F4_MAX_E / 32];
@@ -263,7 +283,7 @@ __global__ void __launch_bounds__(F4_DOWN_WARPS * 32)
             const int idx = pass * 8 + g;
             const uint16_t *hrow = idx < cnt ? p.h + (size_t)(pair0 + mylist[idx]) * I : NULL;
             float acc[1][4] = {{0, 0, 0, 0}};
-            f4_warp_tile<1>(acc, wrow, srow, hrow, I, 0, 1);
+            f4_warp_tile<1, F4_DOWN_DEPTH>(acc, wrow, srow, hrow, I, 0, 1);
 #pragma unroll
             for (int i = 0; i < 4; i++) {
                 const int slot = pass * 8 + 2 * t + (i & 1);
@@ -304,8 +324,8 @@ int dsv4_opt_fp4_experts(const dsv4_fp4_experts_params *p)
     const int chunks = dsv4_ceil_div(p->n_tok, F4_TOK);
     if (chunks > 65535) return dsv4_error(DSV4_ERR_UNSUPPORTED, "fp4_experts: n_tok %d too large", p->n_tok);
     const int max_pairs = (p->n_tok < F4_TOK ? p->n_tok : F4_TOK) * p->k;
-    const int slots = max_pairs < F4_MAX_E ? max_pairs : F4_MAX_E;
-    const dim3 gu(p->inter / 16, slots, chunks);
+    const int slot_blocks = max_pairs < F4_UP_SLOT_BLOCKS ? max_pairs : F4_UP_SLOT_BLOCKS;
+    const dim3 gu(p->inter / 16, slot_blocks, chunks);
     fp4_up_kernel<<<gu, F4_UP_WARPS * 32, 0, p->stream>>>(*p);
     DSV4_LAUNCH_CHECK("fp4_up_kernel");
     const size_t smem = f4_down_smem(p->n_tok, p->k);
