@@ -6,7 +6,8 @@
  * g+8, columns 16t.. of each 64-column half), converts them to bf16 in registers and runs 8 mma.sync m16n8k16 per
  * n-tile into a k-block partial, which is then scaled by the block's scale and added to the accumulator (so an f32
  * scale is applied exactly, not rounded into bf16 weights). The next k-block's weights are loaded before the
- * current one is multiplied. Activations come through L1 (all warps of a block share them).
+ * current batch is multiplied (a batch is 2 k-blocks for S <= 16, else 1). Activations come through L1 (all warps
+ * of a block share them).
  *
  * Split-K: when rows x token chunks give fewer than F8_TARGET_BLOCKS blocks, the k-blocks are cut into `splits`
  * contiguous ranges (a function of the shape only); each writes f32 partials to the workspace and a combine
@@ -62,7 +63,9 @@ static __device__ __forceinline__ uint4 f8_load_w(const uint8_t *w, int n_out, i
         return qw_ld_stream(src); /* n_in % 16 == 0: the whole 16 bytes are inside */
     } else {
         uint32_t b[4] = {0, 0, 0, 0};
-        for (int i = 0; i < 16 && col + i < n_in; i++) b[i >> 2] |= (uint32_t)src[i] << (8 * (i & 3));
+#pragma unroll
+        for (int i = 0; i < 16; i++)
+            if (col + i < n_in) b[i >> 2] |= (uint32_t)src[i] << (8 * (i & 3));
         return make_uint4(b[0], b[1], b[2], b[3]);
     }
 }
@@ -89,8 +92,9 @@ static __device__ __forceinline__ void f8_load_x(uint32_t X[8], const dsv4_fp8_l
     }
 }
 
-/* grid (row_blocks, splits, tok_chunks), F8_WARPS warps. */
-template <int NT, bool AL>
+/* grid (row_blocks, splits, tok_chunks), F8_WARPS warps. KD k-blocks per weight batch, double-buffered: 2 for the
+ * few-token variants (memory-bound: more bytes in flight per warp), 1 where registers go to the accumulators. */
+template <int NT, bool AL, int KD = (NT <= 2 ? 2 : 1)>
 __global__ void __launch_bounds__(F8_WARPS * 32) fp8_linear_kernel(const __grid_constant__ f8_args a)
 {
     const dsv4_fp8_linear_params &p = a.p;
@@ -105,60 +109,66 @@ __global__ void __launch_bounds__(F8_WARPS * 32) fp8_linear_kernel(const __grid_
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
 
-    uint4 nxt[2][2]; /* [64-column half][row g, g+8] */
+    uint4 nxt[KD][2][2]; /* [k-block of the batch][64-column half][row g, g+8] */
+    auto load = [&](int kb0) {
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int col = kb_begin * F8_KB + h * 64 + 16 * t;
-        nxt[h][0] = f8_load_w<AL>(p.w, p.n_out, p.n_in, row0 + g, col);
-        nxt[h][1] = f8_load_w<AL>(p.w, p.n_out, p.n_in, row0 + g + 8, col);
-    }
-    for (int kb = kb_begin; kb < kb_end; kb++) {
-        uint4 cur[2][2];
-#pragma unroll
-        for (int h = 0; h < 2; h++) cur[h][0] = nxt[h][0], cur[h][1] = nxt[h][1];
-        if (kb + 1 < kb_end) {
+        for (int d = 0; d < KD; d++)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                const int col = (kb + 1) * F8_KB + h * 64 + 16 * t;
-                nxt[h][0] = f8_load_w<AL>(p.w, p.n_out, p.n_in, row0 + g, col);
-                nxt[h][1] = f8_load_w<AL>(p.w, p.n_out, p.n_in, row0 + g + 8, col);
+                const int col = (kb0 + d) * F8_KB + h * 64 + 16 * t;
+                const bool in = kb0 + d < kb_end; /* never read past the split */
+                nxt[d][h][0] = in ? f8_load_w<AL>(p.w, p.n_out, p.n_in, row0 + g, col) : make_uint4(0, 0, 0, 0);
+                nxt[d][h][1] = in ? f8_load_w<AL>(p.w, p.n_out, p.n_in, row0 + g + 8, col) : make_uint4(0, 0, 0, 0);
             }
-        }
-        float tmp[NT][4];
+    };
+    load(kb_begin);
+    for (int kb0 = kb_begin; kb0 < kb_end; kb0 += KD) {
+        uint4 cur[KD][2][2];
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++) tmp[nt][0] = tmp[nt][1] = tmp[nt][2] = tmp[nt][3] = 0.0f;
+        for (int d = 0; d < KD; d++)
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            uint32_t A[4][4];
+            for (int h = 0; h < 2; h++) cur[d][h][0] = nxt[d][h][0], cur[d][h][1] = nxt[d][h][1];
+        if (kb0 + KD < kb_end) load(kb0 + KD);
 #pragma unroll
-            for (int q = 0; q < 4; q++) {
-                const uint32_t w0 = qw_word(cur[h][0], q), w1 = qw_word(cur[h][1], q);
-                A[q][0] = qw_bf16x2_mul(qw_e4m3_pair_raw<0>(w0), QW_BF16X2_2POW120);
-                A[q][1] = qw_bf16x2_mul(qw_e4m3_pair_raw<0>(w1), QW_BF16X2_2POW120);
-                A[q][2] = qw_bf16x2_mul(qw_e4m3_pair_raw<1>(w0), QW_BF16X2_2POW120);
-                A[q][3] = qw_bf16x2_mul(qw_e4m3_pair_raw<1>(w1), QW_BF16X2_2POW120);
-            }
-            const int col = kb * F8_KB + h * 64 + 16 * t;
+        for (int d = 0; d < KD; d++) {
+            const int kb = kb0 + d;
+            if (kb >= kb_end) break;
+            float tmp[NT][4];
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                if (nt >= n_tiles) break;
-                uint32_t X[8];
-                f8_load_x<AL>(X, p, tok0 + nt * 8 + g, col);
+            for (int nt = 0; nt < NT; nt++) tmp[nt][0] = tmp[nt][1] = tmp[nt][2] = tmp[nt][3] = 0.0f;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                uint32_t A[4][4];
 #pragma unroll
                 for (int q = 0; q < 4; q++) {
-                    const uint32_t b[2] = {__byte_perm(X[2 * q], X[2 * q + 1], 0x5410),
-                                           __byte_perm(X[2 * q], X[2 * q + 1], 0x7632)};
-                    dsv4_mma_bf16_16816(tmp[nt], A[q], b);
+                    const uint32_t w0 = qw_word(cur[d][h][0], q), w1 = qw_word(cur[d][h][1], q);
+                    A[q][0] = qw_bf16x2_mul(qw_e4m3_pair_raw<0>(w0), QW_BF16X2_2POW120);
+                    A[q][1] = qw_bf16x2_mul(qw_e4m3_pair_raw<0>(w1), QW_BF16X2_2POW120);
+                    A[q][2] = qw_bf16x2_mul(qw_e4m3_pair_raw<1>(w0), QW_BF16X2_2POW120);
+                    A[q][3] = qw_bf16x2_mul(qw_e4m3_pair_raw<1>(w1), QW_BF16X2_2POW120);
+                }
+                const int col = kb * F8_KB + h * 64 + 16 * t;
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) {
+                    if (nt >= n_tiles) break;
+                    uint32_t X[8];
+                    f8_load_x<AL>(X, p, tok0 + nt * 8 + g, col);
+#pragma unroll
+                    for (int q = 0; q < 4; q++) {
+                        const uint32_t b[2] = {__byte_perm(X[2 * q], X[2 * q + 1], 0x5410),
+                                               __byte_perm(X[2 * q], X[2 * q + 1], 0x7632)};
+                        dsv4_mma_bf16_16816(tmp[nt], A[q], b);
+                    }
                 }
             }
+            const int si = (row0 / F8_KB) * a.kblocks + kb;
+            const float s = p.scale_kind == DSV4_QSCALE_F32 ? static_cast<const float *>(p.scale)[si]
+                                                            : f8_e8m0_f32(static_cast<const uint8_t *>(p.scale)[si]);
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) acc[nt][i] = fmaf(s, tmp[nt][i], acc[nt][i]);
         }
-        const int si = (row0 / F8_KB) * a.kblocks + kb;
-        const float s = p.scale_kind == DSV4_QSCALE_F32 ? static_cast<const float *>(p.scale)[si]
-                                                        : f8_e8m0_f32(static_cast<const uint8_t *>(p.scale)[si]);
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) acc[nt][i] = fmaf(s, tmp[nt][i], acc[nt][i]);
     }
 
     /* acc[nt][i]: row row0 + g (+8 for i >= 2), token tok0 + 8nt + 2t (+1 for odd i) */
