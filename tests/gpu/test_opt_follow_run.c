@@ -9,7 +9,8 @@
  * - following a dump whose row differs at ONE (position, layer) from the own one: everything before that
  *   position is bitwise the free run's; at it, the probe of the selection (topk_idx / router_ids, and the router
  *   weights) still records the path's own choice, bitwise, while the output of that attention / MoE differs;
- *   the run reports exactly 1 row that ran on the dump's choice. Once for a top-k row (CSA layer), once for a
+ *   the run reports at least that row as run on the dump's choice (later positions may follow too: their state
+ *   differs from the free run's from there on). Once for a top-k row (CSA layer), once for a
  *   router row (learned MoE layer).
  * The modified dumps are written here: the free run's topk_idx and router_ids, one row changed.
  */
@@ -87,13 +88,23 @@ static void assert_same(const char *pa, const char *pb)
     dsv4_dump_free(b);
 }
 
+/* The counts of the run's follow line: rows that ran on the dump's choice instead of the own one. */
+static void followed_rows(const char *out, long *topk_changed, long *router_changed)
+{
+    const char *t = strstr(out, " ran on the dump's picks"), *r = strstr(out, " on the dump's experts)");
+    ck_assert_msg(t && r, "no follow line in:\n%s", out);
+    while (t > out && t[-1] != '(') t--;
+    while (r > out && r[-1] != '(') r--;
+    *topk_changed = strtol(t, NULL, 10);
+    *router_changed = strtol(r, NULL, 10);
+}
+
 static void assert_followed_rows(const char *out, long topk_changed, long router_changed)
 {
-    char want[160];
-    snprintf(want, sizeof want, "(%ld ran on the dump's picks", topk_changed);
-    ck_assert_msg(strstr(out, want), "want '%s' in the follow line:\n%s", want, out);
-    snprintf(want, sizeof want, "(%ld on the dump's experts)", router_changed);
-    ck_assert_msg(strstr(out, want), "want '%s' in the follow line:\n%s", want, out);
+    long t, r;
+    followed_rows(out, &t, &r);
+    ck_assert_msg(t == topk_changed && r == router_changed, "want %ld top-k and %ld router rows on the dump's "
+                  "choices, the run reports %ld and %ld:\n%s", topk_changed, router_changed, t, r, out);
 }
 
 START_TEST(test_follow_own_dump_changes_nothing)
@@ -195,7 +206,12 @@ static void check_one_change(const char *set, int kind)
     char *chg = path_of("changed.h5");
     snprintf(args, sizeof args, "--dump-positions all --follow %s", chg);
     char *out = run_opt(set, "follow.h5", args);
-    assert_followed_rows(out, kind == 0 ? 1 : 0, kind == 1 ? 1 : 0);
+    /* at least the changed row ran on the dump's choice; later ones may too: from p on the state differs, so the
+     * path's own picks of later positions can differ from the dump's unchanged rows (tiny flips near-ties) */
+    long t_rows, r_rows;
+    followed_rows(out, &t_rows, &r_rows);
+    ck_assert_msg(kind == 0 ? t_rows >= 1 : r_rows >= 1, "the changed row did not run on the dump's choice:\n%s",
+                  out);
     printf("%s: %s row of layer %d changed at position %d\n", set, kind ? "router" : "top-k", L, p);
     char *fol = path_of("follow.h5");
     dsv4_dump *a = NULL, *b = NULL;

@@ -316,7 +316,9 @@ START_TEST(test_memory_per_layer_both_modes)
                 (double)q / (double)b, got, want);
         /* one 256-byte alignment per view: at most ~40 views per layer in either mode */
         ck_assert_msg(fabs(got - want) <= 256.0 * 40, "layer %d: saving %.0f B, expected %.0f B", L, got, want);
-        ck_assert_msg(want > 0.5 * (double)b, "layer %d: the quantised tensors save too little (%.0f of %zu B)", L,
+        /* guards against a model with nothing quantised: on tiny-fp8 the FP8/FP4 tensors save 48% of a layer's
+         * bf16 bytes (at D = 64 the bf16 gate/compressor/indexer weights and the fp32 mHC weigh as much) */
+        ck_assert_msg(want > 0.25 * (double)b, "layer %d: the quantised tensors save too little (%.0f of %zu B)", L,
                       want, b);
         sum_b += b, sum_q += q;
     }
