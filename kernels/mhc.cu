@@ -109,6 +109,7 @@ __global__ void __launch_bounds__(MHC_THREADS) mhc_finish_kernel(dsv4_mhc_pre_pa
         if (lane <= n_mix) {
             if (mix_in) s = lane < n_mix ? mix_in[(size_t)c * n_mix + lane] : part[c];
             else
+#pragma unroll 8 /* the loads go ahead of the in-order adds: one L2 latency per 8 chunks, not per chunk */
                 for (int k = 0; k < n_chunks; k++) s += part[((size_t)c * n_chunks + k) * (n_mix + 1) + lane];
             m[lane] = s;
         }

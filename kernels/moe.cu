@@ -18,33 +18,52 @@ enum { MOE_MAX_E = 1024, MOE_MAX_K = 16, MOE_WARPS = 8 };
 
 static __device__ __forceinline__ float moe_key(float s) { return s != s ? -INFINITY : s; }
 
+/* Selection order of the route: the larger key first, on equal keys the lower expert id (what the reference's
+ * strictly-greater insertion gives). */
+static __device__ __forceinline__ int moe_before(float v, int e, float bv, int be)
+{
+    return v > bv || (v == bv && e < be);
+}
+
+/* grid C, block 256: scores and keys in shared memory by all threads, then warp 0 picks the top-k by k rounds of
+ * a warp arg-max (it was one thread scanning all E experts with a global load each: ~40 µs per call). */
 __global__ void moe_route_kernel(dsv4_moe_route_params p)
 {
-    __shared__ float s[MOE_MAX_E];
+    __shared__ float s[MOE_MAX_E], key[MOE_MAX_E];
+    __shared__ unsigned char taken[MOE_MAX_E];
+    __shared__ int32_t ids[MOE_MAX_K];
     const int c = blockIdx.x, E = p.n_experts, k = p.k;
     const float *lg = p.logits + (size_t)c * p.logit_stride;
-    for (int e = threadIdx.x; e < E; e += blockDim.x) s[e] = dsv4_sqrtsoftplus(lg[e]);
-    __syncthreads();
-    if (threadIdx.x != 0) return;
-    int32_t ids[MOE_MAX_K];
-    if (p.bias) {
-        float key[MOE_MAX_K];
-        int have = 0;
-        for (int e = 0; e < E; e++) {
-            float v = moe_key(s[e] + p.bias[e]);
-            if (have == k && !(v > key[k - 1])) continue;
-            int j = have < k ? have++ : k - 1;
-            while (j > 0 && v > key[j - 1]) {
-                ids[j] = ids[j - 1];
-                key[j] = key[j - 1];
-                j--;
-            }
-            ids[j] = e;
-            key[j] = v;
-        }
-    } else {
-        for (int j = 0; j < k; j++) ids[j] = p.tid2eid[(size_t)p.tokens[c] * k + j];
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        s[e] = dsv4_sqrtsoftplus(lg[e]);
+        if (p.bias) key[e] = moe_key(s[e] + p.bias[e]);
+        taken[e] = 0;
     }
+    __syncthreads();
+    if (threadIdx.x >= 32) return;
+    const int lane = threadIdx.x;
+    if (p.bias) {
+        for (int j = 0; j < k; j++) {
+            float bv = -INFINITY;
+            int be = E; /* sentinel: any expert, even one at -inf, comes before it */
+            for (int e = lane; e < E; e += 32)
+                if (!taken[e] && moe_before(key[e], e, bv, be)) bv = key[e], be = e;
+            for (int o = 16; o > 0; o >>= 1) {
+                float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+                int oe = __shfl_xor_sync(0xffffffffu, be, o);
+                if (moe_before(ov, oe, bv, be)) bv = ov, be = oe;
+            }
+            if (lane == 0) {
+                ids[j] = be;
+                taken[be] = 1;
+            }
+            __syncwarp();
+        }
+    } else if (lane < k) {
+        ids[lane] = p.tid2eid[(size_t)p.tokens[c] * k + lane];
+    }
+    __syncwarp();
+    if (lane != 0) return;
     float sum = 0.0f, wv[MOE_MAX_K];
     for (int j = 0; j < k; j++) {
         wv[j] = s[ids[j]];
