@@ -50,7 +50,41 @@ def meta_lines(bench, meta_path, commit):
     return out
 
 
-def markdown(bench, peer, meta_path, commit, notes=()):
+def fp8_section(bench, fp8, peer):
+    """--weights fp8 (FP8 e4m3 linears + FP4 e2m1 experts read by the kernels) beside the bf16 rows, all on."""
+    if not fp8 or not fp8.get("runs"):
+        return []
+    bf = {(r["C"], r["context"]): r for r in bench.get("runs", []) if r["variant"] == "all-on"}
+    peer_runs = {(r["C"], r["context"]): r for r in (peer or {}).get("runs", [])}
+    md = ["", "## Weights fp8 (`--weights fp8`: FP8 linears with 128x128 block scales, FP4 experts) against bf16",
+          "", "All optimizations on; the same shapes, seed and state; a separate `dsv4 bench --weights fp8` run.", "",
+          "| C | live ctx | bf16 ms/step | fp8 ms/step | fp8 tokens/s | fp8 / bf16 speed | fp8 × peer | "
+          "weights per CSA layer bf16 → fp8 (GiB) |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in fp8["runs"]:
+        if r["variant"] != "all-on":
+            continue
+        b = bf.get((r["C"], r["context"]))
+        p = peer_runs.get((r["C"], r["context"]))
+        if not b:
+            md.append(f"| {r['C']} | {r['context']} | - | {r['ms_median']:.3f} | {r['tokens_per_s']:,.1f} | - | - | - |")
+            continue
+        gib = lambda x: x.get("weight_bytes_rest_then_layers", [0, 0])[1] / 2**30  # [0] is embed/head/rest
+        md.append(f"| {r['C']} | {r['context']} | {b['ms_median']:.3f} | {r['ms_median']:.3f} | "
+                  f"{r['tokens_per_s']:,.1f} | {fmt(b['ms_median'] / r['ms_median'], 2)} | "
+                  f"{fmt(r['tokens_per_s'] / p['tokens_per_s']) if p else '-'} | {gib(b):.2f} → {gib(r):.2f} |")
+    for f in fp8.get("failures", []):
+        md.append(f"| {f['C']} | - | FAILED ({f['stage']}): {f['error'][:120]} | | | | | |")
+    ks = [(r["C"], r["context"], k) for r in fp8["runs"] if r["variant"] == "all-on" for k in r.get("kernels", [])]
+    if ks:
+        bw = fp8["ceilings"]["copy_gbs"]
+        md += ["", "Per kernel, fp8 run (single launches, cold L2):", "",
+               "| C | ctx | kernel | µs | GB/s | % copy bw |", "|---:|---:|---|---:|---:|---:|"]
+        for C, ctx, k in ks:
+            md.append(f"| {C} | {ctx} | {k['name']} | {k['us']:.1f} | {k['gbs']:,.0f} | {100 * k['gbs'] / bw:.0f}% |")
+    return md
+
+
+def markdown(bench, peer, meta_path, commit, notes=(), fp8=None):
     md = ["# dsv4 bench results", ""]
     md += meta_lines(bench, meta_path, commit)
     md += [f"- note: {n}" for n in notes]
@@ -123,6 +157,7 @@ def markdown(bench, peer, meta_path, commit, notes=()):
             md.append(f"| {s['C']} | {s['live_context']} | {lv:.1f} ({s['live_scores_us']:.1f} + "
                       f"{s['live_topk_us']:.1f}) | {mx:.1f} ({s['max_scores_us']:.1f} + {s['max_topk_us']:.1f}) | "
                       f"{mx / lv:.1f} |")
+    md += fp8_section(bench, fp8, peer)
     if peer and peer.get("failures"):
         md += ["", "Peer failures / skips: " + "; ".join(
             f"C={f.get('C', '-')} ctx {f.get('context', '-')}: {f.get('error', '')[:160]}" for f in peer["failures"])]
@@ -244,15 +279,18 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bench", required=True)
     ap.add_argument("--peer")
+    ap.add_argument("--bench-fp8", help="a `dsv4 bench --weights fp8` JSON, tabled beside the bf16 rows")
     ap.add_argument("--meta")
     ap.add_argument("--commit")
     ap.add_argument("--md", required=True)
     ap.add_argument("--svg")
     ap.add_argument("--note", action="append", default=[], help="a line for the header (repeatable)")
     a = ap.parse_args()
-    bench, peer = load(a.bench), load(a.peer)
-    with open(a.md, "w") as f:
-        f.write(markdown(bench, peer, a.meta, a.commit, a.note))
+    bench, peer, fp8 = load(a.bench), load(a.peer), load(a.bench_fp8)
+    tmp = f"{a.md}.tmp.{os.getpid()}"  # written under a temporary name, renamed when complete
+    with open(tmp, "w") as f:
+        f.write(markdown(bench, peer, a.meta, a.commit, a.note, fp8))
+    os.replace(tmp, a.md)
     if a.svg and bench and bench.get("runs"):
         try:
             chart(bench, peer, a.svg)

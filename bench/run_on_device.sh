@@ -2,7 +2,7 @@
 # run_on_device.sh - the whole throughput run on the GPU machine of the device tool, in one call: build the dsv4
 # command (Check/jansson from the carried .debs, as scripts/gpu-test.sh does), `dsv4 bench`, the transformers peer
 # at the matching shapes, and the report (Markdown table + SVG chart). Everything lands in $OUT (at most 8 files):
-#   gpu.txt  run.log  bench.json  peer.json  results.md  chart.svg  build.log
+#   gpu.txt  run.log  bench.json  bench-fp8.json  peer.json  results.md  chart.svg  build.log
 # Each part is time-boxed with `timeout` against one budget (BENCH_BUDGET_S, default 255 s from the start), so a
 # hang costs only its own part; bench.json is rewritten after every variant, so a cut-short run keeps what ran.
 #   device call: command "DSV4_COMMIT=<hash> bash bench/run_on_device.sh", carry [".debs"]
@@ -12,7 +12,8 @@
 #   when a bench fails or one of its spot checks does)
 # Knobs (environment): BENCH_ARGS (extra `dsv4 bench` options), PEER_BATCH (default 1,64), PEER_CONTEXT
 # (default 4096), PEER_RESERVE_S (seconds kept for the peer and the report, default 75), SKIP_PEER (non-empty:
-# no peer run, e.g. when an earlier call measured it).
+# no peer run, e.g. when an earlier call measured it), SKIP_FP8 (non-empty: no `--weights fp8` run; else it gets
+# FP8_BENCH_S seconds, default 60, all optimizations on, no scaling or baseline runs).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-$root/out}
@@ -110,13 +111,21 @@ grep -E 'warning|error' "$out/build.log" | head -n 20
 [ $rc -eq 0 ] || { echo "run_on_device: build failed (rc $rc)"; tail -n 30 "$out/build.log"; exit 1; }
 echo "== built ($(left)s left)"
 
-# --- dsv4 bench
+# --- dsv4 bench (bf16 weights: every variant), then the fp8-weights rows (all on) unless SKIP_FP8
 reserve=${PEER_RESERVE_S:-75}
-bs=$(($(left) - reserve))
+fp8_s=0
+[ -n "${SKIP_FP8:-}" ] || fp8_s=${FP8_BENCH_S:-60}
+bs=$(($(left) - reserve - fp8_s))
 echo "== dsv4 bench (${bs}s)"
 timeout --signal=TERM --kill-after=5 $bs "$build/dsv4" bench --json "$out/bench.json" ${BENCH_ARGS:-} \
   2> >(tee "$out/bench.stderr" >&2)
 echo "dsv4 bench exit $? ($(left)s left)"
+if [ "$fp8_s" -gt 0 ]; then
+  echo "== dsv4 bench --weights fp8 (${fp8_s}s)"
+  timeout --signal=TERM --kill-after=5 $fp8_s "$build/dsv4" bench --weights fp8 --variants all-on --scaling none \
+    --no-baseline --json "$out/bench-fp8.json" ${BENCH_ARGS:-} 2> >(tee -a "$out/bench.stderr" >&2)
+  echo "dsv4 bench --weights fp8 exit $? ($(left)s left)"
+fi
 
 # --- the peer, at the shapes of the bench run
 ps=$(($(left) - 12))
@@ -134,7 +143,7 @@ fi
 
 # --- report
 timeout 20 python3 "$root/bench/report.py" --bench "$out/bench.json" --peer "$out/peer.json" --meta "$out/gpu.txt" \
-  --commit "${DSV4_COMMIT:-?}" --md "$out/results.md" --svg "$out/chart.svg"
+  --bench-fp8 "$out/bench-fp8.json" --commit "${DSV4_COMMIT:-?}" --md "$out/results.md" --svg "$out/chart.svg"
 rm -f "$out/bench.stderr"
 [ -f "$out/results.md" ] && cat "$out/results.md"
 echo "run_on_device: done in $(($(date +%s) - t0))s"
