@@ -10,9 +10,14 @@
  * Invariants that fail quietly:
  * - The attention KV buffer of a layer and sequence is [W + pool_cap, d] bf16: rows 0..W-1 the window ring
  *   (slot = pos mod W), rows W + w the compressed entries (OFF's kv_cache layout, model-spec §9).
- * - The fused x-projection of a layer: one GEMM of the normed attention input against the rows
- *   [wq_a | wkv | cmp_wkv | cmp_wgate | idx_wkv | idx_wgate | idx_wproj] (absent parts have 0 rows); the fused
- *   ffn projection: [gate | sh_w1 | sh_w3]. Consumers read their columns at the recorded offsets.
+ * - The x-projection of a layer writes the columns [wq_a | wkv | cmp_wkv | cmp_wgate | idx_wkv | idx_wgate |
+ *   idx_wproj] of one output row (absent parts have 0 rows); the ffn projection [gate | sh_w1 | sh_w3].
+ *   Consumers read their columns at the recorded offsets. In bf16 mode each is ONE fused GEMM; in fp8 mode the
+ *   FP8 linears (wq_a, wkv; sh_w1, sh_w3) are separate from the bf16 ones, and two FP8 linears are fused only
+ *   when the first one's rows are a multiple of 128 (its scale blocks then line up with the second's) and their
+ *   scale encodings agree (opt_proj: up to 3 parts, each writing its columns at its offset).
+ * - fp8 mode: wo_a's groups are row slices of one FP8 tensor; a group's scale rows are its slice of the scale
+ *   tensor, valid only when the group starts on a 128-row block or sits inside one (checked at layout).
  * - Host positions are the truth: the device pos[] is uploaded from them at every step (also inside a graph,
  *   through a pinned staging buffer the graph's copy node reads when it runs).
  */
@@ -24,6 +29,7 @@
 #include <stdint.h>
 
 #include "dsv4/dsv4_opt.h"
+#include "kernels/qweight.cuh"
 
 #define DSV4_OPT_CUDA(call)                                                                                      \
     do {                                                                                                         \
@@ -43,6 +49,22 @@
         if (rc_) return rc_;                                                                                     \
     } while (0)
 
+/* One linear y = x · Wᵀ: bf16 W [n_out, n_in], or (fp8 mode) e4m3 W [n_out, n_in] with its block scales
+ * [ceil(n_out/128), ceil(n_in/128)] (e8m0 bytes or f32, scale_kind). Views into the weights arena. */
+typedef struct opt_linear {
+    int n_out, n_in;
+    uint16_t *bf16;                  /* or NULL (fp8) */
+    uint8_t *fp8;                    /* or NULL (bf16) */
+    void *scale;                     /* fp8 only */
+    dsv4_qscale scale_kind;
+} opt_linear;
+/* Linears writing columns [off[i], off[i] + lin[i].n_out) of one f32 output row (a fused projection). */
+typedef struct opt_proj {
+    opt_linear lin[3];
+    int off[3];
+    int n;
+} opt_proj;
+
 typedef struct opt_layer {
     dsv4_attn_type attn;
     dsv4_mlp_type mlp;
@@ -58,17 +80,21 @@ typedef struct opt_layer {
     float *idx_ape, *idx_norm;       /* [r, 2·d_I], [d_I] */
     float *gate_bias;                /* [E] (learned) or NULL */
     int32_t *tid2eid;                /* [V, k] (hash) or NULL */
-    /* bf16 */
-    uint16_t *w_x;                   /* [n_x, D] fused x-projection */
+    /* linears (bf16, or fp8 where the checkpoint keeps FP8) */
+    opt_proj x;                      /* [n_x, D] x-projection */
     int n_x, off_qa, off_kv, off_ckv, off_cg, off_ikv, off_ig, off_iw;
-    uint16_t *wq_b;                  /* [H·d, q_r] */
-    uint16_t *idx_wq_b;              /* [H_I·d_I, q_r] */
-    uint16_t *wo_a;                  /* [G·o_r, H·d/G] */
-    uint16_t *wo_b;                  /* [D, G·o_r] */
-    uint16_t *w_f;                   /* [E + 2I, D] fused ffn projection: gate | sh_w1 | sh_w3 */
-    uint16_t *w13;                   /* [E][2I, D] */
-    uint16_t *w2;                    /* [E][D, I] */
-    uint16_t *sh_w2;                 /* [D, I] */
+    opt_linear wq_b;                 /* [H·d, q_r] */
+    opt_linear idx_wq_b;             /* [H_I·d_I, q_r] */
+    opt_linear wo_a;                 /* [G·o_r, H·d/G]: G groups of o_r rows */
+    opt_linear wo_b;                 /* [D, G·o_r] */
+    opt_proj f;                      /* [E + 2I, D] ffn projection: gate | sh_w1 | sh_w3 */
+    opt_linear sh_w2;                /* [D, I] */
+    /* routed experts: bf16, or (fp8 mode) packed e2m1 with e8m0 scales per 32 input columns */
+    uint16_t *w13;                   /* [E][2I, D] bf16 or NULL */
+    uint16_t *w2;                    /* [E][D, I] bf16 or NULL */
+    uint8_t *q13, *s13;              /* [E][2I, D/2], [E][2I, D/32] or NULL */
+    uint8_t *q2, *s2;                /* [E][D, I/2], [E][D, I/32] or NULL */
+    size_t w_bytes;                  /* this layer's bytes of the weights arena */
     /* state (per sequence, C of each) */
     uint16_t *kvc;                   /* [C][W + pool_cap, d] */
     int pool_cap;                    /* max_context / r entries (>= 1), 0 sliding */
@@ -87,7 +113,8 @@ struct dsv4_opt {
     dsv4_opt_options opt;
     dsv4_config cfg;
     int C, D, n, V, H, d, qr, HI, dI, E, K, NI, W, G, o_r, np, topk;
-    char producer[192];
+    int fp8;                         /* weights mode fp8 (opt.weights resolved) */
+    char producer[320];
     opt_layer *layers;               /* [L] host array of views */
     /* arenas */
     void *w_mem, *s_mem, *x_mem;
@@ -140,6 +167,15 @@ struct dsv4_opt {
     cublasHandle_t cublas;
     opt_graph graphs[OPT_MAX_GRAPHS];
     int n_graphs;
+    /* decision following (options.follow): the dump_seq's rows of this step, per layer L at L·follow_stride:
+     * [topk flag, router flag, topk ids (topk), router ids (K)] (flags 0: keep the own selection) */
+    const dsv4_opt_follow *follow;   /* NULL: off */
+    int follow_stride;               /* 2 + topk + K */
+    int32_t *h_follow;               /* pinned [L, follow_stride], filled by the host before each step */
+    int32_t *d_follow;               /* [L, follow_stride] scratch, copied from h_follow by the step */
+    int32_t *d_follow_changed;       /* [2] device counters: top-k rows, router rows whose selection changed */
+    long follow_rows[2];             /* rows staged so far: top-k, router */
+    int follow_stop;                 /* position of dump_seq where following stopped (token differs), -1 */
     /* probing state of the current step */
     dsv4_probe_sink *probe;
     float *h_probe;                  /* pinned host staging for probe rows */
@@ -185,6 +221,18 @@ struct opt_weight_src {
                      size_t fan_in);
     int (*bf16_part)(opt_weight_src *s, const dsv4_opt *o, uint16_t *dst, size_t numel, const char *name);
     int (*tid2eid)(opt_weight_src *s, const dsv4_opt *o, int32_t *dst, const char *name);
+    /* fp8 mode: */
+    /* the scale encoding file tensor `name` (an FP8 linear) gets on the device; asked on BOTH passes, since the
+     * arena's size depends on it (the generator: e8m0) */
+    dsv4_qscale (*qscale)(opt_weight_src *s, const dsv4_opt *o, const char *name);
+    /* FP8 linear `name` [rows, cols]: e4m3 codes at q [rows, cols], scales at scale [ceil(rows/128),
+     * ceil(cols/128)] in the encoding qscale answered */
+    int (*fp8)(opt_weight_src *s, const dsv4_opt *o, uint8_t *q, void *scale, dsv4_qscale kind, int rows,
+               int cols, size_t fan_in, const char *name);
+    /* FP4 expert matrix `name` [rows, cols]: packed codes at q [rows, cols/2], e8m0 scales at scale
+     * [rows, cols/32] */
+    int (*fp4)(opt_weight_src *s, const dsv4_opt *o, uint8_t *q, uint8_t *scale, int rows, int cols,
+               size_t fan_in, const char *name);
 };
 
 /* The checks of the options and the config both constructors make before anything is allocated. */
@@ -203,6 +251,21 @@ int opt_dev_alloc(void **p, size_t bytes, const char *what);
  * stride of y. fp32 accumulation (CUBLAS_COMPUTE_32F). */
 int opt_gemm(dsv4_opt *o, void *y, int y_f32, int ldy, const uint16_t *x, int ldx, const uint16_t *W, int n_out,
              int n_in, int S);
+
+/* y [S, n_out] (f32 or bf16, row stride ldy) = x [S, n_in] bf16 (row stride ldx) · Wᵀ for a bf16 or fp8 linear:
+ * cuBLAS or dsv4_opt_fp8_linear (the kernel workspace o->ws). The one dispatch the step uses. */
+int opt_linear_apply(dsv4_opt *o, const opt_linear *w, void *y, int y_f32, int ldy, const uint16_t *x, int ldx,
+                     int S);
+/* Every part of p into y [S, ldy] f32 at its column offset. */
+int opt_proj_apply(dsv4_opt *o, const opt_proj *p, float *y, int ldy, const uint16_t *x, int ldx, int S);
+/* The grouped projection: for g < G, y[:, g·(n_out/G) ...] bf16 = x[:, g·n_in ...] · W_gᵀ, W_g the g-th slice
+ * of n_out/G rows of w (w is [n_out, n_in] with n_out = G·rows per group). */
+int opt_linear_apply_grouped(dsv4_opt *o, const opt_linear *w, int G, uint16_t *y, int ldy, const uint16_t *x,
+                             int ldx, int S);
+/* The routed experts of layer ly on the step's buffers (xn, rids, rw, h_r, y_sh -> fout): bf16 or FP4. */
+int opt_experts(dsv4_opt *o, const opt_layer *ly);
+/* Device bytes of a linear's weights (codes, scales). */
+double opt_linear_bytes(const opt_linear *w);
 
 /* Work sizes of a step for the sequences active in it: CSA indexer/top-k entries and HCA extra gather entries. */
 void opt_step_sizes(const dsv4_opt *o, const uint8_t *active, int *n_csa, int *n_hca);

@@ -9,7 +9,10 @@
  *   the same w_bytes, s_bytes and x_bytes for the same config and options.
  * - A weight view is filled by one bf16_view / f32 call (the generator draws one stream per view, in carve order:
  *   that order is part of the random weights' identity) and by one bf16_part call per file tensor inside it
- *   (fused projections have several parts at row offsets).
+ *   (fused projections have several parts at row offsets). In fp8 mode an FP8 linear or FP4 expert matrix is
+ *   filled by one fp8 / fp4 call per file tensor (codes and scales together); its scale encoding (qscale) is
+ *   asked on both passes, since the arena's size depends on it.
+ * - Layer L's weights are contiguous in the arena (ly->w_bytes, alignment included): the per-layer memory report.
  * - The compressor states start as kv 0 / score -inf (an empty slot has weight 0); reset restores exactly that.
  * - The kernel workspace is the maximum over every shape a step can use (the gather-list sizes are the buckets
  *   of opt_step_sizes), so no step can need more than was allocated. The kernels' size queries answer from the
@@ -52,40 +55,147 @@ static int fill_f32(opt_weight_src *s, const dsv4_opt *o, float *dst, size_t num
     return s->f32(s, o, dst, numel, kind, fan_in, name);
 }
 
-static int fill_part(opt_weight_src *s, const dsv4_opt *o, uint16_t *dst, size_t numel, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
-static int fill_part(opt_weight_src *s, const dsv4_opt *o, uint16_t *dst, size_t numel, const char *fmt, ...)
-{
-    char name[160];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(name, sizeof name, fmt, ap);
-    va_end(ap);
-    return s->bf16_part(s, o, dst, numel, name);
-}
-
 /* An f32 view of one file tensor. */
 #define WF(dst, numel, kind, fan_in, ...)                                                                        \
     do {                                                                                                         \
         (dst) = opt_carve(cv, (size_t)(numel) * 4);                                                              \
         if (cv->base) DSV4_OPT_TRY(fill_f32(src, o, (dst), (size_t)(numel), (kind), (size_t)(fan_in), __VA_ARGS__)); \
     } while (0)
-/* A bf16 view (filled as a whole by the generator), then the file tensors inside it. */
-#define WB_VIEW(dst, numel, kind, fan_in)                                                                        \
-    do {                                                                                                         \
-        (dst) = opt_carve(cv, (size_t)(numel) * 2);                                                              \
-        if (cv->base) DSV4_OPT_TRY(src->bf16_view(src, o, (dst), (size_t)(numel), (kind), (size_t)(fan_in)));    \
-    } while (0)
-#define WB_PART(ptr, numel, ...)                                                                                 \
-    do {                                                                                                         \
-        if (cv->base) DSV4_OPT_TRY(fill_part(src, o, (ptr), (size_t)(numel), __VA_ARGS__));                     \
-    } while (0)
-/* A bf16 view of one file tensor. */
-#define WB(dst, numel, kind, fan_in, ...)                                                                        \
-    do {                                                                                                         \
-        WB_VIEW(dst, numel, kind, fan_in);                                                                       \
-        WB_PART(dst, numel, __VA_ARGS__);                                                                        \
-    } while (0)
+
+/* One file tensor of a linear: its name and rows. */
+typedef struct lin_part {
+    char name[128];
+    int rows;
+} lin_part;
+
+static lin_part part(int rows, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static lin_part part(int rows, const char *fmt, ...)
+{
+    lin_part p = {.rows = rows};
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(p.name, sizeof p.name, fmt, ap);
+    va_end(ap);
+    return p;
+}
+
+/* One linear of the parts stacked by rows: bf16 (one view, the parts inside it), or fp8 (the caller stacks only
+ * parts that fusable() accepts, so every scale row belongs to one part). */
+static int linear(dsv4_opt *o, opt_weight_src *src, opt_carver *cv, opt_linear *w, int fp8, int n_in,
+                  const lin_part *p, int np)
+{
+    int n_out = 0;
+    for (int i = 0; i < np; i++) n_out += p[i].rows;
+    memset(w, 0, sizeof *w);
+    w->n_out = n_out, w->n_in = n_in;
+    const size_t in = (size_t)n_in;
+    if (!fp8) {
+        w->bf16 = opt_carve(cv, (size_t)n_out * in * 2);
+        if (!cv->base) return 0;
+        DSV4_OPT_TRY(src->bf16_view(src, o, w->bf16, (size_t)n_out * in, OPT_W_LINEAR, in));
+        for (int i = 0, r = 0; i < np; r += p[i++].rows)
+            DSV4_OPT_TRY(src->bf16_part(src, o, w->bf16 + (size_t)r * in, (size_t)p[i].rows * in, p[i].name));
+        return 0;
+    }
+    w->scale_kind = src->qscale(src, o, p[0].name);
+    const size_t sc = (in + 127) / 128, sb = w->scale_kind == DSV4_QSCALE_F32 ? 4 : 1;
+    w->fp8 = opt_carve(cv, (size_t)n_out * in);
+    w->scale = opt_carve(cv, (size_t)((n_out + 127) / 128) * sc * sb);
+    if (!cv->base) return 0;
+    for (int i = 0, r = 0; i < np; r += p[i++].rows)
+        DSV4_OPT_TRY(src->fp8(src, o, w->fp8 + (size_t)r * in, (char *)w->scale + (size_t)(r / 128) * sc * sb,
+                              w->scale_kind, p[i].rows, n_in, in, p[i].name));
+    return 0;
+}
+
+/* fp8 mode: may b follow a in one linear? Only when a's rows end on a scale block and the encodings agree. */
+static int fusable(dsv4_opt *o, opt_weight_src *src, const lin_part *a, const lin_part *b)
+{
+    return a->rows % 128 == 0 && src->qscale(src, o, a->name) == src->qscale(src, o, b->name);
+}
+
+/* The projection of FP8 parts q[0..nq) at column offsets qoff, then (one bf16 linear) the bf16 parts b[0..nb)
+ * at boff; in bf16 mode all of them in one bf16 linear (q then b, as their offsets are laid out). */
+static int projection(dsv4_opt *o, opt_weight_src *src, opt_carver *cv, opt_proj *pj, int n_in, const lin_part *q,
+                      const int *qoff, int nq, const lin_part *b, int boff, int nb, int q_first)
+{
+    memset(pj, 0, sizeof *pj);
+    if (!o->fp8) {
+        lin_part all[8];
+        int n = 0;
+        for (int i = 0; q_first && i < nq; i++) all[n++] = q[i];
+        for (int i = 0; i < nb; i++) all[n++] = b[i];
+        for (int i = 0; !q_first && i < nq; i++) all[n++] = q[i];
+        pj->n = 1;
+        pj->off[0] = 0;
+        return linear(o, src, cv, &pj->lin[0], 0, n_in, all, n);
+    }
+    if (nb > 0 && !q_first) {
+        pj->off[pj->n] = boff;
+        DSV4_OPT_TRY(linear(o, src, cv, &pj->lin[pj->n++], 0, n_in, b, nb));
+    }
+    if (nq == 2 && fusable(o, src, &q[0], &q[1])) {
+        pj->off[pj->n] = qoff[0];
+        DSV4_OPT_TRY(linear(o, src, cv, &pj->lin[pj->n++], 1, n_in, q, 2));
+    } else {
+        for (int i = 0; i < nq; i++) {
+            pj->off[pj->n] = qoff[i];
+            DSV4_OPT_TRY(linear(o, src, cv, &pj->lin[pj->n++], 1, n_in, &q[i], 1));
+        }
+    }
+    if (nb > 0 && q_first) {
+        pj->off[pj->n] = boff;
+        DSV4_OPT_TRY(linear(o, src, cv, &pj->lin[pj->n++], 0, n_in, b, nb));
+    }
+    return 0;
+}
+
+/* A linear of one file tensor the checkpoint keeps in FP8: fp8 in fp8 mode, else bf16. */
+static int linear1(dsv4_opt *o, opt_weight_src *src, opt_carver *cv, opt_linear *w, int n_out, int n_in, lin_part p)
+{
+    p.rows = n_out;
+    return linear(o, src, cv, w, o->fp8, n_in, &p, 1);
+}
+
+/* The routed experts: bf16 w13 [E][w1; w3] and w2 [E], or (fp8 mode) the same as packed FP4 + e8m0 scales. */
+static int experts(dsv4_opt *o, opt_weight_src *src, opt_carver *cv, opt_layer *ly, int L)
+{
+    const size_t E = o->E, NI = o->NI, D = o->D;
+    char name[128];
+    if (!o->fp8) {
+        ly->w13 = opt_carve(cv, E * 2 * NI * D * 2);
+        ly->w2 = opt_carve(cv, E * D * NI * 2);
+        if (!cv->base) return 0;
+        DSV4_OPT_TRY(src->bf16_view(src, o, ly->w13, E * 2 * NI * D, OPT_W_LINEAR, D));
+        DSV4_OPT_TRY(src->bf16_view(src, o, ly->w2, E * D * NI, OPT_W_LINEAR, NI));
+        for (size_t e = 0; e < E; e++) {
+            static const char *const w[3] = {"w1", "w3", "w2"};
+            for (int k = 0; k < 3; k++) {
+                snprintf(name, sizeof name, "layers.%d.ffn.experts.%zu.%s.weight", L, e, w[k]);
+                uint16_t *dst = k < 2 ? ly->w13 + (e * 2 + (size_t)k) * NI * D : ly->w2 + e * D * NI;
+                DSV4_OPT_TRY(src->bf16_part(src, o, dst, NI * D, name));
+            }
+        }
+        return 0;
+    }
+    if (D % 32 || NI % 32)
+        return dsv4_error(DSV4_ERR_UNSUPPORTED, "optimized --weights fp8: hidden_size %zu and moe_intermediate_size "
+                          "%zu must be multiples of 32 (FP4 scale groups)", D, NI);
+    ly->q13 = opt_carve(cv, E * 2 * NI * D / 2);
+    ly->s13 = opt_carve(cv, E * 2 * NI * D / 32);
+    ly->q2 = opt_carve(cv, E * D * NI / 2);
+    ly->s2 = opt_carve(cv, E * D * NI / 32);
+    for (size_t e = 0; e < E && cv->base; e++) {
+        for (int k = 0; k < 2; k++) {
+            snprintf(name, sizeof name, "layers.%d.ffn.experts.%zu.%s.weight", L, e, k ? "w3" : "w1");
+            size_t row0 = (e * 2 + (size_t)k) * NI;
+            DSV4_OPT_TRY(src->fp4(src, o, ly->q13 + row0 * D / 2, ly->s13 + row0 * D / 32, (int)NI, (int)D, D, name));
+        }
+        snprintf(name, sizeof name, "layers.%d.ffn.experts.%zu.w2.weight", L, e);
+        DSV4_OPT_TRY(src->fp4(src, o, ly->q2 + e * D * NI / 2, ly->s2 + e * D * NI / 32, (int)D, (int)NI, NI, name));
+    }
+    return 0;
+}
 
 static int layer_weights(dsv4_opt *o, opt_weight_src *src, opt_carver *cv, int L)
 {
@@ -105,7 +215,7 @@ static int layer_weights(dsv4_opt *o, opt_weight_src *src, opt_carver *cv, int L
     WF(ly->q_norm, o->qr, OPT_W_NORM, 0, "layers.%d.attn.q_norm.weight", L);
     WF(ly->kv_norm, d, OPT_W_NORM, 0, "layers.%d.attn.kv_norm.weight", L);
     WF(ly->sinks, o->H, OPT_W_SINK, 0, "layers.%d.attn.attn_sink", L);
-    /* the fused x-projection */
+    /* the x-projection: FP8 wq_a | wkv, then the bf16 compressor and indexer parts */
     int r = 0;
     ly->off_qa = r, r += o->qr;
     ly->off_kv = r, r += (int)d;
@@ -116,34 +226,48 @@ static int layer_weights(dsv4_opt *o, opt_weight_src *src, opt_carver *cv, int L
     ly->off_iw = r, r += csa ? o->HI : 0;
     ly->n_x = r;
     if (r > o->n_x_max) o->n_x_max = r;
-    WB_VIEW(ly->w_x, (size_t)r * D, OPT_W_LINEAR, D);
-    uint16_t *wx = ly->w_x;
-    WB_PART(wx + ly->off_qa * D, (size_t)o->qr * D, "layers.%d.attn.wq_a.weight", L);
-    WB_PART(wx + ly->off_kv * D, d * D, "layers.%d.attn.wkv.weight", L);
+    lin_part xq[2] = {part(o->qr, "layers.%d.attn.wq_a.weight", L), part((int)d, "layers.%d.attn.wkv.weight", L)};
+    const int xq_off[2] = {ly->off_qa, ly->off_kv};
+    lin_part xb[5];
+    int nb = 0;
     if (ly->ratio > 0) {
-        WB_PART(wx + ly->off_ckv * D, width * D, "layers.%d.attn.compressor.wkv.weight", L);
-        WB_PART(wx + ly->off_cg * D, width * D, "layers.%d.attn.compressor.wgate.weight", L);
+        xb[nb++] = part((int)width, "layers.%d.attn.compressor.wkv.weight", L);
+        xb[nb++] = part((int)width, "layers.%d.attn.compressor.wgate.weight", L);
+    }
+    if (csa) {
+        xb[nb++] = part(2 * (int)dI, "layers.%d.attn.indexer.compressor.wkv.weight", L);
+        xb[nb++] = part(2 * (int)dI, "layers.%d.attn.indexer.compressor.wgate.weight", L);
+        xb[nb++] = part(o->HI, "layers.%d.attn.indexer.weights_proj.weight", L);
+    }
+    DSV4_OPT_TRY(projection(o, src, cv, &ly->x, (int)D, xq, xq_off, 2, xb, ly->off_ckv, nb, 1));
+    if (ly->ratio > 0) {
         WF(ly->cmp_ape, (size_t)ly->ratio * width, OPT_W_APE, 0, "layers.%d.attn.compressor.ape", L);
         WF(ly->cmp_norm, d, OPT_W_NORM, 0, "layers.%d.attn.compressor.norm.weight", L);
     }
     if (csa) {
-        WB_PART(wx + ly->off_ikv * D, 2 * dI * D, "layers.%d.attn.indexer.compressor.wkv.weight", L);
-        WB_PART(wx + ly->off_ig * D, 2 * dI * D, "layers.%d.attn.indexer.compressor.wgate.weight", L);
-        WB_PART(wx + ly->off_iw * D, (size_t)o->HI * D, "layers.%d.attn.indexer.weights_proj.weight", L);
         WF(ly->idx_ape, (size_t)ly->ratio * 2 * dI, OPT_W_APE, 0, "layers.%d.attn.indexer.compressor.ape", L);
         WF(ly->idx_norm, dI, OPT_W_NORM, 0, "layers.%d.attn.indexer.compressor.norm.weight", L);
-        WB(ly->idx_wq_b, (size_t)o->HI * dI * o->qr, OPT_W_LINEAR, o->qr, "layers.%d.attn.indexer.wq_b.weight", L);
+        DSV4_OPT_TRY(linear1(o, src, cv, &ly->idx_wq_b, o->HI * (int)dI, o->qr,
+                             part(0, "layers.%d.attn.indexer.wq_b.weight", L)));
     }
-    WB(ly->wq_b, (size_t)o->H * d * o->qr, OPT_W_LINEAR, o->qr, "layers.%d.attn.wq_b.weight", L);
-    WB(ly->wo_a, (size_t)o->G * o->o_r * (o->H * d / o->G), OPT_W_LINEAR, o->H * d / o->G,
-       "layers.%d.attn.wo_a.weight", L);
-    WB(ly->wo_b, D * o->G * o->o_r, OPT_W_LINEAR, (size_t)o->G * o->o_r, "layers.%d.attn.wo_b.weight", L);
-    /* the fused ffn projection: router gate | shared w1 | shared w3 */
-    WB_VIEW(ly->w_f, (E + 2 * NI) * D, OPT_W_LINEAR, D);
-    WB_PART(ly->w_f, E * D, "layers.%d.ffn.gate.weight", L);
-    WB_PART(ly->w_f + E * D, NI * D, "layers.%d.ffn.shared_experts.w1.weight", L);
-    WB_PART(ly->w_f + (E + NI) * D, NI * D, "layers.%d.ffn.shared_experts.w3.weight", L);
-    WB(ly->sh_w2, D * NI, OPT_W_LINEAR, NI, "layers.%d.ffn.shared_experts.w2.weight", L);
+    DSV4_OPT_TRY(linear1(o, src, cv, &ly->wq_b, o->H * (int)d, o->qr, part(0, "layers.%d.attn.wq_b.weight", L)));
+    DSV4_OPT_TRY(linear1(o, src, cv, &ly->wo_a, o->G * o->o_r, o->H * (int)d / o->G,
+                         part(0, "layers.%d.attn.wo_a.weight", L)));
+    for (int g = 0; o->fp8 && g < o->G; g++) { /* a group's scale rows must be its own slice (opt_internal.h) */
+        const int off = g * o->o_r;
+        if (off % 128 && off % 128 + o->o_r > 128)
+            return dsv4_error(DSV4_ERR_UNSUPPORTED, "optimized --weights fp8: wo_a group %d (rows %d..%d) straddles "
+                              "a 128-row scale block", g, off, off + o->o_r - 1);
+    }
+    DSV4_OPT_TRY(linear1(o, src, cv, &ly->wo_b, (int)D, o->G * o->o_r, part(0, "layers.%d.attn.wo_b.weight", L)));
+    /* the ffn projection: router gate (bf16) | shared w1 | shared w3 (FP8) */
+    lin_part fq[2] = {part((int)NI, "layers.%d.ffn.shared_experts.w1.weight", L),
+                      part((int)NI, "layers.%d.ffn.shared_experts.w3.weight", L)};
+    const int fq_off[2] = {(int)E, (int)(E + NI)};
+    lin_part fb = part((int)E, "layers.%d.ffn.gate.weight", L);
+    DSV4_OPT_TRY(projection(o, src, cv, &ly->f, (int)D, fq, fq_off, 2, &fb, 0, 1, 0));
+    DSV4_OPT_TRY(linear1(o, src, cv, &ly->sh_w2, (int)D, (int)NI,
+                         part(0, "layers.%d.ffn.shared_experts.w2.weight", L)));
     if (ly->mlp == DSV4_MLP_HASH_MOE) {
         ly->tid2eid = opt_carve(cv, (size_t)o->V * o->K * 4);
         if (cv->base) {
@@ -154,24 +278,24 @@ static int layer_weights(dsv4_opt *o, opt_weight_src *src, opt_carver *cv, int L
     } else {
         WF(ly->gate_bias, E, OPT_W_BIAS, 0, "layers.%d.ffn.gate.bias", L);
     }
-    /* the experts: w13 [E][w1; w3], w2 [E] */
-    WB_VIEW(ly->w13, E * 2 * NI * D, OPT_W_LINEAR, D);
-    WB_VIEW(ly->w2, E * D * NI, OPT_W_LINEAR, NI);
-    for (size_t e = 0; e < E && cv->base; e++) {
-        WB_PART(ly->w13 + e * 2 * NI * D, NI * D, "layers.%d.ffn.experts.%zu.w1.weight", L, e);
-        WB_PART(ly->w13 + (e * 2 + 1) * NI * D, NI * D, "layers.%d.ffn.experts.%zu.w3.weight", L, e);
-        WB_PART(ly->w2 + e * D * NI, D * NI, "layers.%d.ffn.experts.%zu.w2.weight", L, e);
-    }
-    return 0;
+    return experts(o, src, cv, ly, L);
 }
 
 static int weights_layout(dsv4_opt *o, opt_weight_src *src, opt_carver *cv)
 {
     const size_t V = o->V, D = o->D, n = o->n;
     o->n_x_max = 0;
-    WB(o->embed, V * D, OPT_W_EMBED, 0, "embed.weight");
+    o->embed = opt_carve(cv, V * D * 2);
+    if (cv->base) {
+        DSV4_OPT_TRY(src->bf16_view(src, o, o->embed, V * D, OPT_W_EMBED, 0));
+        DSV4_OPT_TRY(src->bf16_part(src, o, o->embed, V * D, "embed.weight"));
+    }
     if (o->cfg.tie_word_embeddings) o->head = o->embed;
-    else WB(o->head, V * D, OPT_W_LINEAR, D, "head.weight");
+    else {
+        opt_linear h;
+        DSV4_OPT_TRY(linear(o, src, cv, &h, 0, (int)D, &(lin_part){"head.weight", (int)V}, 1));
+        o->head = h.bf16;
+    }
     WF(o->norm, D, OPT_W_NORM, 0, "norm.weight");
     WF(o->hc_head_fn, n * n * D, OPT_W_LINEAR, n * D, "hc_head_fn");
     WF(o->hc_head_base, n, OPT_W_MHC_BASE, 0, "hc_head_base");
@@ -185,13 +309,14 @@ static int weights_layout(dsv4_opt *o, opt_weight_src *src, opt_carver *cv)
         DSV4_OPT_CUDA(cudaMemcpy(o->inv_main, t[0], (size_t)o->np * 4, cudaMemcpyHostToDevice));
         DSV4_OPT_CUDA(cudaMemcpy(o->inv_cmp, t[1], (size_t)o->np * 4, cudaMemcpyHostToDevice));
     }
-    for (int L = 0; L < o->cfg.num_hidden_layers; L++) DSV4_OPT_TRY(layer_weights(o, src, cv, L));
+    for (int L = 0; L < o->cfg.num_hidden_layers; L++) {
+        const size_t off0 = cv->off;
+        DSV4_OPT_TRY(layer_weights(o, src, cv, L));
+        o->layers[L].w_bytes = cv->off - off0;
+    }
     return 0;
 }
 #undef WF
-#undef WB_VIEW
-#undef WB_PART
-#undef WB
 
 /* ------------------------------------------------------------------------------------ caches */
 static void state_layout(dsv4_opt *o, opt_carver *cv)
@@ -255,6 +380,18 @@ static size_t workspace_need(const dsv4_opt *o)
         ap.n_slots = o->W + (o->pool_cap_hca > o->pool_cap_csa ? o->pool_cap_hca : o->pool_cap_csa);
         if ((s = dsv4_opt_sparse_attn_workspace_bytes(&ap)) > need) need = s;
     }
+    /* fp8 mode: the split-K partials of every FP8 linear (wo_a per group) */
+    for (int L = 0; L < o->cfg.num_hidden_layers && o->fp8; L++) {
+        const opt_layer *ly = &o->layers[L];
+        const opt_linear *w[10] = {&ly->wq_b, &ly->idx_wq_b, &ly->wo_b, &ly->sh_w2};
+        int nw = 4;
+        for (int i = 0; i < ly->x.n; i++) w[nw++] = &ly->x.lin[i];
+        for (int i = 0; i < ly->f.n; i++) w[nw++] = &ly->f.lin[i];
+        for (int i = 0; i < nw; i++)
+            if (w[i]->fp8 && (s = dsv4_opt_fp8_linear_workspace_bytes(o->C, w[i]->n_out, w[i]->n_in)) > need)
+                need = s;
+        if ((s = dsv4_opt_fp8_linear_workspace_bytes(o->C, o->o_r, ly->wo_a.n_in)) > need) need = s;
+    }
     if (o->pool_cap_csa > 0) {
         dsv4_indexer_params ip = {.n_seq = o->C, .n_heads = o->HI, .head_dim = o->dI, .n_work = o->pool_cap_csa,
                                   .kernel = (dsv4_indexer_kernel)o->opt.indexer};
@@ -317,6 +454,10 @@ static void scratch_layout(dsv4_opt *o, opt_carver *cv)
     o->d_in = opt_carve(cv, 3 * C * 4);
     o->ws = opt_carve(cv, o->ws_bytes);
     o->cublas_ws = opt_carve(cv, o->cublas_ws_bytes);
+    if (o->follow) {
+        o->d_follow = opt_carve(cv, (size_t)o->cfg.num_hidden_layers * o->follow_stride * 4);
+        o->d_follow_changed = opt_carve(cv, 2 * 4);
+    }
 }
 
 /* ------------------------------------------------------------------------------------ init */
@@ -366,15 +507,34 @@ int opt_init_common(dsv4_opt *o, opt_weight_src *src)
     o->E = f->n_routed_experts, o->K = f->num_experts_per_tok, o->NI = f->moe_intermediate_size;
     o->W = f->sliding_window, o->G = f->o_groups, o->o_r = f->o_lora_rank, o->np = f->qk_rope_head_dim / 2;
     o->topk = f->index_topk > 0 ? f->index_topk : 1;
+    o->follow = o->opt.follow;
+    o->follow_stride = 2 + o->topk + o->K;
+    o->follow_stop = -1;
+    if (o->follow && (dsv4_opt_follow_width(o->follow, DSV4_OPT_FOLLOW_TOPK) != f->index_topk ||
+                      dsv4_opt_follow_width(o->follow, DSV4_OPT_FOLLOW_ROUTER) != o->K))
+        return dsv4_error(DSV4_ERR_USAGE, "optimized: the follow table of %s was loaded for another config "
+                          "(index_topk %d, experts per token %d; the model has %d, %d)",
+                          dsv4_opt_follow_path(o->follow), dsv4_opt_follow_width(o->follow, DSV4_OPT_FOLLOW_TOPK),
+                          dsv4_opt_follow_width(o->follow, DSV4_OPT_FOLLOW_ROUTER), f->index_topk, o->K);
     DSV4_OPT_CUDA(cudaSetDevice(o->opt.device));
     int dev_major = 0, dev_minor = 0;
     DSV4_OPT_CUDA(cudaDeviceGetAttribute(&dev_major, cudaDevAttrComputeCapabilityMajor, o->opt.device));
     DSV4_OPT_CUDA(cudaDeviceGetAttribute(&dev_minor, cudaDevAttrComputeCapabilityMinor, o->opt.device));
+    /* the constructor resolved auto */
+    DSV4_CHECK(o->opt.weights == DSV4_OPT_WEIGHTS_BF16 || o->opt.weights == DSV4_OPT_WEIGHTS_FP8,
+               "optimized: weights mode %d not resolved", (int)o->opt.weights);
+    o->fp8 = o->opt.weights == DSV4_OPT_WEIGHTS_FP8;
     snprintf(o->producer, sizeof o->producer,
-             "dsv4 %s optimized cuda bf16 sm_%d%d attn=%s indexer=%s mhc=%s index_context=%s kv=%s", DSV4_VERSION,
-             dev_major, dev_minor, dsv4_opt_attn_name(o->opt.attn), dsv4_opt_indexer_name(o->opt.indexer),
-             dsv4_opt_mhc_name(o->opt.mhc), dsv4_opt_index_context_name(o->opt.index_context),
-             dsv4_opt_kv_name(o->opt.kv));
+             "dsv4 %s optimized cuda bf16 sm_%d%d attn=%s indexer=%s mhc=%s index_context=%s kv=%s weights=%s%s",
+             DSV4_VERSION, dev_major, dev_minor, dsv4_opt_attn_name(o->opt.attn),
+             dsv4_opt_indexer_name(o->opt.indexer), dsv4_opt_mhc_name(o->opt.mhc),
+             dsv4_opt_index_context_name(o->opt.index_context), dsv4_opt_kv_name(o->opt.kv),
+             dsv4_opt_weights_name(o->opt.weights), o->opt.quantize == DSV4_OPT_QUANTIZE_FP8 ? " quantize=fp8" : "");
+    if (o->follow) { /* the producer says the run's choices were the dump's */
+        const char *fp = dsv4_opt_follow_path(o->follow), *base = strrchr(fp, '/');
+        size_t len = strlen(o->producer);
+        snprintf(o->producer + len, sizeof o->producer - len, " follow=%s", base ? base + 1 : fp);
+    }
     o->layers = calloc((size_t)f->num_hidden_layers, sizeof *o->layers);
     o->pos = calloc((size_t)o->C, sizeof *o->pos);
     if (!o->layers || !o->pos) return dsv4_error(DSV4_ERR_NOMEM, "optimized: out of host memory");
@@ -421,6 +581,11 @@ int opt_init_common(dsv4_opt *o, opt_weight_src *src)
     DSV4_OPT_CUDA(cudaMallocHost((void **)&o->h_probe, o->h_probe_floats * 4));
     DSV4_OPT_CUDA(cudaMallocHost((void **)&o->h_in, (size_t)4 * o->C * 4));
     o->h_next = o->h_in + 3 * o->C;
+    if (o->follow) {
+        DSV4_OPT_CUDA(cudaMallocHost((void **)&o->h_follow,
+                                     (size_t)f->num_hidden_layers * o->follow_stride * sizeof *o->h_follow));
+        memset(o->h_follow, 0, (size_t)f->num_hidden_layers * o->follow_stride * sizeof *o->h_follow);
+    }
     DSV4_OPT_CUBLAS(cublasCreate(&o->cublas));
     DSV4_OPT_CUBLAS(cublasSetStream(o->cublas, o->stream));
     DSV4_OPT_CUBLAS(cublasSetWorkspace(o->cublas, o->cublas_ws, o->cublas_ws_bytes));
