@@ -9,7 +9,8 @@
  *    The bf16 row is dsv4_opt_moe_experts on bf16 weights of the same shapes.
  * Bytes counted (the fewest): the weights (and scales) of what is used read once - each touched expert once, for
  * both rows, though moe.cu's bf16 kernel re-reads an expert per pair - plus the activations read and written once.
- * FLOPs: 2·S·n_out·n_in; experts 6·C·k·D·I. --quick: wq_a and wo_b only, and experts at C = 1 and 64.
+ * FLOPs: 2·S·n_out·n_in; experts 6·C·k·D·I. --quick: fewer reps (bench_common.cuh). Each fp8 and fp4 row is
+ * spot-checked against the loader's decoders in double (a wrong result fails the run, exit status 1).
  */
 #include <cuda_fp8.h>
 #include <string.h>
@@ -99,6 +100,34 @@ static void f8_fn(void *ctx, int rep)
     }
 }
 
+/* Spot check of the fp8 row just timed: tokens 0 and S-1, 4 rows, against the loader's decoders in double. */
+static void f8_spot_check(const dsv4_fp8_linear_params *p, const char *name)
+{
+    const int S = p->n_tok, no = p->n_out, ni = p->n_in, sc = (ni + 127) / 128;
+    const int toks[2] = {0, S - 1}, rows[4] = {0, 1, no / 2, no - 1};
+    uint8_t *wr = (uint8_t *)malloc((size_t)ni), *srow = (uint8_t *)malloc((size_t)sc);
+    uint16_t *xr = (uint16_t *)malloc((size_t)ni * 2), *y = (uint16_t *)bench_to_host(p->y, (size_t)S * no * 2);
+    double want[8];
+    float got[8];
+    for (int ri = 0; ri < 4; ri++) {
+        const int r = rows[ri];
+        BENCH_CHECK(cudaMemcpy(wr, p->w + (size_t)r * ni, ni, cudaMemcpyDeviceToHost));
+        BENCH_CHECK(cudaMemcpy(srow, (const uint8_t *)p->scale + (size_t)(r / 128) * sc, sc, cudaMemcpyDeviceToHost));
+        for (int ti = 0; ti < 2; ti++) {
+            BENCH_CHECK(cudaMemcpy(xr, p->x + (size_t)toks[ti] * p->ldx, (size_t)ni * 2, cudaMemcpyDeviceToHost));
+            double a = 0.0;
+            for (int c = 0; c < ni; c++)
+                a += (double)(dsv4_e4m3_to_f32(wr[c]) * dsv4_e8m0_to_f32(srow[c / 128])) * bench_bf16_to_f32(xr[c]);
+            want[ti * 4 + ri] = a;
+            got[ti * 4 + ri] = bench_bf16_to_f32(y[(size_t)toks[ti] * p->ldy + r]);
+        }
+    }
+    char what[96];
+    snprintf(what, sizeof(what), "fp8_linear %s S=%d (2 tokens x 4 rows, bf16)", name, S);
+    bench_check_close(what, got, want, 8, 1e-3, 1e-2);
+    free(wr), free(srow), free(xr), free(y);
+}
+
 static void bench_fp8(const bench_ceilings *cl, cublasHandle_t h, const char *name, int n_out, int n_in)
 {
     const int Ss[3] = {1, 16, 64};
@@ -131,6 +160,7 @@ static void bench_fp8(const bench_ceilings *cl, cublasHandle_t h, const char *na
         const double act = (double)S * n_in * 2 + (double)S * n_out * 2, flops = 2.0 * S * n_out * (double)n_in;
         b.cublas = 0;
         qb_row(cl, "fp8_linear", "fp8", S, shape, bench_median_us(f8_fn, &b), (double)nw + ns + act, flops);
+        f8_spot_check(&b.p, name);
         b.cublas = 1;
         qb_row(cl, "cublas", "bf16", S, shape, bench_median_us(f8_fn, &b), 2.0 * nw + act, flops);
     }
@@ -161,7 +191,71 @@ static uint32_t host_rand(void)
     return (uint32_t)(host_rs >> 33);
 }
 
-static void bench_fp4(const bench_ceilings *cl, int quick)
+/* Σ_i dequant(w)[i]·v[i]; *mag += Σ|terms| */
+static double f4_row_dot(const uint8_t *w, const uint8_t *s, const uint16_t *v, int n, double *mag)
+{
+    double a = 0.0;
+    for (int i = 0; i < n; i++) {
+        const uint8_t b = w[i / 2];
+        const double t = (double)(dsv4_e2m1_to_f32(i & 1 ? b >> 4 : b & 0xf) * dsv4_e8m0_to_f32(s[i / 32])) *
+                         bench_bf16_to_f32(v[i]);
+        a += t, *mag += fabs(t);
+    }
+    return a;
+}
+/* Spot check of the fp4 row just timed: token 0 (and C-1), h at 8 rows of each of its k experts and out at 4 rows
+ * (from the kernel's own h), against the loader's decoders in double. */
+static void f4_spot_check(const dsv4_fp4_experts_params *p, const int32_t *ids, const float *wts)
+{
+    const int C = p->n_tok, D = p->dim, I = p->inter, K = p->k;
+    const int toks[2] = {0, C - 1}, ms[8] = {0, 1, 63, 500, 1024, 1337, 2046, 2047}, ds[4] = {0, 777, 2048, 4095};
+    uint16_t *x = (uint16_t *)bench_to_host(p->x, (size_t)C * D * 2);
+    uint16_t *h = (uint16_t *)bench_to_host(p->h, (size_t)C * K * I * 2);
+    float *out = (float *)bench_to_host(p->out, (size_t)C * D * 4);
+    uint8_t *wr = (uint8_t *)malloc((size_t)D), *sr = (uint8_t *)malloc((size_t)D / 16);
+    for (int t = 0; t < (C > 1 ? 2 : 1); t++) {
+        const int c = toks[t];
+        double want[XK * 8], wo[4];
+        float got[XK * 8], go[4];
+        for (int j = 0; j < K; j++) {
+            const int e = ids[c * K + j];
+            for (int mi = 0; mi < 8; mi++) {
+                double gu[2];
+                for (int half = 0; half < 2; half++) {
+                    const size_t row = (size_t)e * 2 * I + (size_t)half * I + ms[mi];
+                    BENCH_CHECK(cudaMemcpy(wr, p->w13 + row * (D / 2), D / 2, cudaMemcpyDeviceToHost));
+                    BENCH_CHECK(cudaMemcpy(sr, p->s13 + row * (D / 32), D / 32, cudaMemcpyDeviceToHost));
+                    double mag = 0.0;
+                    gu[half] = f4_row_dot(wr, sr, x + (size_t)c * D, D, &mag);
+                }
+                const double g = fmin(gu[0], p->limit), u = fmax(fmin(gu[1], p->limit), -p->limit);
+                want[j * 8 + mi] = g / (1.0 + exp(-g)) * u * wts[c * K + j];
+                got[j * 8 + mi] = bench_bf16_to_f32(h[((size_t)c * K + j) * I + ms[mi]]);
+            }
+        }
+        char what[96];
+        snprintf(what, sizeof(what), "fp4_experts C=%d tok %d h (bf16, 8 rows x %d)", C, c, K);
+        bench_check_close(what, got, want, K * 8, 1e-3, 1e-2);
+        double omag = 0.0; /* fp32 accumulation error lives at 1e-6 of Σ|terms|: the absolute tolerance */
+        for (int di = 0; di < 4; di++) {
+            double a = 0.0, mag = 0.0;
+            for (int j = 0; j < K; j++) {
+                const size_t row = (size_t)ids[c * K + j] * D + ds[di];
+                BENCH_CHECK(cudaMemcpy(wr, p->w2 + row * (I / 2), I / 2, cudaMemcpyDeviceToHost));
+                BENCH_CHECK(cudaMemcpy(sr, p->s2 + row * (I / 32), I / 32, cudaMemcpyDeviceToHost));
+                a += f4_row_dot(wr, sr, h + ((size_t)c * K + j) * I, I, &mag);
+            }
+            wo[di] = a;
+            omag = mag > omag ? mag : omag;
+            go[di] = out[(size_t)c * D + ds[di]];
+        }
+        snprintf(what, sizeof(what), "fp4_experts C=%d tok %d out (4 rows)", C, c);
+        bench_check_close(what, go, wo, 4, 1e-5 * omag, 1e-3);
+    }
+    free(x), free(h), free(out), free(wr), free(sr);
+}
+
+static void bench_fp4(const bench_ceilings *cl)
 {
     const size_t n13 = (size_t)XE * 2 * XI * XD / 2, n2 = (size_t)XE * XD * XI / 2;
     void *w13, *s13, *w2, *s2, *b13, *b2, *x, *ids, *wt, *h, *out;
@@ -183,11 +277,12 @@ static void bench_fp4(const bench_ceilings *cl, int quick)
     bench_fill_bf16(b13, n13 * 2, 45, 0.05f);
     bench_fill_bf16(b2, n2 * 2, 46, 0.05f);
     bench_fill_bf16(x, (size_t)XC_MAX * XD, 47, 1.0f);
-    bench_fill_f32(wt, (size_t)XC_MAX * XK, 48, 0.3f);
+    float hwt[XC_MAX * XK]; /* positive routing weights, as the router gives */
+    for (int i = 0; i < XC_MAX * XK; i++) hwt[i] = 0.05f + 0.3f * (float)(host_rand() % 1000) / 1000.0f;
+    BENCH_CHECK(cudaMemcpy(wt, hwt, sizeof hwt, cudaMemcpyHostToDevice));
     const int Cs[3] = {1, 16, 64};
     for (int ci = 0; ci < 3; ci++) {
         const int C = Cs[ci];
-        if (quick && C == 16) continue;
         int32_t hid[XC_MAX * XK];
         int touched[XE];
         memset(touched, 0, sizeof touched);
@@ -222,6 +317,7 @@ static void bench_fp4(const bench_ceilings *cl, int quick)
         snprintf(shape, sizeof shape, "D4096 I2048 E256 k6 (%d used)", n_touched);
         b.bf16 = 0;
         qb_row(cl, "fp4_experts", "fp4", C, shape, bench_median_us(f4_fn, &b), n_touched * per_expert4 + act, flops);
+        f4_spot_check(p, hid, hwt);
         b.bf16 = 1;
         qb_row(cl, "moe_experts", "bf16", C, shape, bench_median_us(f4_fn, &b), n_touched * per_expert16 + act,
                flops);
@@ -232,7 +328,7 @@ static void bench_fp4(const bench_ceilings *cl, int quick)
 
 int main(int argc, char **argv)
 {
-    const int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
+    bench_init(argc, argv);
     bench_ceilings cl = bench_measure_ceilings();
     cublasHandle_t h;
     if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) {
@@ -241,18 +337,14 @@ int main(int argc, char **argv)
     }
     bench_header();
     bench_fp8(&cl, h, "wq_a", 1024, 4096);
-    if (!quick) {
-        bench_fp8(&cl, h, "wkv", 512, 4096);
-        bench_fp8(&cl, h, "wq_b", 32768, 1024);
-        bench_fp8(&cl, h, "idx.wq_b", 8192, 1024);
-    }
+    bench_fp8(&cl, h, "wkv", 512, 4096);
+    bench_fp8(&cl, h, "wq_b", 32768, 1024);
+    bench_fp8(&cl, h, "idx.wq_b", 8192, 1024);
     bench_fp8(&cl, h, "wo_b", 4096, 8192);
-    if (!quick) {
-        bench_fp8(&cl, h, "shared.w1", 2048, 4096);
-        bench_fp8(&cl, h, "shared.w2", 4096, 2048);
-    }
+    bench_fp8(&cl, h, "shared.w1", 2048, 4096);
+    bench_fp8(&cl, h, "shared.w2", 4096, 2048);
     cublasDestroy(h);
-    bench_fp4(&cl, quick);
+    bench_fp4(&cl);
 
     printf("\n| kernel | weights | C/S | shape | µs | GB/s | %% copy | TFLOP/s |\n|---|---|---|---|---|---|---|---|\n");
     for (int i = 0; i < n_records; i++) {
@@ -260,5 +352,5 @@ int main(int argc, char **argv)
         printf("| %s | %s | %d | %s | %.1f | %.0f | %.1f%% | %.1f |\n", r->kernel, r->var, r->C, r->shape, r->us,
                r->gbs, 100.0 * r->gbs / cl.copy_gbs, r->tflops);
     }
-    return 0;
+    return bench_finish();
 }

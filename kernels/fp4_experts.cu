@@ -33,33 +33,39 @@ enum {
     F4_UP_WARPS = 4,
     F4_DOWN_WARPS = 8,
     F4_SS = 128,      /* columns per super-step: 4 lanes x 32 codes */
-    F4_UP_DEPTH = 2,  /* super-steps per weight batch (up: 2 m-tiles, down: 1) */
-    F4_DOWN_DEPTH = 4,
+    F4_UP_DEPTH = 2,  /* super-steps per weight batch (up: 2 m-tiles; down: F4_DOWN_DEPTH below) */
     F4_UP_SLOT_BLOCKS = 128 /* blocks along the expert slots; each loops over slots y, y + 128, ... */
 };
 
-/* Builds the bitmap of the experts touched by pairs [pair0, pair0 + n_pairs) into bits[F4_MAX_E / 32]. All threads;
- * ends with a __syncthreads. */
-static __device__ void f4_touched_bitmap(uint32_t *bits, const int32_t *ids, int pair0, int n_pairs)
+/* Down's batch depth: the deepest that stays within 128 registers without spills on each architecture. */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1200
+#define F4_DOWN_DEPTH 3
+#else
+#define F4_DOWN_DEPTH 2
+#endif
+
+/* Copies the ids of pairs [pair0, pair0 + n_pairs) into sids (shared: the pair scans below read them many times)
+ * and builds the bitmap of the touched experts into bits[F4_MAX_E / 32]. All threads; ends with a __syncthreads. */
+static __device__ void f4_touched_bitmap(uint32_t *bits, int32_t *sids, const int32_t *ids, int pair0, int n_pairs)
 {
     for (int i = threadIdx.x; i < F4_MAX_E / 32; i += blockDim.x) bits[i] = 0;
     __syncthreads();
     for (int i = threadIdx.x; i < n_pairs; i += blockDim.x) {
         const int e = ids[pair0 + i];
+        sids[i] = e;
         if (e >= 0 && e < F4_MAX_E) atomicOr(&bits[e >> 5], 1u << (e & 31));
     }
     __syncthreads();
 }
 
-/* One warp: the local indices (ascending) of the pairs of expert e among n_pairs from pair0; returns the count. */
-template <typename T>
-static __device__ int f4_warp_pairs_of(T *list, const int32_t *ids, int pair0, int n_pairs, int e)
+/* One warp: the local indices (ascending) of the pairs of expert e among the n_pairs of sids; returns the count. */
+template <typename T> static __device__ int f4_warp_pairs_of(T *list, const int32_t *sids, int n_pairs, int e)
 {
     const int lane = threadIdx.x & 31;
     int cnt = 0;
     for (int base = 0; base < n_pairs; base += 32) {
         const int i = base + lane;
-        const bool v = i < n_pairs && ids[pair0 + i] == e;
+        const bool v = i < n_pairs && sids[i] == e;
         const uint32_t m = __ballot_sync(0xffffffffu, v);
         if (v) list[cnt + __popc(m & ((1u << lane) - 1u))] = (T)i;
         cnt += __popc(m);
@@ -110,21 +116,10 @@ static __device__ __forceinline__ void f4_warp_tile(float acc[MT][4], const uint
 #pragma unroll
                 for (int r = 0; r < 2; r++) cur[d][m][r] = nxt[d][m][r], csc[d][m][r] = nsc[d][m][r];
         if (b + DEPTH * stride < nss) load(b + DEPTH * stride);
-#pragma unroll
-        for (int d = 0; d < DEPTH; d++) {
-            const int col = (b + d * stride) * F4_SS + 32 * t;
-            if (b + d * stride >= nss) break;
-            uint32_t m1[MT][2], m2[MT][2];
-            bool two = false;
-#pragma unroll
-            for (int m = 0; m < MT; m++)
-#pragma unroll
-                for (int r = 0; r < 2; r++) {
-                    qw_e8m0_mults(csc[d][m][r], &m1[m][r], &m2[m][r]);
-                    two |= m2[m][r] != 0;
-                }
-            uint32_t X[16];
-            if (xrow && col < K) {
+        /* activations (L2/L1 hits): the next super-step's are loaded while this one is multiplied */
+        auto load_x = [&](uint32_t X[16], int ss) {
+            const int col = ss * F4_SS + 32 * t;
+            if (xrow && ss < nss && col < K) {
                 const uint4 *src = reinterpret_cast<const uint4 *>(xrow + col);
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
@@ -135,6 +130,25 @@ static __device__ __forceinline__ void f4_warp_tile(float acc[MT][4], const uint
 #pragma unroll
                 for (int i = 0; i < 16; i++) X[i] = 0;
             }
+        };
+        uint32_t Xn[16];
+        load_x(Xn, b);
+#pragma unroll
+        for (int d = 0; d < DEPTH; d++) {
+            if (b + d * stride >= nss) break;
+            uint32_t X[16];
+#pragma unroll
+            for (int i = 0; i < 16; i++) X[i] = Xn[i];
+            if (d + 1 < DEPTH) load_x(Xn, b + (d + 1) * stride);
+            uint32_t m1[MT][2], m2[MT][2];
+            bool two = false;
+#pragma unroll
+            for (int m = 0; m < MT; m++)
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    qw_e8m0_mults(csc[d][m][r], &m1[m][r], &m2[m][r]);
+                    two |= m2[m][r] != 0;
+                }
 #pragma unroll
             for (int s = 0; s < 8; s++) {
                 const int q = s >> 1, u = s & 1;
@@ -170,12 +184,13 @@ __global__ void __launch_bounds__(F4_UP_WARPS * 32, 3) fp4_up_kernel(const __gri
 {
     __shared__ uint32_t bits[F4_MAX_E / 32];
     __shared__ int list[F4_MAX_PAIRS];
+    __shared__ int32_t sids[F4_MAX_PAIRS];
     __shared__ int s_e, s_cnt;
     __shared__ float red[F4_UP_WARPS][2][32][4];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int tok0 = blockIdx.z * F4_TOK, ntok = p.n_tok - tok0 < F4_TOK ? p.n_tok - tok0 : F4_TOK;
     const int pair0 = tok0 * p.k, n_pairs = ntok * p.k, D = p.dim, I = p.inter, m0 = blockIdx.x * 16;
-    f4_touched_bitmap(bits, p.ids, pair0, n_pairs);
+    f4_touched_bitmap(bits, sids, p.ids, pair0, n_pairs);
     for (int slot = blockIdx.y;; slot += gridDim.y) {
         if (warp == 0) {
             const uint32_t word = bits[lane];
@@ -197,7 +212,7 @@ __global__ void __launch_bounds__(F4_UP_WARPS * 32, 3) fp4_up_kernel(const __gri
             if (!hit) e = -1;
             int cnt = 0;
             if (e >= 0) {
-                cnt = f4_warp_pairs_of(list, p.ids, pair0, n_pairs, e);
+                cnt = f4_warp_pairs_of(list, sids, n_pairs, e);
                 for (int i = lane; i < cnt; i += 32) list[i] += pair0;
             }
             if (lane == 0) s_e = e, s_cnt = cnt;
@@ -249,6 +264,7 @@ __global__ void __launch_bounds__(F4_DOWN_WARPS * 32, 2)
 {
     __shared__ uint32_t bits[F4_MAX_E / 32];
     __shared__ int16_t elist[F4_MAX_E];
+    __shared__ int32_t sids[F4_MAX_PAIRS];
     __shared__ int n_e;
     extern __shared__ float part[]; /* [n_pairs][16] f32, then int16 lists [F4_DOWN_WARPS][n_pairs] */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -256,7 +272,7 @@ __global__ void __launch_bounds__(F4_DOWN_WARPS * 32, 2)
     const int pair0 = tok0 * p.k, n_pairs = ntok * p.k, D = p.dim, I = p.inter, row0 = blockIdx.x * 16;
     int16_t *mylist = reinterpret_cast<int16_t *>(part + (size_t)n_pairs * 16) + (size_t)warp * n_pairs;
     for (int i = threadIdx.x; i < n_pairs * 16; i += blockDim.x) part[i] = 0.0f;
-    f4_touched_bitmap(bits, p.ids, pair0, n_pairs);
+    f4_touched_bitmap(bits, sids, p.ids, pair0, n_pairs);
     if (warp == 0) {
         uint32_t word = bits[lane];
         const int c = __popc(word);
@@ -271,7 +287,7 @@ __global__ void __launch_bounds__(F4_DOWN_WARPS * 32, 2)
     __syncthreads();
     for (int ei = warp; ei < n_e; ei += F4_DOWN_WARPS) {
         const int e = elist[ei];
-        const int cnt = f4_warp_pairs_of(mylist, p.ids, pair0, n_pairs, e);
+        const int cnt = f4_warp_pairs_of(mylist, sids, n_pairs, e);
         const uint8_t *wrow[1][2], *srow[1][2];
 #pragma unroll
         for (int r = 0; r < 2; r++) {
