@@ -9,6 +9,7 @@
  * The optimized path (--path opt) feeds the prompt as one-token steps (exact: the same state machine) and can
  * run a batch of C copies of the sequence, copy c starting c steps later, dumping the copy --dump-seq, and can
  * follow a reference dump's discrete choices (--follow: topk_idx / router_ids; dsv4_opt.h "Decision following").
+ * The CPU reference can follow too, and round where the optimized path holds bf16 (--emulate bf16).
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
@@ -33,7 +34,7 @@ static void run_usage(FILE *f)
             "                [--attn mma|simt] [--indexer bf16|fp32] [--mhc castfree|roundtrip]\n"
             "                [--index-context live|max] [--kv bf16|fp8] [--max-context N] [--batch C]\n"
             "                [--dump-seq I] [--graph on|off] [--weights bf16|fp8] [--quantize fp8]\n"
-            "                [--follow DUMP.h5] [--probes NAMES]\n\n"
+            "                [--follow DUMP.h5] [--probes NAMES] [--emulate none|bf16]\n\n"
             "Runs the model over a prompt (one prefill) and N one-token decode steps, and writes every probe of\n"
             "dump-format.md for the chosen positions to OUT.h5.\n\n"
             "  --model DIR            model folder: config.json + *.safetensors\n"
@@ -53,6 +54,19 @@ static void run_usage(FILE *f)
             "  --dump OUT.h5          write the dump (written to a temporary name, renamed when complete)\n"
             "  --probes NAMES         store only these probes, comma separated (default all), e.g.\n"
             "                         topk_idx,router_ids: the small dump of every position that --follow needs\n"
+            "  --follow DUMP.h5       decision following (opt and ref-cpu): at every position and layer where DUMP\n"
+            "                         (a reference dump of the same tokens, e.g. --path ref-cpu --dump-positions\n"
+            "                         all) holds topk_idx / router_ids, compute and dump the path's own selection,\n"
+            "                         then run the rest of the step on DUMP's (experts weighted by the path's own\n"
+            "                         scores); with opt only the --dump-seq copy follows. This is how the bf16 path\n"
+            "                         is gated on small models, where one near-tie flip in bf16 changes 1 of 4 keys\n"
+            "                         or experts (docs/optimized.md). Following stops at the first position whose\n"
+            "                         token is not DUMP's\n"
+            "ref-cpu only:\n"
+            "  --emulate none|bf16    bf16: round to bf16 exactly where the optimized path holds bf16 (weights,\n"
+            "                         residual streams, GEMM inputs, caches, attention P and outputs; docs/verify.md\n"
+            "                         \"The bf16 emulation of the reference\"): an independent model of the bf16\n"
+            "                         design's rounding error. Default none (the plain fp32 reference)\n"
             "opt only (first value = default; the second is the naive variant of design.md):\n"
             "  --attn, --indexer, --mhc, --index-context, --kv   the switches, e.g. --mhc roundtrip\n"
             "  --max-context N        positions the caches are allocated for (default: the run's tokens)\n"
@@ -66,14 +80,7 @@ static void run_usage(FILE *f)
             "  --quantize fp8         quantise a bf16/f32 model's linears / experts at load into those formats\n"
             "                         (model-spec §3 rounding; implies --weights fp8 unless --weights bf16, which\n"
             "                         then holds the quantised values in bf16)\n"
-            "  --follow DUMP.h5       decision following: at every position and layer where DUMP (a reference\n"
-            "                         dump of the same tokens, e.g. --path ref-cpu --dump-positions all) holds\n"
-            "                         topk_idx / router_ids, compute and dump the path's own selection, then run\n"
-            "                         the rest of the step on DUMP's (experts weighted by the path's own scores);\n"
-            "                         only the --dump-seq copy follows. This is how the bf16 path is gated on\n"
-            "                         small models, where one near-tie flip in bf16 changes 1 of 4 keys or\n"
-            "                         experts (docs/optimized.md). Following stops at the first position whose\n"
-            "                         token is not DUMP's\n\n"
+            "\n"
             "The dump's prompt_len is the prompt length whatever --decode-from says (its root attribute\n"
             "'prefill_len' records K), so dumps of one prompt line up. A progress line (tokens/s, ETA) goes to\n"
             "stderr on runs longer than a few seconds. Exit status: 0 ok, 1 the run failed, 2 bad usage or\n"
@@ -212,6 +219,7 @@ typedef struct run_args {
     const char *model, *path, *tokens_from, *prompt_tokens, *positions, *dump, *follow, *probes;
     int decode, greedy, forced, decode_from;
     dsv4_opt_options opt; /* --path opt */
+    dsv4_ref_options ref; /* --path ref-cpu */
     int max_context;      /* 0: the run's length */
 } run_args;
 
@@ -222,6 +230,7 @@ static int parse_args(int argc, char **argv, run_args *a)
     a->decode = -1;
     a->decode_from = -1;
     dsv4_opt_options_default(&a->opt);
+    dsv4_ref_options_default(&a->ref);
     a->max_context = 0;
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i];
@@ -241,7 +250,12 @@ static int parse_args(int argc, char **argv, run_args *a)
         else if (!strcmp(o, "--dump")) TAKE(dump);
         else if (!strcmp(o, "--follow")) TAKE(follow);
         else if (!strcmp(o, "--probes")) TAKE(probes);
-        else if (!strcmp(o, "--greedy")) a->greedy = 1;
+        else if (!strcmp(o, "--emulate")) {
+            if (!v) return dsv4_error(DSV4_ERR_USAGE, "%s needs a value", o);
+            int rc = dsv4_ref_emulate_parse(v, &a->ref.emulate);
+            if (rc) return rc;
+            i++;
+        } else if (!strcmp(o, "--greedy")) a->greedy = 1;
         else if (!strcmp(o, "--forced")) a->forced = 1;
         else if (!strcmp(o, "--attn") || !strcmp(o, "--indexer") || !strcmp(o, "--mhc") ||
                  !strcmp(o, "--index-context") || !strcmp(o, "--kv") || !strcmp(o, "--weights") ||
@@ -283,8 +297,10 @@ static int parse_args(int argc, char **argv, run_args *a)
     if (a->greedy && a->forced) return dsv4_error(DSV4_ERR_USAGE, "--greedy and --forced exclude each other");
     if (strcmp(a->path, "ref-cpu") && strcmp(a->path, "ref-gpu") && strcmp(a->path, "opt"))
         return dsv4_error(DSV4_ERR_USAGE, "--path '%s': want ref-cpu, ref-gpu or opt", a->path);
-    if (a->follow && strcmp(a->path, "opt"))
-        return dsv4_error(DSV4_ERR_USAGE, "--follow is an option of --path opt (the references make their own choices)");
+    if (a->follow && strcmp(a->path, "opt") && strcmp(a->path, "ref-cpu"))
+        return dsv4_error(DSV4_ERR_USAGE, "--follow is an option of --path opt and ref-cpu (not of %s)", a->path);
+    if (a->ref.emulate != DSV4_REF_EMULATE_NONE && strcmp(a->path, "ref-cpu"))
+        return dsv4_error(DSV4_ERR_USAGE, "--emulate is an option of --path ref-cpu (not of %s)", a->path);
     if (a->opt.n_seq < 1 || a->opt.dump_seq >= a->opt.n_seq)
         return dsv4_error(DSV4_ERR_USAGE, "--batch %d / --dump-seq %d: want 0 <= dump-seq < batch", a->opt.n_seq,
                           a->opt.dump_seq);
@@ -468,7 +484,11 @@ int dsv4_cmd_run(int argc, char **argv)
         if (a.follow && (rc = follow_open(a.follow, cfg, &pl, &follow))) goto out;
         a.opt.follow = follow;
         rc = dsv4_opt_init(m, &a.opt, &op);
-    } else if (!strcmp(a.path, "ref-cpu")) rc = dsv4_ref_cpu_init(m, pl.T, &ref);
+    } else if (!strcmp(a.path, "ref-cpu")) {
+        if (a.follow && (rc = follow_open(a.follow, cfg, &pl, &follow))) goto out;
+        a.ref.follow = follow;
+        rc = dsv4_ref_cpu_init_opts(m, pl.T, &a.ref, &ref);
+    }
     else rc = dsv4_ref_gpu_init(m, pl.T, &ref);
     if (rc) goto out;
     const char *producer = op ? dsv4_opt_producer(op) : dsv4_ref_producer(ref);
@@ -508,7 +528,8 @@ int dsv4_cmd_run(int argc, char **argv)
         char kbuf[32];
         snprintf(kbuf, sizeof kbuf, "%d", K);
         if ((rc = dsv4_dump_writer_attr(w, "prefill_len", kbuf))) goto out;
-        if (follow && (rc = write_command_attr(w, argc, argv))) goto out; /* says which dump it followed */
+        if ((follow || a.ref.emulate != DSV4_REF_EMULATE_NONE) && (rc = write_command_attr(w, argc, argv)))
+            goto out; /* says which dump it followed, what it rounded */
         if ((rc = dsv4_probe_sink_init(w, cfg, positions, n_pos, pl.T, &sink))) goto out;
         if ((rc = dsv4_probe_sink_keep(sink, a.probes))) goto out;
     }
@@ -559,7 +580,15 @@ int dsv4_cmd_run(int argc, char **argv)
     if (a.dump) printf("dump: %s (%d positions)\n", a.dump, n_pos);
     if (follow) {
         dsv4_opt_follow_stats fs;
-        if ((rc = dsv4_opt_follow_stats_get(op, &fs))) goto out;
+        if (op) {
+            if ((rc = dsv4_opt_follow_stats_get(op, &fs))) goto out;
+        } else {
+            dsv4_ref_follow_stats rs;
+            dsv4_ref_follow_stats_get(ref, &rs);
+            fs = (dsv4_opt_follow_stats){.topk_rows = rs.topk_rows, .topk_changed = rs.topk_changed,
+                                         .router_rows = rs.router_rows, .router_changed = rs.router_changed,
+                                         .stopped_at = rs.stopped_at};
+        }
         printf("follow: %s: %ld top-k rows followed (%ld ran on the dump's picks, not the path's), %ld router rows "
                "(%ld on the dump's experts)", a.follow, fs.topk_rows, fs.topk_changed, fs.router_rows,
                fs.router_changed);

@@ -26,6 +26,33 @@ void dsv4_ref_sink_attention(float *o, const float *q, const float *kv, int m, c
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, H, d, m, 1.0f, scores, m, kv, d, 0.0f, o, d);
 }
 
+void dsv4_ref_sink_attention_bf16p(float *o, const float *q, const float *kv, int m, const float *sinks, int H,
+                                   int d, float *scores)
+{
+    float scale = 1.0f / sqrtf((float)d);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, H, m, d, 1.0f, q, d, kv, d, 0.0f, scores, m);
+    for (int h = 0; h < H; h++) {
+        float *s = scores + (size_t)h * m;
+        float mx = -INFINITY;
+        for (int j = 0; j < m; j++) {
+            s[j] *= scale;
+            if (s[j] > mx) mx = s[j];
+        }
+        /* sparse_attn.cu: p = bf16(e^{s - max}) enters P.V, and the denominator sums the ROUNDED p */
+        float l = 0.0f;
+        for (int j = 0; j < m; j++) {
+            s[j] = dsv4_bf16_to_f32(dsv4_f32_to_bf16(expf(s[j] - mx)));
+            l += s[j];
+        }
+        /* attn_final_factor: the sink enters the denominator in fp32 */
+        float sink = sinks[h], M = mx > sink ? mx : sink, wm = expf(mx - M);
+        float fct = wm / (l * wm + expf(sink - M));
+        float *oh = o + (size_t)h * d;
+        cblas_sgemv(CblasRowMajor, CblasTrans, m, d, 1.0f, kv, d, s, 1, 0.0f, oh, 1);
+        for (int i = 0; i < d; i++) oh[i] *= fct;
+    }
+}
+
 void dsv4_ref_grouped_out(float *out, float *z, const float *o, const float *wo_a, const float *wo_b, int S, int H,
                           int d, int G, int o_r, int D)
 {

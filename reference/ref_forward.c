@@ -13,10 +13,17 @@
  * - Sliding layers use the main RoPE table; CSA/HCA layers use the compress table for q, window kv,
  *   compressed entries and the indexer.
  * - The MoE reads token ids (hash layers) from the call's tokens, not from positions.
+ * - bf16 emulation (c->emu, docs/verify.md "The bf16 emulation of the reference"): every rounding sits where the
+ *   optimized path stores that value in bf16, marked "emu:" with the buffer of optimized/ it mirrors; probes are
+ *   taken where the optimized path takes them (kv before the cache store, norm after the bf16 store). With
+ *   emulation off not one operation differs from the plain reference.
+ * - Decision following (c->follow): the own top-k / router picks are probed first, then the dump's row is merged in
+ *   (follow_merge, the rule of kernels/follow.cu), so a row that agrees leaves the step bitwise unchanged.
  */
 #include <math.h>
 #include <string.h>
 
+#include "dsv4/dsv4_opt.h"
 #include "ref_model.h"
 
 #define PROBE(name, pos, buf, n)                                                                                 \
@@ -30,6 +37,40 @@
         if (rc_) return rc_;                                                                                     \
     } while (0)
 
+/* Is position p following the dump? Until the first position whose token is not the dump's (set per call). */
+static int follow_on(const dsv4_ref_cpu *c, int p) { return c->follow && (c->follow_stop < 0 || p < c->follow_stop); }
+
+/* Merge the dump's row tgt [k] into the own row [k] as kernels/follow.cu does: ids both rows hold keep their slots
+ * (the attention and the MoE sum in slot order), the dump's other ids fill the remaining slots in the dump's order
+ * (-1 when none is left). tmp [4k] scratch. Returns 1 when the row changed. */
+static int follow_merge(int32_t *row, const int32_t *tgt, int k, int32_t *tmp)
+{
+    if (!memcmp(row, tgt, (size_t)k * sizeof *row)) return 0;
+    int32_t *own = tmp, *keep = tmp + k, *miss = tmp + 2 * k;
+    memcpy(own, row, (size_t)k * sizeof *own);
+    for (int j = 0; j < k; j++) {
+        const int32_t v = own[j], t = tgt[j];
+        int kp = v >= 0, in = 0;
+        for (int i = 0; kp && i < j; i++) kp = own[i] != v; /* first occurrence only */
+        for (int i = 0; kp && !in && i < k; i++) in = tgt[i] == v;
+        keep[j] = kp && in;
+        int ms = t >= 0;
+        for (int i = 0; ms && i < j; i++) ms = tgt[i] != t;
+        for (int i = 0; ms && i < k; i++) ms = own[i] != t;
+        miss[j] = ms;
+    }
+    int m = 0, ch = 0;
+    for (int j = 0; j < k; j++) {
+        if (keep[j]) continue;
+        while (m < k && !miss[m]) m++;
+        const int32_t v = m < k ? tgt[m++] : -1;
+        ch |= v != own[j];
+        own[j] = v;
+    }
+    if (ch) memcpy(row, own, (size_t)k * sizeof *row);
+    return ch;
+}
+
 /* mHC pre of every token of the call, then the site's RMSNorm; probes <site>_hc_* and <site>_in. */
 static int mhc_pre_all(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int L, const dsv4_ref_hc_params *hp,
                        const float *norm_w, int p0, int S, int attn_site, dsv4_probe_sink *probe)
@@ -42,6 +83,7 @@ static int mhc_pre_all(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int L, const dsv4_
         dsv4_ref_hc_pre(hp, sc->X + (size_t)s * n * D, n, D, f->hc_sinkhorn_iters, (float)f->hc_eps,
                         (float)f->rms_norm_eps, pre, post, comb, xa, sc->vn, sc->mix);
         dsv4_ref_rmsnorm(sc->xn + (size_t)s * D, xa, norm_w, D, (float)f->rms_norm_eps);
+        if (c->emu) dsv4_ref_emu_round(sc->xn + (size_t)s * D, D); /* emu: o->xn, the GEMM input (bf16) */
         int p = p0 + s;
         if (!dsv4_probe_wants(probe, p)) continue;
         PROBE(attn_site ? "attn_hc_pre" : "ffn_hc_pre", p, pre, n);
@@ -59,6 +101,7 @@ static void mhc_post_all(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, const float *out
     for (int s = 0; s < S; s++)
         dsv4_ref_hc_post(sc->X2 + (size_t)s * n * D, sc->X + (size_t)s * n * D, out + (size_t)s * D,
                          sc->post + (size_t)s * n, sc->comb + (size_t)s * n * n, n, D);
+    if (c->emu) dsv4_ref_emu_round(sc->X2, (size_t)S * n * D); /* emu: o->X, the residual streams (bf16) */
     float *t = sc->X;
     sc->X = sc->X2;
     sc->X2 = t;
@@ -81,6 +124,7 @@ static int compress_all(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, dsv4_ref_compress
         dsv4_ref_rope_cos_sin(c->inv_cmp, c->n_pairs, (int64_t)r * w, sc->cos_e, sc->sin_e);
         dsv4_ref_compressor_finish(sc->entry, dc, norm_w, (float)c->cfg.rms_norm_eps, c->n_pairs, sc->cos_e,
                                    sc->sin_e);
+        if (c->emu) dsv4_ref_emu_round(sc->entry, dc); /* emu: ly->kvc rows W + w / ly->ipool (bf16 caches) */
         memcpy(pool + (size_t)w * dc, sc->entry, (size_t)dc * sizeof(float));
         *n_entries = w + 1;
     }
@@ -105,6 +149,7 @@ static int indexer_all(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int L, int p0, int
         for (int h = 0; h < HI; h++)
             dsv4_ref_rope_apply(sc->qI + ((size_t)s * HI + h) * dI, dI, np, sc->cos_c + (size_t)s * np,
                                 sc->sin_c + (size_t)s * np, 0);
+    if (c->emu) dsv4_ref_emu_round(sc->qI, (size_t)S * HI * dI); /* emu: o->qI, the indexer queries (bf16) */
     dsv4_ref_linear(sc->wI, sc->xn, w->idx_wproj, S, D, HI);
     int n_pool = st->n_ientries;
     for (int s = 0; s < S; s++) {
@@ -114,10 +159,20 @@ static int indexer_all(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int L, int p0, int
         dsv4_ref_index_scores(sc->iscore, sc->qI + (size_t)s * HI * dI, st->ipool, n_pool, sc->wI + (size_t)s * HI,
                               HI, dI, sc->idots);
         sc->n_topk[s] = dsv4_ref_index_select(sc->iscore, n_pool, n_vis, f->index_topk, idx);
-        if (!dsv4_probe_wants(probe, p)) continue;
-        /* the visible entries only: the sink pads the invisible rest with -inf */
-        PROBE("indexer_scores", p, sc->iscore, (size_t)n_vis);
-        PROBE_I32("topk_idx", p, idx, (size_t)sc->n_topk[s]);
+        if (dsv4_probe_wants(probe, p)) {
+            /* the visible entries only: the sink pads the invisible rest with -inf */
+            PROBE("indexer_scores", p, sc->iscore, (size_t)n_vis);
+            PROBE_I32("topk_idx", p, idx, (size_t)sc->n_topk[s]);
+        }
+        /* following: after the probe (the dump records the own picks), the gather reads the dump's */
+        const int32_t *row = follow_on(c, p) ? dsv4_opt_follow_row(c->follow, DSV4_OPT_FOLLOW_TOPK, L, p) : NULL;
+        if (!row) continue;
+        for (int i = sc->n_topk[s]; i < topk; i++) idx[i] = -1; /* the row as wide as the dump's (the gather skips -1) */
+        c->fstats.topk_rows++;
+        if (follow_merge(idx, row, topk, sc->fmerge)) {
+            sc->n_topk[s] = topk;
+            c->fstats.topk_changed++;
+        }
     }
     return 0;
 }
@@ -138,6 +193,7 @@ static int attention_all(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int L, int p0, i
     /* low-rank query with per-head unweighted norm and RoPE; q_res also feeds the indexer */
     dsv4_ref_linear(sc->qr, sc->xn, w->wq_a, S, D, qr);
     for (int s = 0; s < S; s++) dsv4_ref_rmsnorm(sc->qr + (size_t)s * qr, sc->qr + (size_t)s * qr, w->q_norm, qr, eps);
+    if (c->emu) dsv4_ref_emu_round(sc->qr, (size_t)S * qr); /* emu: o->qr_b, input of wq_b and the indexer wq_b */
     dsv4_ref_linear(sc->q, sc->qr, w->wq_b, S, qr, H * d);
     for (int s = 0; s < S; s++)
         for (int h = 0; h < H; h++) {
@@ -145,6 +201,7 @@ static int attention_all(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int L, int p0, i
             dsv4_ref_rmsnorm(qh, qh, NULL, d, eps);
             dsv4_ref_rope_apply(qh, d, np, cosv + (size_t)s * np, sinv + (size_t)s * np, 0);
         }
+    if (c->emu) dsv4_ref_emu_round(sc->q, (size_t)S * H * d); /* emu: o->q, the attention queries (bf16) */
 
     /* the one shared key=value vector of each token */
     dsv4_ref_linear(sc->kv, sc->xn, w->wkv, S, D, d);
@@ -152,7 +209,8 @@ static int attention_all(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int L, int p0, i
         float *kv = sc->kv + (size_t)s * d;
         dsv4_ref_rmsnorm(kv, kv, w->kv_norm, d, eps);
         dsv4_ref_rope_apply(kv, d, np, cosv + (size_t)s * np, sinv + (size_t)s * np, 0);
-        if (dsv4_probe_wants(probe, p0 + s)) PROBE("kv", p0 + s, kv, d);
+        if (dsv4_probe_wants(probe, p0 + s)) PROBE("kv", p0 + s, kv, d); /* emu: o->kvf, the fp32 copy */
+        if (c->emu) dsv4_ref_emu_round(kv, d); /* emu: ly->kvc ring slot (bf16 cache), what attention reads */
     }
 
     if (w->ratio > 0) {
@@ -185,16 +243,59 @@ static int attention_all(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int L, int p0, i
             }
         }
         float *o = sc->o + (size_t)s * H * d;
-        dsv4_ref_sink_attention(o, sc->q + (size_t)s * H * d, sc->gather, m, w->sinks, H, d, sc->scores);
+        if (c->emu) /* emu: the mma kernel's P (bf16) entering P.V */
+            dsv4_ref_sink_attention_bf16p(o, sc->q + (size_t)s * H * d, sc->gather, m, w->sinks, H, d, sc->scores);
+        else dsv4_ref_sink_attention(o, sc->q + (size_t)s * H * d, sc->gather, m, w->sinks, H, d, sc->scores);
         for (int h = 0; h < H; h++)
             dsv4_ref_rope_apply(o + (size_t)h * d, d, np, cosv + (size_t)s * np, sinv + (size_t)s * np, 1);
+        if (c->emu) dsv4_ref_emu_round(o, (size_t)H * d); /* emu: o->o, the attention output (bf16) */
     }
     for (int s = S - Wn > 0 ? S - Wn : 0; s < S; s++)
         memcpy(st->win + (size_t)((p0 + s) % Wn) * d, sc->kv + (size_t)s * d, (size_t)d * sizeof(float));
 
     dsv4_ref_grouped_out(sc->aout, sc->z, sc->o, w->wo_a, w->wo_b, S, H, d, f->o_groups, f->o_lora_rank, D);
+    if (c->emu) { /* emu: o->z, the grouped projection's output (bf16), then wo_b on the rounded z */
+        const int Go = f->o_groups * f->o_lora_rank;
+        dsv4_ref_emu_round(sc->z, (size_t)S * Go);
+        dsv4_ref_linear(sc->aout, sc->z, w->wo_b, S, Go, D);
+    }
     for (int s = 0; s < S; s++)
         if (dsv4_probe_wants(probe, p0 + s)) PROBE("attn_out", p0 + s, sc->aout + (size_t)s * D, D);
+    return 0;
+}
+
+/* The experts of moe_all as the optimized path rounds them (emu): the shared SwiGLU output h rounded (o->h_sh), the
+ * routed h = SwiGLU · route weight rounded (moe_up_kernel's o->h_r: the weight enters BEFORE the bf16 store), each
+ * routed expert's w2 product summed in slot order, then the shared output added (moe_down_kernel). */
+static int moe_experts_emu(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int L, int p0, int S, dsv4_probe_sink *probe)
+{
+    const dsv4_config *f = &c->cfg;
+    const dsv4_ref_layer_w *w = &c->lw[L];
+    int D = f->hidden_size, k = f->num_experts_per_tok, NI = f->moe_intermediate_size;
+    float limit = (float)f->swiglu_limit;
+    dsv4_ref_linear(sc->eg, sc->xn, w->sh_w1, S, D, NI);
+    dsv4_ref_linear(sc->eu, sc->xn, w->sh_w3, S, D, NI);
+    dsv4_ref_swiglu(sc->eg, sc->eg, sc->eu, S * NI, limit);
+    dsv4_ref_emu_round(sc->eg, (size_t)S * NI); /* emu: o->h_sh (bf16) */
+    dsv4_ref_linear(sc->fout, sc->eg, w->sh_w2, S, NI, D);
+    for (int s = 0; s < S; s++) {
+        float *racc = sc->aout + (size_t)s * D, *fo = sc->fout + (size_t)s * D;
+        const float *x = sc->xn + (size_t)s * D;
+        memset(racc, 0, (size_t)D * sizeof(float));
+        for (int j = 0; j < k; j++) {
+            int e = sc->rids[(size_t)s * k + j];
+            float wt = sc->rw[(size_t)s * k + j];
+            dsv4_ref_linear(sc->eg, x, w->w1[e], 1, D, NI);
+            dsv4_ref_linear(sc->eu, x, w->w3[e], 1, D, NI);
+            dsv4_ref_swiglu(sc->eg, sc->eg, sc->eu, NI, limit);
+            for (int i = 0; i < NI; i++) sc->eg[i] *= wt;
+            dsv4_ref_emu_round(sc->eg, NI); /* emu: o->h_r row of this (token, expert) (bf16) */
+            dsv4_ref_linear(sc->ey, sc->eg, w->w2[e], 1, NI, D);
+            for (int i = 0; i < D; i++) racc[i] += sc->ey[i];
+        }
+        for (int i = 0; i < D; i++) fo[i] = racc[i] + fo[i];
+        if (dsv4_probe_wants(probe, p0 + s)) PROBE("ffn_out", p0 + s, fo, D);
+    }
     return 0;
 }
 
@@ -211,10 +312,28 @@ static int moe_all(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int L, int p0, const i
         const int32_t *hash = w->tid2eid ? w->tid2eid + (size_t)tokens[s] * k : NULL;
         dsv4_ref_route(sc->rlogits + (size_t)s * E, E, k, w->tid2eid ? NULL : w->gate_bias, hash,
                        (float)f->routed_scaling_factor, sc->rids + (size_t)s * k, sc->rw + (size_t)s * k, sc->rs);
-        if (!dsv4_probe_wants(probe, p0 + s)) continue;
-        PROBE_I32("router_ids", p0 + s, sc->rids + (size_t)s * k, k);
-        PROBE("router_weights", p0 + s, sc->rw + (size_t)s * k, k);
+        if (dsv4_probe_wants(probe, p0 + s)) {
+            PROBE_I32("router_ids", p0 + s, sc->rids + (size_t)s * k, k);
+            PROBE("router_weights", p0 + s, sc->rw + (size_t)s * k, k);
+        }
+        /* following: after the probes, the experts run the dump's ids, weighted by the own scores of those ids
+         * (dsv4_ref_route's formula and order, as follow.cu re-weights) */
+        const int32_t *row = follow_on(c, p0 + s) ? dsv4_opt_follow_row(c->follow, DSV4_OPT_FOLLOW_ROUTER, L, p0 + s)
+                                                  : NULL;
+        if (!row) continue;
+        c->fstats.router_rows++;
+        int32_t *ids = sc->rids + (size_t)s * k;
+        if (!follow_merge(ids, row, k, sc->fmerge)) continue;
+        c->fstats.router_changed++;
+        const float *lg = sc->rlogits + (size_t)s * E;
+        float *wt = sc->rw + (size_t)s * k, sum = 0.0f;
+        for (int j = 0; j < k; j++) {
+            wt[j] = dsv4_ref_sqrtsoftplus(lg[ids[j]]);
+            sum += wt[j];
+        }
+        for (int j = 0; j < k; j++) wt[j] = wt[j] / (sum + 1e-20f) * (float)f->routed_scaling_factor;
     }
+    if (c->emu) return moe_experts_emu(c, sc, L, p0, S, probe);
     /* shared expert over all tokens at once, into fout */
     dsv4_ref_expert(sc->fout, sc->xn, w->sh_w1, w->sh_w3, w->sh_w2, S, D, NI, limit, sc->eg,
                     sc->eu);
@@ -267,6 +386,12 @@ int dsv4_ref_cpu_forward_scratch(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int p0, 
         dsv4_ref_rope_cos_sin(c->inv_main, np, p0 + s, sc->cos_m + (size_t)s * np, sc->sin_m + (size_t)s * np);
         dsv4_ref_rope_cos_sin(c->inv_cmp, np, p0 + s, sc->cos_c + (size_t)s * np, sc->sin_c + (size_t)s * np);
     }
+    if (c->follow) { /* following stops for good at the first position whose token is not the dump's */
+        int nt;
+        const int32_t *ft = dsv4_opt_follow_tokens(c->follow, &nt);
+        for (int s = 0; s < S && c->follow_stop < 0; s++)
+            if (p0 + s >= nt || ft[p0 + s] != tokens[s]) c->follow_stop = c->fstats.stopped_at = p0 + s;
+    }
     for (int L = 0; L < f->num_hidden_layers; L++) {
         int rc = layer_forward(c, sc, L, p0, tokens, S, probe);
         if (rc) return rc;
@@ -279,6 +404,7 @@ int dsv4_ref_cpu_forward_scratch(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int p0, 
                          (float)f->hc_eps, (float)f->rms_norm_eps, sc->y, sc->vn);
         if (want) PROBE("hc_head", p, sc->y, D);
         dsv4_ref_rmsnorm(sc->y, sc->y, c->norm, D, (float)f->rms_norm_eps);
+        if (c->emu) dsv4_ref_emu_round(sc->y, D); /* emu: o->xn of the head, the logits GEMM input (bf16) */
         if (want) PROBE("norm", p, sc->y, D);
         dsv4_ref_linear(sc->logits, sc->y, c->head, 1, D, V);
         if (want) PROBE("logits", p, sc->logits, V);

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dsv4/dsv4_opt.h"
 #include "ref_model.h"
 
 /* ------------------------------------------------------------------------------------- allocation */
@@ -274,8 +275,80 @@ size_t dsv4_ref_scratch_layout(const dsv4_ref_cpu *c, int S, dsv4_ref_scratch *s
     CARVE(mix, (2 + n) * n);
     CARVE(y, D);
     CARVE(logits, f->vocab_size);
+    CARVE(fmerge, 4 * (topk > k ? topk : k));
 #undef CARVE
     if (mem) sc->S = S;
+    return off;
+}
+
+/* ---------------------------------------------------------------------------- bf16 emulation weights */
+/* One weight the optimized path holds in bf16 (docs/verify.md "The bf16 emulation of the reference"): *w is
+ * repointed at a bf16-rounded copy in mem + *off (mem NULL: count only). A tensor that is FP8 e4m3 or FP4 on disk
+ * is left as it is: the optimized path's default (auto) weights mode keeps those in their formats and its kernels
+ * multiply by the exact dequantised values (qweight.cuh; with e8m0 scales they are exact in bf16 anyway). */
+static void emu_weight(dsv4_ref_cpu *c, const float **w, size_t numel, float *mem, size_t *off, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+static void emu_weight(dsv4_ref_cpu *c, const float **w, size_t numel, float *mem, size_t *off, const char *fmt, ...)
+{
+    char name[160];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    const dsv4_tensor *t = NULL;
+    if (!dsv4_model_tensor(c->model, name, &t) && (t->dtype == DSV4_DTYPE_F8_E4M3 || t->dtype == DSV4_DTYPE_I8))
+        return;
+    if (mem) {
+        float *dst = mem + *off;
+        memcpy(dst, *w, numel * sizeof(float));
+        dsv4_ref_emu_round(dst, numel);
+        *w = dst;
+    }
+    *off += numel;
+}
+
+/* Every bf16-held weight of the optimized path (opt_layout.c weights_layout / layer_weights): the embedding and
+ * head, the x-projection [wq_a | wkv | compressor wkv, wgate | indexer wkv, wgate, weights_proj], wq_b, the indexer
+ * wq_b, wo_a, wo_b, the ffn projection [gate | shared w1 | w3], shared w2 and the routed experts. NOT rounded (fp32
+ * there too): mHC fn/base/scale and hc_head, every norm weight, sinks, the ape biases, the router bias. Returns the
+ * floats needed (mem NULL: count only). */
+static size_t emu_weights(dsv4_ref_cpu *c, float *mem)
+{
+    const dsv4_config *f = &c->cfg;
+    size_t off = 0, D = f->hidden_size, V = f->vocab_size, H = f->num_attention_heads, d = f->head_dim;
+    size_t qr = f->q_lora_rank, G = f->o_groups, o_r = f->o_lora_rank, HI = f->index_n_heads, dI = f->index_head_dim;
+    size_t E = f->n_routed_experts, NI = f->moe_intermediate_size;
+    emu_weight(c, &c->embed, V * D, mem, &off, "embed.weight");
+    if (f->tie_word_embeddings) c->head = c->embed;
+    else emu_weight(c, &c->head, V * D, mem, &off, "head.weight");
+    for (int L = 0; L < f->num_hidden_layers; L++) {
+        dsv4_ref_layer_w *w = &c->lw[L];
+        emu_weight(c, &w->wq_a, qr * D, mem, &off, "layers.%d.attn.wq_a.weight", L);
+        emu_weight(c, &w->wkv, d * D, mem, &off, "layers.%d.attn.wkv.weight", L);
+        if (w->ratio > 0) {
+            size_t width = DSV4_REF_CMP_WIDTH(w, d);
+            emu_weight(c, &w->cmp_wkv, width * D, mem, &off, "layers.%d.attn.compressor.wkv.weight", L);
+            emu_weight(c, &w->cmp_wgate, width * D, mem, &off, "layers.%d.attn.compressor.wgate.weight", L);
+        }
+        if (w->attn == DSV4_ATTN_CSA) {
+            emu_weight(c, &w->idx_wkv, 2 * dI * D, mem, &off, "layers.%d.attn.indexer.compressor.wkv.weight", L);
+            emu_weight(c, &w->idx_wgate, 2 * dI * D, mem, &off, "layers.%d.attn.indexer.compressor.wgate.weight", L);
+            emu_weight(c, &w->idx_wproj, HI * D, mem, &off, "layers.%d.attn.indexer.weights_proj.weight", L);
+            emu_weight(c, &w->idx_wq_b, HI * dI * qr, mem, &off, "layers.%d.attn.indexer.wq_b.weight", L);
+        }
+        emu_weight(c, &w->wq_b, H * d * qr, mem, &off, "layers.%d.attn.wq_b.weight", L);
+        emu_weight(c, &w->wo_a, G * o_r * (H * d / G), mem, &off, "layers.%d.attn.wo_a.weight", L);
+        emu_weight(c, &w->wo_b, D * G * o_r, mem, &off, "layers.%d.attn.wo_b.weight", L);
+        emu_weight(c, &w->gate_w, E * D, mem, &off, "layers.%d.ffn.gate.weight", L);
+        emu_weight(c, &w->sh_w1, NI * D, mem, &off, "layers.%d.ffn.shared_experts.w1.weight", L);
+        emu_weight(c, &w->sh_w3, NI * D, mem, &off, "layers.%d.ffn.shared_experts.w3.weight", L);
+        emu_weight(c, &w->sh_w2, D * NI, mem, &off, "layers.%d.ffn.shared_experts.w2.weight", L);
+        for (size_t e = 0; e < E; e++) {
+            emu_weight(c, &w->w1[e], NI * D, mem, &off, "layers.%d.ffn.experts.%zu.w1.weight", L, e);
+            emu_weight(c, &w->w3[e], NI * D, mem, &off, "layers.%d.ffn.experts.%zu.w3.weight", L, e);
+            emu_weight(c, &w->w2[e], D * NI, mem, &off, "layers.%d.ffn.experts.%zu.w2.weight", L, e);
+        }
+    }
     return off;
 }
 
@@ -295,6 +368,7 @@ static void cpu_free(void *impl)
     dsv4_ref_release(c->inv_main);
     dsv4_ref_release(c->state_mem);
     dsv4_ref_release(c->step_mem);
+    dsv4_ref_release(c->emu_mem);
     dsv4_ref_release(c);
 }
 
@@ -334,7 +408,7 @@ static const dsv4_ref_vtable dsv4_ref_cpu_vtable = {
     .free_impl = cpu_free,
 };
 
-static int cpu_init(dsv4_model *m, int max_tokens, dsv4_ref_cpu *c)
+static int cpu_init(dsv4_model *m, int max_tokens, const dsv4_ref_options *opt, dsv4_ref_cpu *c)
 {
     const dsv4_config *cfg = dsv4_model_config(m);
     int rc;
@@ -365,6 +439,23 @@ static int cpu_init(dsv4_model *m, int max_tokens, dsv4_ref_cpu *c)
     if (!c->lw || !c->ls) return DSV4_ERR_NOMEM;
     for (int L = 0; L < nl; L++)
         if ((rc = bind_layer(c, L))) return rc;
+    c->emu = opt->emulate == DSV4_REF_EMULATE_BF16;
+    c->follow = opt->follow;
+    c->follow_stop = -1;
+    c->fstats.stopped_at = -1;
+    if (c->follow && (dsv4_opt_follow_width(c->follow, DSV4_OPT_FOLLOW_TOPK) != f->index_topk ||
+                      dsv4_opt_follow_width(c->follow, DSV4_OPT_FOLLOW_ROUTER) != f->num_experts_per_tok))
+        return dsv4_error(DSV4_ERR_USAGE, "reference: the follow table of %s was loaded for another config "
+                          "(index_topk %d, experts per token %d; the model has %d, %d)",
+                          dsv4_opt_follow_path(c->follow), dsv4_opt_follow_width(c->follow, DSV4_OPT_FOLLOW_TOPK),
+                          dsv4_opt_follow_width(c->follow, DSV4_OPT_FOLLOW_ROUTER), f->index_topk,
+                          f->num_experts_per_tok);
+    if (c->emu) {
+        size_t need = emu_weights(c, NULL);
+        c->emu_mem = dsv4_ref_alloc(need * sizeof(float), "bf16-rounded weights (emulate bf16)");
+        if (!c->emu_mem) return DSV4_ERR_NOMEM;
+        emu_weights(c, c->emu_mem);
+    }
 
     size_t state = layout_state(c, max_tokens, NULL);
     c->state_mem = dsv4_ref_alloc(state * sizeof(float), "decode state");
@@ -379,10 +470,36 @@ static int cpu_init(dsv4_model *m, int max_tokens, dsv4_ref_cpu *c)
 }
 #undef BIND
 
+void dsv4_ref_options_default(dsv4_ref_options *o)
+{
+    memset(o, 0, sizeof *o);
+    o->emulate = DSV4_REF_EMULATE_NONE;
+}
+
+const char *dsv4_ref_emulate_name(dsv4_ref_emulate e) { return e == DSV4_REF_EMULATE_BF16 ? "bf16" : "none"; }
+
+int dsv4_ref_emulate_parse(const char *s, dsv4_ref_emulate *out)
+{
+    if (s && !strcmp(s, "none")) *out = DSV4_REF_EMULATE_NONE;
+    else if (s && !strcmp(s, "bf16")) *out = DSV4_REF_EMULATE_BF16;
+    else return dsv4_error(DSV4_ERR_USAGE, "--emulate '%s': want none or bf16", s ? s : "");
+    return 0;
+}
+
 int dsv4_ref_cpu_init(dsv4_model *m, int max_tokens, dsv4_ref **out)
+{
+    return dsv4_ref_cpu_init_opts(m, max_tokens, NULL, out);
+}
+
+int dsv4_ref_cpu_init_opts(dsv4_model *m, int max_tokens, const dsv4_ref_options *o, dsv4_ref **out)
 {
     DSV4_CHECK(m && out, "dsv4_ref_cpu_init: NULL argument");
     *out = NULL;
+    dsv4_ref_options defaults;
+    dsv4_ref_options_default(&defaults);
+    if (!o) o = &defaults;
+    DSV4_CHECK(o->emulate == DSV4_REF_EMULATE_NONE || o->emulate == DSV4_REF_EMULATE_BF16,
+               "dsv4_ref_cpu_init: emulate %d", (int)o->emulate);
     dsv4_ref *r = dsv4_ref_alloc(sizeof *r, "reference");
     dsv4_ref_cpu *c = dsv4_ref_alloc(sizeof *c, "reference cpu");
     if (!r || !c) {
@@ -393,13 +510,29 @@ int dsv4_ref_cpu_init(dsv4_model *m, int max_tokens, dsv4_ref **out)
     r->vt = &dsv4_ref_cpu_vtable;
     r->impl = c;
     r->max_tokens = max_tokens;
-    int rc = cpu_init(m, max_tokens, c);
+    int rc = cpu_init(m, max_tokens, o, c);
     if (rc) {
         dsv4_ref_free(r);
         return rc;
     }
+    if (c->emu || c->follow) { /* the producer says what was rounded and whose choices were followed */
+        size_t len = (size_t)snprintf(r->producer, sizeof r->producer, "%s", r->vt->producer);
+        if (c->emu) len += (size_t)snprintf(r->producer + len, sizeof r->producer - len, " emulate=bf16");
+        if (c->follow) {
+            const char *fp = dsv4_opt_follow_path(c->follow), *base = strrchr(fp, '/');
+            snprintf(r->producer + len, sizeof r->producer - len, " follow=%s", base ? base + 1 : fp);
+        }
+    }
     *out = r;
     return 0;
+}
+
+void dsv4_ref_follow_stats_get(const dsv4_ref *r, dsv4_ref_follow_stats *s)
+{
+    memset(s, 0, sizeof *s);
+    s->stopped_at = -1;
+    if (!r || r->vt != &dsv4_ref_cpu_vtable) return;
+    *s = ((const dsv4_ref_cpu *)r->impl)->fstats;
 }
 
 /* ------------------------------------------------------------------------------ device-neutral API */
@@ -442,4 +575,8 @@ int dsv4_ref_dump_entries(dsv4_ref *r, dsv4_probe_sink *probe)
     return r->vt->dump_entries(r, probe);
 }
 
-const char *dsv4_ref_producer(const dsv4_ref *r) { return r && r->vt ? r->vt->producer : "dsv4 reference"; }
+const char *dsv4_ref_producer(const dsv4_ref *r)
+{
+    if (r && r->producer[0]) return r->producer;
+    return r && r->vt ? r->vt->producer : "dsv4 reference";
+}

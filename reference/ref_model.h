@@ -31,6 +31,7 @@ struct dsv4_ref {
     void *impl;     /* owned: released by vt->free_impl */
     int pos;        /* positions consumed */
     int max_tokens; /* capacity given at init */
+    char producer[320]; /* "" = vt->producer; else this instance's (options appended) */
 };
 
 /* Counted allocation (zeroed). NULL on failure (with the error recorded). */
@@ -160,6 +161,7 @@ typedef struct dsv4_ref_scratch {
     float *mix;     /* [(2+n)·n] */
     float *y;       /* [D] */
     float *logits;  /* [vocab] */
+    int32_t *fmerge;/* [4·max(index_topk, k)] decision following: the merge's rows and flags */
 } dsv4_ref_scratch;
 
 typedef struct dsv4_ref_cpu {
@@ -176,7 +178,19 @@ typedef struct dsv4_ref_cpu {
     int pool_cap_max;
     dsv4_ref_scratch step;    /* S = 1, preallocated: the decode step */
     float *step_mem;          /* owned */
+    /* options (dsv4_ref_options) */
+    int emu;                  /* 1: emulate bf16 (docs/verify.md "The bf16 emulation of the reference") */
+    float *emu_mem;           /* owned: the bf16-rounded copies of the bf16-held weights (emu only) */
+    const dsv4_opt_follow *follow; /* borrowed, NULL: off */
+    int follow_stop;          /* first position whose token is not the dump's, -1: none yet */
+    dsv4_ref_follow_stats fstats;
 } dsv4_ref_cpu;
+
+/* x [n] rounded to bf16 and back (round to nearest even, dsv4_f32_to_bf16): the emulation's one rounding. */
+static inline void dsv4_ref_emu_round(float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++) x[i] = dsv4_bf16_to_f32(dsv4_f32_to_bf16(x[i]));
+}
 
 /* Carve a scratch for S tokens: returns the float count needed when mem == NULL. */
 size_t dsv4_ref_scratch_layout(const dsv4_ref_cpu *c, int S, dsv4_ref_scratch *sc, float *mem);

@@ -68,6 +68,11 @@ void dsv4_ref_hc_head(const float *fn, const float *base, const float *scale, co
  * q [H, d], kv [m, d] (K = V), sinks [H]; o [H, d]; scores [H, m] scratch. Scale d^-½. m >= 1. */
 void dsv4_ref_sink_attention(float *o, const float *q, const float *kv, int m, const float *sinks, int H, int d,
                              float *scores);
+/* The same as the optimized path's mma kernel rounds it (bf16 emulation, docs/verify.md): each probability
+ * p_j = bf16(e^{s_j − max_j s}) enters P·V rounded, the denominator is Σ_j p_j (rounded values) + e^{sink − max};
+ * one row max over all m entries (the kernel's running max per 32-entry tile gives errors of the same size). */
+void dsv4_ref_sink_attention_bf16p(float *o, const float *q, const float *kv, int m, const float *sinks, int H,
+                                   int d, float *scores);
 /* Grouped output projection (§6.8) for S tokens: o [S, H·d] viewed as G groups of H·d/G channels,
  * z [S, G·o_r] with z_g = o_g · W_oa[g]ᵀ (W_oa = wo_a [G·o_r, H·d/G]), out [S, D] = z · W_obᵀ. */
 void dsv4_ref_grouped_out(float *out, float *z, const float *o, const float *wo_a, const float *wo_b, int S, int H,

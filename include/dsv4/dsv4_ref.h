@@ -16,11 +16,37 @@ extern "C" {
 #endif
 
 typedef struct dsv4_ref dsv4_ref;
+typedef struct dsv4_opt_follow dsv4_opt_follow; /* the follow table of dsv4_opt.h (optimized/opt_follow.c) */
+
+/* What the CPU reference rounds besides its own fp32 arithmetic (docs/verify.md "The bf16 emulation of the
+ * reference"). NONE: the plain fp32 reference, bitwise what it was before the option existed. BF16: every value the
+ * optimized path holds in bf16 (its weights, residual streams, GEMM inputs, caches, attention P and outputs) is
+ * rounded to bf16 (round to nearest even) at that place, so the reference becomes an independent model of the bf16
+ * design's rounding error. The CPU reference only. */
+typedef enum dsv4_ref_emulate { DSV4_REF_EMULATE_NONE, DSV4_REF_EMULATE_BF16 } dsv4_ref_emulate;
+
+typedef struct dsv4_ref_options {
+    dsv4_ref_emulate emulate;      /* default NONE */
+    /* NULL: off. Else decision following as dsv4_opt.h "Decision following": at each position and layer where the
+     * table has a topk_idx / router_ids row, the own selection is computed and probed, then the dump's is used
+     * (ids both chose keep their slots; router weights recomputed from the own scores for the dump's ids).
+     * Following stops at the first position whose token is not the dump's. Borrowed while the reference lives. */
+    const dsv4_opt_follow *follow;
+} dsv4_ref_options;
+
+/* The defaults: emulate NONE, no following. */
+void dsv4_ref_options_default(dsv4_ref_options *o);
+/* "none", "bf16"; parse: DSV4_ERR_USAGE naming the allowed values. */
+const char *dsv4_ref_emulate_name(dsv4_ref_emulate e);
+int dsv4_ref_emulate_parse(const char *s, dsv4_ref_emulate *out);
 
 /* max_tokens: the longest sequence this instance will see (prompt + decode); sizes the whole decode state
  * (window ring, max_tokens div r entries per compressed pool, scratch) once, so decode steps allocate nothing.
  * All weights are bound (and dequantised by the loader) here: a missing or mis-shaped tensor fails at init. */
 int dsv4_ref_cpu_init(dsv4_model *m, int max_tokens, dsv4_ref **out);
+/* The same with options (NULL: the defaults, i.e. dsv4_ref_cpu_init). With emulate BF16 the rounded weights are
+ * copies made here (one more f32 copy of every bf16-held weight); the decode step still allocates nothing. */
+int dsv4_ref_cpu_init_opts(dsv4_model *m, int max_tokens, const dsv4_ref_options *o, dsv4_ref **out);
 /* GPU variant on the current CUDA device; DSV4_ERR_UNSUPPORTED in a build without CUDA, DSV4_ERR_CUDA
  * when no device is present. */
 int dsv4_ref_gpu_init(dsv4_model *m, int max_tokens, dsv4_ref **out);
@@ -39,8 +65,19 @@ int dsv4_ref_position(const dsv4_ref *r);
 /* Write the per-entry probes (compressed_kv, indexer_kv of every compress layer) to the sink; called once
  * at the end of a run. */
 int dsv4_ref_dump_entries(dsv4_ref *r, dsv4_probe_sink *probe);
-/* "dsv4 0.1 reference cpu fp32" / "... gpu fp32" */
+/* "dsv4 0.1 reference cpu fp32" / "... gpu fp32"; the CPU reference appends " emulate=bf16" and
+ * " follow=<dump file name>" when those options are set. */
 const char *dsv4_ref_producer(const dsv4_ref *r);
+
+/* What following did so far (options.follow): rows of the table used, of them the rows whose own selection
+ * differed (so the rest ran on the dump's), and the position where following stopped (-1: never). All 0 / -1
+ * without following (and for the GPU reference). */
+typedef struct dsv4_ref_follow_stats {
+    long topk_rows, topk_changed;
+    long router_rows, router_changed;
+    int stopped_at;
+} dsv4_ref_follow_stats;
+void dsv4_ref_follow_stats_get(const dsv4_ref *r, dsv4_ref_follow_stats *s);
 
 #ifdef __cplusplus
 }
