@@ -37,6 +37,23 @@ int dsv4_ref_shard_partition(const dsv4_config *cfg, int rank, int n_shards, dsv
     return 0;
 }
 
+int dsv4_ref_shard_plan(const dsv4_config *cfg, int n_shards, int n_devices, dsv4_ref_shard_part *parts)
+{
+    if (n_shards < 1 || n_shards > DSV4_REF_SHARD_MAX)
+        return dsv4_error(DSV4_ERR_USAGE, "--gpus %d: want 1..%d", n_shards, DSV4_REF_SHARD_MAX);
+    for (int r = 0; r < n_shards; r++) {
+        dsv4_ref_shard_part p;
+        int rc = dsv4_ref_shard_partition(cfg, r, n_shards, &p);
+        if (rc) return rc;
+        if (parts) parts[r] = p;
+    }
+    /* divisibility first: it is a property of the model, the device count one of the machine */
+    if (n_devices < n_shards)
+        return dsv4_error(DSV4_ERR_USAGE, "--gpus %d: this machine has %d CUDA device%s", n_shards, n_devices,
+                          n_devices == 1 ? "" : "s");
+    return 0;
+}
+
 /* [lo, lo + n) inside [0, total), n >= min_n */
 static int range_ok(int lo, int n, int total, int min_n) { return lo >= 0 && n >= min_n && lo + n <= total; }
 

@@ -48,6 +48,12 @@ typedef struct dsv4_ref_shard_part {
 /* The partition of shard `rank` of `n_shards` for cfg. DSV4_ERR_USAGE naming the quantity n_shards does not
  * divide (or a rank outside [0, n_shards)). */
 int dsv4_ref_shard_partition(const dsv4_config *cfg, int rank, int n_shards, dsv4_ref_shard_part *out);
+/* The plan of `--gpus N` (the optimized path's ranks, docs/multigpu.md), checked before anything is allocated:
+ * 1 <= N <= DSV4_REF_SHARD_MAX, N divides every split quantity (the message of dsv4_ref_shard_partition), and
+ * N <= n_devices (the CUDA devices of this machine: "--gpus 2: this machine has 1 CUDA device"). All
+ * DSV4_ERR_USAGE. parts [N] (NULL: not wanted) receives every rank's ranges. */
+enum { DSV4_REF_SHARD_MAX = 64 };
+int dsv4_ref_shard_plan(const dsv4_config *cfg, int n_shards, int n_devices, dsv4_ref_shard_part *parts);
 
 /* One shard: its ranges, borrowed row views of the layer weights, owned column copies, scratch. */
 typedef struct dsv4_ref_shard {
