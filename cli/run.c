@@ -31,7 +31,7 @@ static void run_usage(FILE *f)
             "                [--dump-positions LIST|all|decode] [--dump OUT.h5]\n"
             "                [--attn mma|simt] [--indexer bf16|fp32] [--mhc castfree|roundtrip]\n"
             "                [--index-context live|max] [--kv bf16|fp8] [--max-context N] [--batch C]\n"
-            "                [--dump-seq I] [--graph on|off]\n\n"
+            "                [--dump-seq I] [--graph on|off] [--gpus N]\n\n"
             "Runs the model over a prompt (one prefill) and N one-token decode steps, and writes every probe of\n"
             "dump-format.md for the chosen positions to OUT.h5.\n\n"
             "  --model DIR            model folder: config.json + *.safetensors\n"
@@ -54,7 +54,9 @@ static void run_usage(FILE *f)
             "  --max-context N        positions the caches are allocated for (default: the run's tokens)\n"
             "  --batch C              decode C copies together, copy c starting c steps later (default 1)\n"
             "  --dump-seq I           the copy whose probes are dumped (default 0)\n"
-            "  --graph on|off         replay the decode step as a CUDA graph (default on)\n\n"
+            "  --graph on|off         replay the decode step as a CUDA graph (default on)\n"
+            "  --gpus N               N ranks on GPUs 0..N-1 over NCCL, heads and experts split (docs/multigpu.md);\n"
+            "                         N = 1 runs the NCCL path on one GPU (default: one GPU without NCCL)\n\n"
             "The dump's prompt_len is the prompt length whatever --decode-from says (its root attribute\n"
             "'prefill_len' records K), so dumps of one prompt line up. A progress line (tokens/s, ETA) goes to\n"
             "stderr on runs longer than a few seconds. Exit status: 0 ok, 1 the run failed, 2 bad usage or\n"
@@ -233,6 +235,12 @@ static int parse_args(int argc, char **argv, run_args *a)
                 return dsv4_error(DSV4_ERR_USAGE, "--graph: want on or off");
             a->opt.cuda_graph = !strcmp(v, "on");
             i++;
+        } else if (!strcmp(o, "--gpus")) {
+            char *end;
+            long n = v ? strtol(v, &end, 10) : 0;
+            if (!v || *end || n < 1 || n > 64) return dsv4_error(DSV4_ERR_USAGE, "--gpus: want a count 1..64");
+            a->opt.n_gpus = (int)n;
+            i++;
         } else if (!strcmp(o, "--max-context") || !strcmp(o, "--batch") || !strcmp(o, "--dump-seq")) {
             char *end;
             if (!v) return dsv4_error(DSV4_ERR_USAGE, "%s needs a value", o);
@@ -261,6 +269,8 @@ static int parse_args(int argc, char **argv, run_args *a)
     if (a->greedy && a->forced) return dsv4_error(DSV4_ERR_USAGE, "--greedy and --forced exclude each other");
     if (strcmp(a->path, "ref-cpu") && strcmp(a->path, "ref-gpu") && strcmp(a->path, "opt"))
         return dsv4_error(DSV4_ERR_USAGE, "--path '%s': want ref-cpu, ref-gpu or opt", a->path);
+    if (a->opt.n_gpus > 0 && strcmp(a->path, "opt"))
+        return dsv4_error(DSV4_ERR_USAGE, "--gpus is for --path opt (the references run on one device)");
     if (a->opt.n_seq < 1 || a->opt.dump_seq >= a->opt.n_seq)
         return dsv4_error(DSV4_ERR_USAGE, "--batch %d / --dump-seq %d: want 0 <= dump-seq < batch", a->opt.n_seq,
                           a->opt.dump_seq);

@@ -198,7 +198,7 @@ static int k_gemm_o(dsv4_opt *o, const void *vc)
 static int k_gemm_ffn(dsv4_opt *o, const void *vc)
 {
     const opt_layer *ly = &o->layers[((const kctx *)vc)->L];
-    const int nf = o->E + 2 * o->NI;
+    const int nf = o->E + 2 * o->NI_sh;
     return opt_gemm(o, o->fproj, 1, nf, o->xn, o->D, ly->w_f, nf, o->D, o->C);
 }
 
@@ -210,6 +210,7 @@ static int k_experts(dsv4_opt *o, const void *vc)
     ep.n_tok = o->C, ep.k = o->K, ep.dim = o->D, ep.inter = o->NI, ep.limit = (float)o->cfg.swiglu_limit;
     ep.x = o->xn, ep.ids = o->rids, ep.weights = o->rw, ep.w13 = ly->w13, ep.w2 = ly->w2, ep.h = o->h_r;
     ep.shared = o->y_sh, ep.shared_stride = o->D, ep.out = o->fout, ep.stream = o->stream;
+    ep.e_begin = o->e0, ep.e_end = o->E_loc < o->E ? o->e0 + o->E_loc : 0;
     return dsv4_opt_moe_experts(&ep);
 }
 
@@ -230,7 +231,7 @@ static int distinct_experts(dsv4_opt *o, int *n)
         rc = dsv4_error(DSV4_ERR_CUDA, "opt_bench: reading the router picks failed");
     *n = 0;
     for (int i = 0; !rc && i < nk; i++)
-        if (ids[i] >= 0 && ids[i] < o->E && !seen[ids[i]]) seen[ids[i]] = 1, ++*n;
+        if (ids[i] >= o->e0 && ids[i] < o->e0 + o->E_loc && !seen[ids[i]]) seen[ids[i]] = 1, ++*n; /* the rank's */
     free(ids);
     free(seen);
     return rc;
@@ -297,8 +298,9 @@ int dsv4_opt_time_kernels(dsv4_opt *o, int reps, dsv4_opt_kernel_time *out, int 
          Lh < 0);
     KADD("gemm_wo", L0, k_gemm_o, k0, (H * d * o->o_r + D * o->G * o->o_r) * 2.0 + C * H * d * 2 + C * D * 4,
          2 * C * (H * d * o->o_r + D * o->G * o->o_r), 0);
-    KADD("gemm_ffn", L0, k_gemm_ffn, k0, (o->E + 2 * NI) * D * 2 + C * D * 2 + C * (o->E + 2 * NI) * 4,
-         2 * C * (o->E + 2 * NI) * D, 0);
+    const double NS = o->NI_sh; /* the rank's shared-expert columns */
+    KADD("gemm_ffn", L0, k_gemm_ffn, k0, (o->E + 2 * NS) * D * 2 + C * D * 2 + C * (o->E + 2 * NS) * 4,
+         2 * C * (o->E + 2 * NS) * D, 0);
     KADD("moe_experts", L0, k_experts, k0, n_exp * 3 * NI * D * 2 + C * D * 2 + C * D * 8, 2 * C * K * 3 * NI * D, 0);
     KADD("head", -1, k_head, k0, (double)o->V * D * 2 + C * D * 2 + C * o->V * 4, 2 * C * o->V * D, 0);
 #undef KADD

@@ -66,9 +66,9 @@ typedef struct opt_layer {
     uint16_t *wo_a;                  /* [G·o_r, H·d/G] */
     uint16_t *wo_b;                  /* [D, G·o_r] */
     uint16_t *w_f;                   /* [E + 2I, D] fused ffn projection: gate | sh_w1 | sh_w3 */
-    uint16_t *w13;                   /* [E][2I, D] */
-    uint16_t *w2;                    /* [E][D, I] */
-    uint16_t *sh_w2;                 /* [D, I] */
+    uint16_t *w13;                   /* [E_loc][2I, D]: the rank's experts e0.. */
+    uint16_t *w2;                    /* [E_loc][D, I] */
+    uint16_t *sh_w2;                 /* [D, NI_sh]: the rank's columns of the shared w2 */
     /* state (per sequence, C of each) */
     uint16_t *kvc;                   /* [C][W + pool_cap, d] */
     int pool_cap;                    /* max_context / r entries (>= 1), 0 sliding */
@@ -87,6 +87,15 @@ struct dsv4_opt {
     dsv4_opt_options opt;
     dsv4_config cfg;
     int C, D, n, V, H, d, qr, HI, dI, E, K, NI, W, G, o_r, np, topk;
+    /* The rank's shard (docs/multigpu.md §2, the ranges of dsv4_ref_shard_partition); the plain path is rank 0
+     * of 1, every range whole. H, HI, G above are the RANK's heads, indexer heads, groups; E is every expert
+     * (every rank routes) and NI the routed experts' width (not split). */
+    int rank, n_ranks;
+    int h0, g0, hi0, e0, i0;         /* the first query head, group, indexer head, routed expert, shared column */
+    int H_all, HI_all, G_all;        /* the model's counts (sinks are sliced from H_all; the indexer scale) */
+    int E_loc, NI_sh;                /* routed experts held (ids e0..e0+E_loc), shared-expert columns held */
+    struct opt_rank *rk;             /* this rank's NCCL context (opt_ranks.c); NULL: the plain path */
+    struct opt_ranks *group;         /* set on the public handle of --gpus N only: it owns every rank */
     char producer[192];
     opt_layer *layers;               /* [L] host array of views */
     /* arenas */
@@ -122,10 +131,10 @@ struct dsv4_opt {
     uint16_t *o;                     /* [C, H·d] */
     uint16_t *z;                     /* [C, G·o_r] */
     float *aout, *fout;              /* [C, D] */
-    float *fproj;                    /* [C, E + 2I] */
+    float *fproj;                    /* [C, E + 2·NI_sh] */
     int32_t *rids;                   /* [C, k] */
     float *rw;                       /* [C, k] */
-    uint16_t *h_sh, *h_r;            /* [C, I], [C, k, I] */
+    uint16_t *h_sh, *h_r;            /* [C, NI_sh], [C, k, I] */
     float *y_sh;                     /* [C, D] */
     float *logits;                   /* [C, V] */
     int32_t *next;                   /* [C] */
@@ -185,7 +194,42 @@ struct opt_weight_src {
                      size_t fan_in);
     int (*bf16_part)(opt_weight_src *s, const dsv4_opt *o, uint16_t *dst, size_t numel, const char *name);
     int (*tid2eid)(opt_weight_src *s, const dsv4_opt *o, int32_t *dst, const char *name);
+    /* A rank's block [r0, r0 + nr) x [c0, c0 + nc) of file tensor `name` [rows, cols] (esz 2: bf16, 4: f32) at
+     * dst, row stride nc. Called only for a split tensor at N > 1. NULL for the generator: it draws the view. */
+    int (*slice)(opt_weight_src *s, const dsv4_opt *o, void *dst, int esz, const char *name, size_t rows,
+                 size_t cols, size_t r0, size_t nr, size_t c0, size_t nc);
 };
+
+/* ---- Ranks (opt_ranks.c; docs/multigpu.md) ----------------------------------------------------------------- */
+/* Build one rank's object on op->device: rank `rank` of n_ranks (n_ranks 0: the plain path, no NCCL). ctx: the
+ * constructor's argument (the model, or the config and seed). */
+typedef int (*opt_build_fn)(void *ctx, const dsv4_opt_options *op, int rank, int n_ranks, dsv4_opt **out);
+/* --gpus N: plan (before any device work), one NCCL communicator per GPU, every rank built by `build` on its own
+ * thread; *out is the public handle (rank 0's object, owning the others). */
+int opt_ranks_init(const dsv4_config *cfg, const dsv4_opt_options *op, opt_build_fn build, void *ctx,
+                   dsv4_opt **out);
+int opt_ranks_step(struct opt_ranks *g, const int32_t *tokens, const uint8_t *active, dsv4_probe_sink *probe,
+                   float *logits, int32_t *next);
+/* Refuses (DSV4_ERR_CUDA) once a collective failed or timed out: the communicators are aborted. */
+int opt_ranks_usable(const struct opt_ranks *g);
+void opt_ranks_free(struct opt_ranks *g);
+/* fn on every rank's object in rank order on the calling thread, each on its GPU (calls without collectives:
+ * reset, random state); the first error, prefixed with its rank. */
+int opt_ranks_each(struct opt_ranks *g, int (*fn)(dsv4_opt *o, void *arg), void *arg);
+/* The rank's step body (opt_step.c), the argument checks every rank would make alike (run once, first). */
+int opt_step_rank(dsv4_opt *o, const int32_t *tokens, const uint8_t *active, dsv4_probe_sink *probe,
+                  float *logits, int32_t *next);
+int opt_step_check(const dsv4_opt *o, const int32_t *tokens, const uint8_t *active);
+/* Free one rank's object (not the group). */
+void opt_free_one(dsv4_opt *o);
+/* Sum buf [n] f32 over the ranks in place on o->stream (ncclAllReduce, ncclFloat32, ncclSum); nothing on the
+ * plain path. `what`/L name it in errors. */
+int opt_allreduce(dsv4_opt *o, float *buf, size_t n, int L, const char *what);
+/* Wait for o->stream: cudaStreamSynchronize on the plain path; with ranks a poll of the stream and the
+ * communicator under the NCCL deadline (a hung peer becomes an error, never a hang). */
+int opt_wait(dsv4_opt *o, const char *what);
+/* 1: this step must run eagerly (NCCL timing events are recorded around the collectives). */
+int opt_ranks_eager(const dsv4_opt *o);
 
 /* The checks of the options and the config both constructors make before anything is allocated. */
 int opt_check_config(const dsv4_config *f, const dsv4_opt_options *op);

@@ -29,6 +29,7 @@
 #include "kernels/sparse_attn.cuh"
 #include "kernels/topk.cuh"
 #include "opt_internal.h"
+#include "reference/ref_shard.h"
 
 void *opt_carve(opt_carver *cv, size_t bytes)
 {
@@ -64,6 +65,26 @@ static int fill_part(opt_weight_src *s, const dsv4_opt *o, uint16_t *dst, size_t
     return s->bf16_part(s, o, dst, numel, name);
 }
 
+/* The rank's block of a split file tensor [rows, cols] (rows r0.., columns c0..) at dst: the whole tensor goes
+ * through the ordinary calls (so the plain path and N = 1 load and draw exactly as before); a true block goes to
+ * the loader's slice, and the generator (slice NULL) draws an f32 view / has drawn the bf16 view already. */
+static int fill_block(opt_weight_src *s, const dsv4_opt *o, void *dst, int esz, opt_wkind kind, size_t fan_in,
+                      size_t rows, size_t cols, size_t r0, size_t nr, size_t c0, size_t nc, const char *fmt, ...)
+    __attribute__((format(printf, 13, 14)));
+static int fill_block(opt_weight_src *s, const dsv4_opt *o, void *dst, int esz, opt_wkind kind, size_t fan_in,
+                      size_t rows, size_t cols, size_t r0, size_t nr, size_t c0, size_t nc, const char *fmt, ...)
+{
+    char name[160];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    if (nr == rows && nc == cols)
+        return esz == 4 ? s->f32(s, o, dst, rows * cols, kind, fan_in, name) : s->bf16_part(s, o, dst, rows * cols, name);
+    if (s->slice) return s->slice(s, o, dst, esz, name, rows, cols, r0, nr, c0, nc);
+    return esz == 4 ? s->f32(s, o, dst, nr * nc, kind, fan_in, name) : 0;
+}
+
 /* An f32 view of one file tensor. */
 #define WF(dst, numel, kind, fan_in, ...)                                                                        \
     do {                                                                                                         \
@@ -79,6 +100,13 @@ static int fill_part(opt_weight_src *s, const dsv4_opt *o, uint16_t *dst, size_t
 #define WB_PART(ptr, numel, ...)                                                                                 \
     do {                                                                                                         \
         if (cv->base) DSV4_OPT_TRY(fill_part(src, o, (ptr), (size_t)(numel), __VA_ARGS__));                     \
+    } while (0)
+/* A bf16 part that is the rank's block of a file tensor [rows, cols]. */
+#define WB_BLOCK(ptr, rows, cols, r0, nr, c0, nc, ...)                                                         \
+    do {                                                                                                         \
+        if (cv->base)                                                                                            \
+            DSV4_OPT_TRY(fill_block(src, o, (ptr), 2, OPT_W_LINEAR, 0, (rows), (cols), (r0), (nr), (c0), (nc),       \
+                                    __VA_ARGS__));                                                               \
     } while (0)
 /* A bf16 view of one file tensor. */
 #define WB(dst, numel, kind, fan_in, ...)                                                                        \
@@ -104,7 +132,10 @@ static int layer_weights(dsv4_opt *o, opt_weight_src *src, opt_carver *cv, int L
     WF(ly->ffn_norm, D, OPT_W_NORM, 0, "layers.%d.ffn_norm.weight", L);
     WF(ly->q_norm, o->qr, OPT_W_NORM, 0, "layers.%d.attn.q_norm.weight", L);
     WF(ly->kv_norm, d, OPT_W_NORM, 0, "layers.%d.attn.kv_norm.weight", L);
-    WF(ly->sinks, o->H, OPT_W_SINK, 0, "layers.%d.attn.attn_sink", L);
+    ly->sinks = opt_carve(cv, (size_t)o->H * 4); /* the rank's heads' sinks */
+    if (cv->base)
+        DSV4_OPT_TRY(fill_block(src, o, ly->sinks, 4, OPT_W_SINK, 0, (size_t)o->H_all, 1, (size_t)o->h0,
+                                (size_t)o->H, 0, 1, "layers.%d.attn.attn_sink", L));
     /* the fused x-projection */
     int r = 0;
     ly->off_qa = r, r += o->qr;
@@ -129,21 +160,32 @@ static int layer_weights(dsv4_opt *o, opt_weight_src *src, opt_carver *cv, int L
     if (csa) {
         WB_PART(wx + ly->off_ikv * D, 2 * dI * D, "layers.%d.attn.indexer.compressor.wkv.weight", L);
         WB_PART(wx + ly->off_ig * D, 2 * dI * D, "layers.%d.attn.indexer.compressor.wgate.weight", L);
-        WB_PART(wx + ly->off_iw * D, (size_t)o->HI * D, "layers.%d.attn.indexer.weights_proj.weight", L);
+        WB_BLOCK(wx + ly->off_iw * D, (size_t)o->HI_all, D, (size_t)o->hi0, (size_t)o->HI, 0, D,
+                 "layers.%d.attn.indexer.weights_proj.weight", L);
         WF(ly->idx_ape, (size_t)ly->ratio * 2 * dI, OPT_W_APE, 0, "layers.%d.attn.indexer.compressor.ape", L);
         WF(ly->idx_norm, dI, OPT_W_NORM, 0, "layers.%d.attn.indexer.compressor.norm.weight", L);
-        WB(ly->idx_wq_b, (size_t)o->HI * dI * o->qr, OPT_W_LINEAR, o->qr, "layers.%d.attn.indexer.wq_b.weight", L);
+        WB_VIEW(ly->idx_wq_b, (size_t)o->HI * dI * o->qr, OPT_W_LINEAR, o->qr);
+        WB_BLOCK(ly->idx_wq_b, (size_t)o->HI_all * dI, (size_t)o->qr, (size_t)o->hi0 * dI, (size_t)o->HI * dI, 0,
+                 (size_t)o->qr, "layers.%d.attn.indexer.wq_b.weight", L);
     }
-    WB(ly->wq_b, (size_t)o->H * d * o->qr, OPT_W_LINEAR, o->qr, "layers.%d.attn.wq_b.weight", L);
-    WB(ly->wo_a, (size_t)o->G * o->o_r * (o->H * d / o->G), OPT_W_LINEAR, o->H * d / o->G,
-       "layers.%d.attn.wo_a.weight", L);
-    WB(ly->wo_b, D * o->G * o->o_r, OPT_W_LINEAR, (size_t)o->G * o->o_r, "layers.%d.attn.wo_b.weight", L);
-    /* the fused ffn projection: router gate | shared w1 | shared w3 */
-    WB_VIEW(ly->w_f, (E + 2 * NI) * D, OPT_W_LINEAR, D);
+    /* the rank's heads: rows of wq_b, its groups' rows of wo_a and their columns of wo_b */
+    const size_t gin = (size_t)o->H * d / o->G, Gr = (size_t)o->G * o->o_r, Gr_all = (size_t)o->G_all * o->o_r;
+    WB_VIEW(ly->wq_b, (size_t)o->H * d * o->qr, OPT_W_LINEAR, o->qr);
+    WB_BLOCK(ly->wq_b, (size_t)o->H_all * d, (size_t)o->qr, (size_t)o->h0 * d, (size_t)o->H * d, 0, (size_t)o->qr,
+             "layers.%d.attn.wq_b.weight", L);
+    WB_VIEW(ly->wo_a, Gr * gin, OPT_W_LINEAR, gin);
+    WB_BLOCK(ly->wo_a, Gr_all, gin, (size_t)o->g0 * o->o_r, Gr, 0, gin, "layers.%d.attn.wo_a.weight", L);
+    WB_VIEW(ly->wo_b, D * Gr, OPT_W_LINEAR, Gr_all);
+    WB_BLOCK(ly->wo_b, D, Gr_all, 0, D, (size_t)o->g0 * o->o_r, Gr, "layers.%d.attn.wo_b.weight", L);
+    /* the fused ffn projection: router gate (every expert: every rank routes) | shared w1 | shared w3 (the
+     * rank's intermediate columns = rows of w1/w3, columns of w2) */
+    const size_t NS = o->NI_sh, i0 = o->i0;
+    WB_VIEW(ly->w_f, (E + 2 * NS) * D, OPT_W_LINEAR, D);
     WB_PART(ly->w_f, E * D, "layers.%d.ffn.gate.weight", L);
-    WB_PART(ly->w_f + E * D, NI * D, "layers.%d.ffn.shared_experts.w1.weight", L);
-    WB_PART(ly->w_f + (E + NI) * D, NI * D, "layers.%d.ffn.shared_experts.w3.weight", L);
-    WB(ly->sh_w2, D * NI, OPT_W_LINEAR, NI, "layers.%d.ffn.shared_experts.w2.weight", L);
+    WB_BLOCK(ly->w_f + E * D, NI, D, i0, NS, 0, D, "layers.%d.ffn.shared_experts.w1.weight", L);
+    WB_BLOCK(ly->w_f + (E + NS) * D, NI, D, i0, NS, 0, D, "layers.%d.ffn.shared_experts.w3.weight", L);
+    WB_VIEW(ly->sh_w2, D * NS, OPT_W_LINEAR, NI);
+    WB_BLOCK(ly->sh_w2, D, NI, 0, D, i0, NS, "layers.%d.ffn.shared_experts.w2.weight", L);
     if (ly->mlp == DSV4_MLP_HASH_MOE) {
         ly->tid2eid = opt_carve(cv, (size_t)o->V * o->K * 4);
         if (cv->base) {
@@ -154,13 +196,14 @@ static int layer_weights(dsv4_opt *o, opt_weight_src *src, opt_carver *cv, int L
     } else {
         WF(ly->gate_bias, E, OPT_W_BIAS, 0, "layers.%d.ffn.gate.bias", L);
     }
-    /* the experts: w13 [E][w1; w3], w2 [E] */
-    WB_VIEW(ly->w13, E * 2 * NI * D, OPT_W_LINEAR, D);
-    WB_VIEW(ly->w2, E * D * NI, OPT_W_LINEAR, NI);
-    for (size_t e = 0; e < E && cv->base; e++) {
-        WB_PART(ly->w13 + e * 2 * NI * D, NI * D, "layers.%d.ffn.experts.%zu.w1.weight", L, e);
-        WB_PART(ly->w13 + (e * 2 + 1) * NI * D, NI * D, "layers.%d.ffn.experts.%zu.w3.weight", L, e);
-        WB_PART(ly->w2 + e * D * NI, D * NI, "layers.%d.ffn.experts.%zu.w2.weight", L, e);
+    /* the rank's experts, ids e0..e0+E_loc at local index e - e0: w13 [E_loc][w1; w3], w2 [E_loc] */
+    const size_t EL = o->E_loc, e0 = o->e0;
+    WB_VIEW(ly->w13, EL * 2 * NI * D, OPT_W_LINEAR, D);
+    WB_VIEW(ly->w2, EL * D * NI, OPT_W_LINEAR, NI);
+    for (size_t e = 0; e < EL && cv->base; e++) {
+        WB_PART(ly->w13 + e * 2 * NI * D, NI * D, "layers.%d.ffn.experts.%zu.w1.weight", L, e0 + e);
+        WB_PART(ly->w13 + (e * 2 + 1) * NI * D, NI * D, "layers.%d.ffn.experts.%zu.w3.weight", L, e0 + e);
+        WB_PART(ly->w2 + e * D * NI, D * NI, "layers.%d.ffn.experts.%zu.w2.weight", L, e0 + e);
     }
     return 0;
 }
@@ -191,6 +234,7 @@ static int weights_layout(dsv4_opt *o, opt_weight_src *src, opt_carver *cv)
 #undef WF
 #undef WB_VIEW
 #undef WB_PART
+#undef WB_BLOCK
 #undef WB
 
 /* ------------------------------------------------------------------------------------ caches */
@@ -299,10 +343,10 @@ static void scratch_layout(dsv4_opt *o, opt_carver *cv)
     o->z = opt_carve(cv, C * o->G * o->o_r * 2);
     o->aout = opt_carve(cv, C * D * 4);
     o->fout = opt_carve(cv, C * D * 4);
-    o->fproj = opt_carve(cv, C * (o->E + 2 * NI) * 4);
+    o->fproj = opt_carve(cv, C * (o->E + 2 * (size_t)o->NI_sh) * 4);
     o->rids = opt_carve(cv, C * K * 4);
     o->rw = opt_carve(cv, C * K * 4);
-    o->h_sh = opt_carve(cv, C * NI * 2);
+    o->h_sh = opt_carve(cv, C * o->NI_sh * 2);
     o->h_r = opt_carve(cv, C * K * NI * 2);
     o->y_sh = opt_carve(cv, C * D * 4);
     o->logits = opt_carve(cv, C * o->V * 4);
@@ -325,6 +369,8 @@ int opt_check_config(const dsv4_config *f, const dsv4_opt_options *op)
     DSV4_CHECK(op->n_seq >= 1 && op->n_seq <= 4096, "optimized: n_seq %d outside [1, 4096]", op->n_seq);
     DSV4_CHECK(op->max_context >= 1 && op->max_context <= (1 << 20), "optimized: max_context %d outside [1, 2^20]",
                op->max_context);
+    DSV4_CHECK(op->n_gpus >= 0 && op->n_gpus <= DSV4_REF_SHARD_MAX, "optimized: --gpus %d outside [1, %d]",
+               op->n_gpus, DSV4_REF_SHARD_MAX);
     DSV4_CHECK(op->dump_seq >= 0 && op->dump_seq < op->n_seq, "optimized: dump_seq %d outside [0, %d)", op->dump_seq,
                op->n_seq);
     if (f->num_key_value_heads != 1 || f->hc_mult < 1 || f->hc_mult > 4 || f->qk_rope_head_dim % 2 ||
@@ -366,6 +412,13 @@ int opt_init_common(dsv4_opt *o, opt_weight_src *src)
     o->E = f->n_routed_experts, o->K = f->num_experts_per_tok, o->NI = f->moe_intermediate_size;
     o->W = f->sliding_window, o->G = f->o_groups, o->o_r = f->o_lora_rank, o->np = f->qk_rope_head_dim / 2;
     o->topk = f->index_topk > 0 ? f->index_topk : 1;
+    /* the rank's shard; the plain path is rank 0 of 1 */
+    if (o->n_ranks < 1) o->rank = 0, o->n_ranks = 1;
+    dsv4_ref_shard_part part;
+    DSV4_OPT_TRY(dsv4_ref_shard_partition(f, o->rank, o->n_ranks, &part));
+    o->H_all = o->H, o->HI_all = o->HI, o->G_all = o->G;
+    o->H = part.nh, o->h0 = part.h0, o->HI = part.nhi, o->hi0 = part.hi0, o->G = part.ng, o->g0 = part.g0;
+    o->E_loc = part.ne, o->e0 = part.e0, o->NI_sh = part.ni, o->i0 = part.i0;
     DSV4_OPT_CUDA(cudaSetDevice(o->opt.device));
     int dev_major = 0, dev_minor = 0;
     DSV4_OPT_CUDA(cudaDeviceGetAttribute(&dev_major, cudaDevAttrComputeCapabilityMajor, o->opt.device));

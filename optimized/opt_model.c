@@ -8,6 +8,7 @@
  *   no byte of the weights arena is left unwritten.
  * - tid2eid is checked on upload: an id outside [0, E) would index past the experts.
  */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -83,6 +84,16 @@ int opt_dev_alloc(void **p, size_t bytes, const char *what)
 long dsv4_opt_device_alloc_count(void) { return __atomic_load_n(&opt_allocs, __ATOMIC_RELAXED); }
 
 /* ------------------------------------------------------------------------------------ the loader's source */
+/* With --gpus N the ranks' threads load at once; the model's readers are not promised to be thread-safe. */
+static pthread_mutex_t load_lock = PTHREAD_MUTEX_INITIALIZER;
+static int read_locked(const dsv4_model *m, const char *name, void *dst, size_t numel, int esz)
+{
+    pthread_mutex_lock(&load_lock);
+    int rc = esz == 4 ? dsv4_model_read_f32(m, name, dst, numel) : dsv4_model_read_bf16(m, name, dst, numel);
+    pthread_mutex_unlock(&load_lock);
+    return rc;
+}
+
 typedef struct loader_src {
     opt_weight_src base;
     dsv4_model *m;
@@ -106,7 +117,7 @@ static int load_f32(opt_weight_src *s, const dsv4_opt *o, float *dst, size_t num
     loader_src *u = (loader_src *)s;
     (void)o, (void)kind, (void)fan_in;
     DSV4_OPT_TRY(stage(u, numel * 4));
-    DSV4_OPT_TRY(dsv4_model_read_f32(u->m, name, u->host, numel));
+    DSV4_OPT_TRY(read_locked(u->m, name, u->host, numel, 4));
     DSV4_OPT_CUDA(cudaMemcpy(dst, u->host, numel * 4, cudaMemcpyHostToDevice));
     return 0;
 }
@@ -123,7 +134,7 @@ static int load_bf16_part(opt_weight_src *s, const dsv4_opt *o, uint16_t *dst, s
     loader_src *u = (loader_src *)s;
     (void)o;
     DSV4_OPT_TRY(stage(u, numel * 2));
-    DSV4_OPT_TRY(dsv4_model_read_bf16(u->m, name, u->host, numel));
+    DSV4_OPT_TRY(read_locked(u->m, name, u->host, numel, 2));
     DSV4_OPT_CUDA(cudaMemcpy(dst, u->host, numel * 2, cudaMemcpyHostToDevice));
     return 0;
 }
@@ -134,7 +145,10 @@ static int load_tid2eid(opt_weight_src *s, const dsv4_opt *o, int32_t *dst, cons
     const size_t n = (size_t)o->V * o->K;
     DSV4_OPT_TRY(stage(u, n * 4));
     int32_t *t = u->host;
-    DSV4_OPT_TRY(dsv4_model_read_i32(u->m, name, t, n));
+    pthread_mutex_lock(&load_lock);
+    int rc = dsv4_model_read_i32(u->m, name, t, n);
+    pthread_mutex_unlock(&load_lock);
+    DSV4_OPT_TRY(rc);
     for (size_t i = 0; i < n; i++)
         if (t[i] < 0 || t[i] >= o->E)
             return dsv4_error(DSV4_ERR_FORMAT, "%s: token %zu maps to expert %d, outside [0, %d)", name, i / o->K,
@@ -143,34 +157,67 @@ static int load_tid2eid(opt_weight_src *s, const dsv4_opt *o, int32_t *dst, cons
     return 0;
 }
 
-/* ------------------------------------------------------------------------------------ init / free */
-int dsv4_opt_init(dsv4_model *m, const dsv4_opt_options *op, dsv4_opt **out)
+/* The block of a split tensor: the whole tensor is read (the shared loader reads tensors whole), the block
+ * uploaded with one strided copy. */
+static int load_slice(opt_weight_src *s, const dsv4_opt *o, void *dst, int esz, const char *name, size_t rows,
+                      size_t cols, size_t r0, size_t nr, size_t c0, size_t nc)
 {
-    DSV4_CHECK(m && op && out, "dsv4_opt_init: NULL argument");
+    loader_src *u = (loader_src *)s;
+    (void)o;
+    if (r0 + nr > rows || c0 + nc > cols)
+        return dsv4_error(DSV4_ERR_USAGE, "%s: block [%zu, +%zu) x [%zu, +%zu) outside [%zu, %zu]", name, r0, nr,
+                          c0, nc, rows, cols);
+    DSV4_OPT_TRY(stage(u, rows * cols * (size_t)esz));
+    DSV4_OPT_TRY(read_locked(u->m, name, u->host, rows * cols, esz));
+    const char *src = (const char *)u->host + (r0 * cols + c0) * (size_t)esz;
+    DSV4_OPT_CUDA(cudaMemcpy2D(dst, nc * (size_t)esz, src, cols * (size_t)esz, nc * (size_t)esz, nr,
+                               cudaMemcpyHostToDevice));
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------ init / free */
+static int build_from_model(void *ctx, const dsv4_opt_options *op, int rank, int n_ranks, dsv4_opt **out)
+{
+    dsv4_model *m = ctx;
     *out = NULL;
-    const dsv4_config *f = dsv4_model_config(m);
-    DSV4_OPT_TRY(opt_check_config(f, op));
     dsv4_opt *o = calloc(1, sizeof *o);
     if (!o) return dsv4_error(DSV4_ERR_NOMEM, "optimized: out of host memory");
     o->opt = *op;
-    o->cfg = *f;
+    o->cfg = *dsv4_model_config(m);
+    o->rank = rank, o->n_ranks = n_ranks;
     loader_src u = {.base = {.what = "optimized",
                              .f32 = load_f32,
                              .bf16_view = load_bf16_view,
                              .bf16_part = load_bf16_part,
-                             .tid2eid = load_tid2eid},
+                             .tid2eid = load_tid2eid,
+                             .slice = load_slice},
                     .m = m};
     int rc = opt_init_common(o, &u.base);
     free(u.host);
     if (rc) {
-        dsv4_opt_free(o);
+        opt_free_one(o);
         return rc;
     }
     *out = o;
     return 0;
 }
 
+int dsv4_opt_init(dsv4_model *m, const dsv4_opt_options *op, dsv4_opt **out)
+{
+    DSV4_CHECK(m && op && out, "dsv4_opt_init: NULL argument");
+    *out = NULL;
+    DSV4_OPT_TRY(opt_check_config(dsv4_model_config(m), op));
+    if (op->n_gpus > 0) return opt_ranks_init(dsv4_model_config(m), op, build_from_model, m, out);
+    return build_from_model(m, op, 0, 0, out);
+}
+
 void dsv4_opt_free(dsv4_opt *o)
+{
+    if (o && o->group) opt_ranks_free(o->group); /* every rank, this one included */
+    else opt_free_one(o);
+}
+
+void opt_free_one(dsv4_opt *o)
 {
     if (!o) return;
     if (o->stream) cudaStreamSynchronize(o->stream);
@@ -189,11 +236,18 @@ void dsv4_opt_free(dsv4_opt *o)
 
 int dsv4_opt_position(const dsv4_opt *o, int seq) { return o && seq >= 0 && seq < o->C ? o->pos[seq] : 0; }
 
+static int reset_one(dsv4_opt *o, void *arg)
+{
+    const int seq = *(const int *)arg;
+    o->pos[seq] = 0;
+    return opt_state_reset(o, seq);
+}
+
 int dsv4_opt_reset(dsv4_opt *o, int seq)
 {
     DSV4_CHECK(o && seq >= 0 && seq < o->C, "dsv4_opt_reset: sequence %d outside [0, %d)", seq, o ? o->C : 0);
-    o->pos[seq] = 0;
-    return opt_state_reset(o, seq);
+    if (o->group) return opt_ranks_each(o->group, reset_one, &seq);
+    return reset_one(o, &seq);
 }
 
 const char *dsv4_opt_producer(const dsv4_opt *o) { return o ? o->producer : "dsv4 optimized"; }

@@ -149,16 +149,23 @@ static int gen_tid2eid(opt_weight_src *s, const dsv4_opt *o, int32_t *dst, const
 }
 
 /* ------------------------------------------------------------------------------------ init */
-extern "C" int dsv4_opt_init_random(const dsv4_config *cfg, uint64_t seed, const dsv4_opt_options *op,
-                                    dsv4_opt **out)
+typedef struct gen_ctx {
+    const dsv4_config *cfg;
+    uint64_t seed;
+} gen_ctx;
+
+/* One rank's object. Every rank draws its views from the same seed in the same carve order, so replicated
+ * weights agree across ranks; the split views are drawn at the rank's size (throughput runs only). */
+static int build_random(void *ctx, const dsv4_opt_options *op, int rank, int n_ranks, dsv4_opt **out)
 {
-    DSV4_CHECK(cfg && op && out, "dsv4_opt_init_random: NULL argument");
+    const gen_ctx *x = (const gen_ctx *)ctx;
+    const uint64_t seed = x->seed;
     *out = NULL;
-    DSV4_OPT_TRY(opt_check_config(cfg, op));
     dsv4_opt *o = (dsv4_opt *)calloc(1, sizeof *o);
     if (!o) return dsv4_error(DSV4_ERR_NOMEM, "optimized: out of host memory");
     o->opt = *op;
-    o->cfg = *cfg;
+    o->cfg = *x->cfg;
+    o->rank = rank, o->n_ranks = n_ranks;
     gen_src g;
     memset(&g, 0, sizeof g);
     g.base.what = "optimized (random)";
@@ -169,7 +176,7 @@ extern "C" int dsv4_opt_init_random(const dsv4_config *cfg, uint64_t seed, const
     g.seed = seed;
     int rc = opt_init_common(o, &g.base);
     if (rc) {
-        dsv4_opt_free(o);
+        opt_free_one(o);
         return rc;
     }
     size_t n = strlen(o->producer);
@@ -178,12 +185,39 @@ extern "C" int dsv4_opt_init_random(const dsv4_config *cfg, uint64_t seed, const
     return 0;
 }
 
+extern "C" int dsv4_opt_init_random(const dsv4_config *cfg, uint64_t seed, const dsv4_opt_options *op,
+                                    dsv4_opt **out)
+{
+    DSV4_CHECK(cfg && op && out, "dsv4_opt_init_random: NULL argument");
+    *out = NULL;
+    DSV4_OPT_TRY(opt_check_config(cfg, op));
+    gen_ctx x = {cfg, seed};
+    if (op->n_gpus > 0) return opt_ranks_init(cfg, op, build_random, &x, out);
+    return build_random(&x, op, 0, 0, out);
+}
+
 /* ------------------------------------------------------------------------------------ random state */
+typedef struct state_args {
+    int position;
+    uint64_t seed;
+} state_args;
+static int random_state_one(dsv4_opt *o, void *arg);
+
 extern "C" int dsv4_opt_random_state(dsv4_opt *o, int position, uint64_t seed)
 {
     DSV4_CHECK(o, "dsv4_opt_random_state: NULL argument");
     DSV4_CHECK(position >= 0 && position < o->opt.max_context, "dsv4_opt_random_state: position %d outside [0, %d)",
                position, o->opt.max_context);
+    state_args a = {position, seed};
+    /* every rank draws the same state from the same seed: the replicated caches agree */
+    if (o->group) return opt_ranks_each(o->group, random_state_one, &a);
+    return random_state_one(o, &a);
+}
+
+static int random_state_one(dsv4_opt *o, void *arg)
+{
+    const int position = ((const state_args *)arg)->position;
+    const uint64_t seed = ((const state_args *)arg)->seed;
     const float amp = sqrtf(3.0f); /* U[-√3, √3): RMS 1, like a normed row */
     const size_t d = o->d, dI = o->dI, W = o->W;
     for (int L = 0; L < o->cfg.num_hidden_layers; L++) {
