@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# e2e_opt_nccl_gpu.sh - `dsv4 run --path opt --gpus 1` (the NCCL path on one rank, issue 8) end to end on every
+# committed golden set: each run verified with `dsv4 verify --profile bf16` against the CPU reference's dump
+# (and, reported only, against the transformers golden), for the defaults and --graph off and a staggered batch.
+# Optional: DSV4_FLASH_MODEL=DIR (a Flash-width model, `test_ref_gpu_flash --write-model DIR`) adds a 300-token
+# greedy prompt run verified against the GPU reference's dump (the CPU one is too slow at that width).
+# The verifier's verdict, first divergence and logits lines are printed; logs go to $DSV4_E2E_LOG (default: a
+# temporary folder). Skipped (77) without a GPU.
+set -u -o pipefail
+BIN="${DSV4_BIN:?}"
+SRC="${DSV4_SOURCE_DIR:?}"
+nvidia-smi -L >/dev/null 2>&1 || { echo "no GPU: skipped"; exit 77; }
+T=$(mktemp -d "${TMPDIR:-/tmp}/dsv4-e2e-nccl-XXXXXX")
+trap 'rm -rf "$T"' EXIT
+LOG="${DSV4_E2E_LOG:-$T}"
+mkdir -p "$LOG"
+pass=0
+fail=0
+# verify NAME GATED REFERENCE CANDIDATE
+verify() {
+    local name=$1 gated=$2 g=$3 c=$4 log="$LOG/verify-$1.txt"
+    "$BIN" verify --profile bf16 --no-color "$g" "$c" >"$log" 2>&1
+    local rc=$?
+    echo "== $name (rc $rc$([ "$gated" = 1 ] || echo ', reported only'))"
+    grep -E '^VERDICT|^first divergence|^logits \(|^tokens ' "$log" | sed 's/^/   /'
+    if [ "$gated" = 1 ]; then
+        if [ $rc -eq 0 ]; then pass=$((pass + 1)); else fail=$((fail + 1)); fi
+    fi
+}
+run() { # run NAME MODEL ARGS...: dsv4 run ... --dump $T/NAME.h5
+    local name=$1 model=$2
+    shift 2
+    if ! "$BIN" run --model "$model" "$@" --dump "$T/$name.h5" >"$LOG/run-$name.txt" 2>&1; then
+        echo "== $name: dsv4 run FAILED"
+        tail -n 5 "$LOG/run-$name.txt" | sed 's/^/   /'
+        fail=$((fail + 1))
+        return 1
+    fi
+    grep -E '^dsv4 run:' "$LOG/run-$name.txt" | sed 's/^/   /'
+}
+variants=("default|" "graph-off|--graph off" "batch3|--batch 3 --dump-seq 2")
+for set in tiny topk512 tiny-fp8; do
+    G="$SRC/golden/$set"
+    [ -f "$G/forced.h5" ] || { echo "golden/$set not committed: skipped"; continue; }
+    run "$set-ref" "$G" --path ref-cpu --tokens-from "$G/forced.h5" || continue
+    for v in "${variants[@]}"; do
+        name="$set-gpus1-${v%%|*}"
+        read -r -a args <<<"${v#*|}"
+        run "$name" "$G" --path opt --gpus 1 --tokens-from "$G/forced.h5" "${args[@]}" || continue
+        verify "$name-vs-ref" 1 "$T/$set-ref.h5" "$T/$name.h5"
+        verify "$name-vs-golden" 0 "$G/forced.h5" "$T/$name.h5"
+    done
+done
+if [ -n "${DSV4_FLASH_MODEL:-}" ] && [ -f "$DSV4_FLASH_MODEL/config.json" ]; then
+    awk 'BEGIN { s = 4242; for (i = 0; i < 300; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%d ", 2 + s % 8000 } }' \
+        >"$T/flash-prompt.txt"
+    if run flash-ref-gpu "$DSV4_FLASH_MODEL" --path ref-gpu --prompt-tokens "$T/flash-prompt.txt" --decode 4; then
+        # forced from the reference's own tokens, so a greedy flip cannot desynchronise the comparison
+        if run flash-gpus1 "$DSV4_FLASH_MODEL" --path opt --gpus 1 --tokens-from "$T/flash-ref-gpu.h5" --forced; then
+            verify flash-gpus1-vs-ref-gpu 1 "$T/flash-ref-gpu.h5" "$T/flash-gpus1.h5"
+        fi
+    fi
+else
+    echo "DSV4_FLASH_MODEL not set: the Flash-width run is skipped"
+fi
+echo "e2e_opt_nccl_gpu: $pass passed, $fail failed"
+[ $fail -eq 0 ]
