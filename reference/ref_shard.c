@@ -44,7 +44,11 @@ int dsv4_ref_shard_plan(const dsv4_config *cfg, int n_shards, int n_devices, dsv
     for (int r = 0; r < n_shards; r++) {
         dsv4_ref_shard_part p;
         int rc = dsv4_ref_shard_partition(cfg, r, n_shards, &p);
-        if (rc) return rc;
+        if (rc) { /* say it in the command line's words */
+            char msg[512];
+            snprintf(msg, sizeof msg, "%s", dsv4_last_error());
+            return dsv4_error(rc, "--gpus %d: %s", n_shards, strncmp(msg, "shards: ", 8) ? msg : msg + 8);
+        }
         if (parts) parts[r] = p;
     }
     /* divisibility first: it is a property of the model, the device count one of the machine */
