@@ -17,6 +17,8 @@
  *   kernels in flight) and returns; the handle is then unusable except for dsv4_opt_free.
  * - dsv4_last_error is per thread: a rank thread copies its message into its opt_rank before it ends; the caller
  *   sees "rank r (GPU r): <message>" of the first rank that failed (not the ranks it took down with it).
+ * - Replica check (DSV4_NCCL_REPLICA_CHECK=1, debug): after each step every rank hashes its residual streams on
+ *   the host (one process: no collective needed); any divergence of top-k, routing or sums changes them.
  * - Graphs: a rank captures its step with the NCCL calls inside (NCCL >= 2.9 supports capture). Timing events
  *   are recorded only in eager steps (opt_ranks_eager), so a timed run never mixes events into graphs.
  */
@@ -47,6 +49,8 @@ struct opt_rank {
     int last_L;
     const char *last_what;
     double us_step;        /* time inside the timed collectives of the last step */
+    uint16_t *rbuf;        /* replica check: host copy of the rank's residual streams [C, n, D] bf16 */
+    uint64_t hash;         /* and its FNV-1a hash after the last step */
     pthread_t th;
     int rc;                /* the thread's result and message */
     char msg[768];
@@ -58,6 +62,7 @@ struct opt_ranks {
     struct opt_rank *rk;   /* [n] */
     double timeout_s;
     int stall;             /* DSV4_NCCL_INJECT_STALL=1: a host stall before rank 0's first collective (tests) */
+    int replica;           /* DSV4_NCCL_REPLICA_CHECK=1: compare every rank's residual streams after each step */
     int stall_release;     /* atomic */
     int abort;             /* atomic: a rank failed; every rank aborts its communicator */
     int failed;            /* atomic: the first failing rank, -1 none */
@@ -261,6 +266,11 @@ static int init_body(struct opt_rank *rk)
     DSV4_OPT_TRY(g->build(g->ctx, &op, rk->rank, g->n, &g->o[rk->rank]));
     g->o[rk->rank]->rk = rk;
     DSV4_OPT_CUDA(cudaEventCreateWithFlags(&rk->done, cudaEventDisableTiming));
+    if (g->replica) {
+        const dsv4_opt *o = g->o[rk->rank];
+        rk->rbuf = malloc((size_t)o->C * o->n * o->D * 2);
+        if (!rk->rbuf) return dsv4_error(DSV4_ERR_NOMEM, "replica check: out of host memory");
+    }
     return 0;
 }
 
@@ -272,6 +282,15 @@ static int step_body(struct opt_rank *rk)
     rk->last_what = NULL;
     DSV4_OPT_TRY(opt_step_rank(g->o[rk->rank], g->tokens, g->active, r0 ? g->probe : NULL, r0 ? g->logits : NULL,
                                r0 ? g->next : NULL));
+    if (rk->rbuf) { /* replica check: the replicated state every later step reads, hashed on the host */
+        const dsv4_opt *o = g->o[rk->rank];
+        const size_t n = (size_t)o->C * o->n * o->D;
+        DSV4_OPT_CUDA(cudaMemcpy(rk->rbuf, o->X, n * 2, cudaMemcpyDeviceToHost));
+        uint64_t h = 1469598103934665603ull;
+        const unsigned char *b = (const unsigned char *)rk->rbuf;
+        for (size_t i = 0; i < n * 2; i++) h = (h ^ b[i]) * 1099511628211ull;
+        rk->hash = h;
+    }
     rk->us_step = 0;
     for (int i = 0; rk->t_ev && i < rk->n_t && i < OPT_TIMED_MAX; i++) {
         float ms = 0;
@@ -320,8 +339,9 @@ int opt_ranks_init(const dsv4_config *cfg, const dsv4_opt_options *op, opt_build
     }
     g->n = N;
     g->timeout_s = timeout;
-    const char *st = getenv("DSV4_NCCL_INJECT_STALL");
+    const char *st = getenv("DSV4_NCCL_INJECT_STALL"), *rc_env = getenv("DSV4_NCCL_REPLICA_CHECK");
     g->stall = st && !strcmp(st, "1");
+    g->replica = rc_env && !strcmp(rc_env, "1");
     for (int r = 0; r < N; r++) g->rk[r].g = g, g->rk[r].rank = r;
     ncclResult_t nr = ncclGetUniqueId(&g->id);
     int rc = nr == ncclSuccess ? 0 : dsv4_error(DSV4_ERR_CUDA, "ncclGetUniqueId: %s", ncclGetErrorString(nr));
@@ -362,6 +382,11 @@ int opt_ranks_step(struct opt_ranks *g, const int32_t *tokens, const uint8_t *ac
         g->broken = 1;
         return rc;
     }
+    for (int r = 1; g->replica && r < g->n; r++)
+        if (g->rk[r].hash != g->rk[0].hash)
+            return dsv4_error(DSV4_ERR_CUDA, "replica check (DSV4_NCCL_REPLICA_CHECK): rank %d's residual streams "
+                              "differ from rank 0's after this step (sequence 0 at position %d): the ranks no longer "
+                              "compute the same replicated state", r, g->o[0]->pos[0]);
     if (g->timing) {
         double worst = 0;
         for (int r = 0; r < g->n; r++)
@@ -377,7 +402,11 @@ int opt_ranks_each(struct opt_ranks *g, int (*fn)(dsv4_opt *o, void *arg), void 
     for (int r = 0; r < g->n; r++) {
         DSV4_OPT_CUDA(cudaSetDevice(r));
         int rc = fn(g->o[r], arg);
-        if (rc) return dsv4_error(rc, "rank %d (GPU %d): %s", r, r, dsv4_last_error());
+        if (rc) {
+            char msg[512];
+            snprintf(msg, sizeof msg, "%s", dsv4_last_error()); /* not the sink's own buffer as an argument */
+            return dsv4_error(rc, "rank %d (GPU %d): %s", r, r, msg);
+        }
     }
     return cudaSetDevice(0) == cudaSuccess ? 0 : dsv4_error(DSV4_ERR_CUDA, "cudaSetDevice(0) failed");
 }
@@ -416,6 +445,7 @@ void opt_ranks_free(struct opt_ranks *g)
         for (int i = 0; rk->t_ev && i < 2 * OPT_TIMED_MAX; i++)
             if (rk->t_ev[i]) cudaEventDestroy(rk->t_ev[i]);
         free(rk->t_ev);
+        free(rk->rbuf);
     }
     cudaSetDevice(0);
     free(g->o);

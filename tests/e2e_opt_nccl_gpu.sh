@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # e2e_opt_nccl_gpu.sh - `dsv4 run --path opt --gpus 1` (the NCCL path on one rank, issue 8) end to end on every
 # committed golden set: each run verified with `dsv4 verify --profile bf16` against the CPU reference's dump
-# (and, reported only, against the transformers golden), for the defaults and --graph off and a staggered batch.
+# (and, reported only, against the transformers golden), for the defaults, --graph off and a staggered batch;
+# on a machine with 2 GPUs also --gpus 2 (every golden set divides by 2) with DSV4_NCCL_REPLICA_CHECK=1.
 # Optional: DSV4_FLASH_MODEL=DIR (a Flash-width model, `test_ref_gpu_flash --write-model DIR`) adds a 300-token
 # greedy prompt run verified against the GPU reference's dump (the CPU one is too slow at that width).
 # The verifier's verdict, first divergence and logits lines are printed; logs go to $DSV4_E2E_LOG (default: a
@@ -38,15 +39,20 @@ run() { # run NAME MODEL ARGS...: dsv4 run ... --dump $T/NAME.h5
     fi
     grep -E '^dsv4 run:' "$LOG/run-$name.txt" | sed 's/^/   /'
 }
-variants=("default|" "graph-off|--graph off" "batch3|--batch 3 --dump-seq 2")
+variants=("gpus1|--gpus 1" "gpus1-graph-off|--gpus 1 --graph off" "gpus1-batch3|--gpus 1 --batch 3 --dump-seq 2")
+# with 2 GPUs the sets (all divide by 2) also run split: --gpus 2, replica check on
+if [ "$(nvidia-smi -L | grep -c '^GPU')" -ge 2 ]; then
+    variants+=("gpus2|--gpus 2")
+    export DSV4_NCCL_REPLICA_CHECK=1
+fi
 for set in tiny topk512 tiny-fp8; do
     G="$SRC/golden/$set"
     [ -f "$G/forced.h5" ] || { echo "golden/$set not committed: skipped"; continue; }
     run "$set-ref" "$G" --path ref-cpu --tokens-from "$G/forced.h5" || continue
     for v in "${variants[@]}"; do
-        name="$set-gpus1-${v%%|*}"
+        name="$set-${v%%|*}"
         read -r -a args <<<"${v#*|}"
-        run "$name" "$G" --path opt --gpus 1 --tokens-from "$G/forced.h5" "${args[@]}" || continue
+        run "$name" "$G" --path opt --tokens-from "$G/forced.h5" "${args[@]}" || continue
         verify "$name-vs-ref" 1 "$T/$set-ref.h5" "$T/$name.h5"
         verify "$name-vs-golden" 0 "$G/forced.h5" "$T/$name.h5"
     done

@@ -5,6 +5,7 @@
  *   golden/topk512, graphs on and off; and the dumps of `dsv4 run --path opt --gpus 1` equal those of
  *   `dsv4 run --path opt` dataset by dataset (tiny, topk512), and two --gpus 1 runs equal each other;
  * - every collective is called: with timing on, a step makes 2 all-reduces per layer + 1 per CSA layer;
+ * - at N = 2, only where 2 GPUs exist: every step passes the replica check, graph == eager bitwise;
  * - the expert-parallel MoE kernel (moe_experts with an expert range): a rank's partial of a token whose experts
  *   are all its own is bitwise the unsplit result, a token with none of them gets exactly 0 (no shared part on
  *   that rank), and the two halves sum to the unsplit output;
@@ -109,7 +110,54 @@ static void n1_equals_plain(const char *set, int graph)
     dsv4_model_free(m);
 }
 
-START_TEST(test_n1_bitwise_plain_tiny) { n1_equals_plain("tiny", 1); n1_equals_plain("tiny", 0); }
+START_TEST(test_n1_bitwise_plain_tiny)
+{
+    n1_equals_plain("tiny", 1);
+    setenv("DSV4_NCCL_REPLICA_CHECK", "1", 1); /* the hashing path runs (one rank: nothing to disagree with) */
+    n1_equals_plain("tiny", 0);
+    unsetenv("DSV4_NCCL_REPLICA_CHECK");
+}
+END_TEST
+
+/* N = 2 where the machine has 2 GPUs (skipped with a line otherwise): every step passes the replica check (all
+ * ranks hold the same residual streams), and two N = 2 runs give the same bits. Within-profile agreement with
+ * N = 1 is e2e_opt_nccl_gpu.sh's (the verifier). */
+START_TEST(test_n2_replicas_agree)
+{
+    int n_dev = 0;
+    ck_assert(cudaGetDeviceCount(&n_dev) == cudaSuccess);
+    if (n_dev < 2) {
+        printf("test_n2_replicas_agree: %d GPU: not run (needs 2)\n", n_dev);
+        return;
+    }
+    setenv("DSV4_NCCL_REPLICA_CHECK", "1", 1);
+    int T;
+    int32_t *tok = golden_tokens("tiny", &T);
+    dsv4_model *m = open_set("tiny");
+    const int V = dsv4_model_config(m)->vocab_size;
+    dsv4_opt_options o;
+    dsv4_opt_options_default(&o);
+    o.n_seq = 2, o.max_context = T, o.dump_seq = 1, o.n_gpus = 2;
+    dsv4_opt *a = NULL, *b = NULL;
+    ck_assert_msg(dsv4_opt_init(m, &o, &a) == 0, "%s", dsv4_last_error());
+    o.cuda_graph = 0;
+    ck_assert_msg(dsv4_opt_init(m, &o, &b) == 0, "%s", dsv4_last_error());
+    float *la = malloc((size_t)V * 4), *lb = malloc((size_t)V * 4);
+    for (int st = 0; st < T + 5; st++) {
+        int32_t in[2] = {st < T ? tok[st] : 0, st >= 5 ? tok[st - 5] : 0};
+        uint8_t act[2] = {st < T, st >= 5};
+        ck_assert_msg(dsv4_opt_step(a, in, act, NULL, la, NULL) == 0, "step %d: %s", st, dsv4_last_error());
+        ck_assert_msg(dsv4_opt_step(b, in, act, NULL, lb, NULL) == 0, "step %d: %s", st, dsv4_last_error());
+        long d = st >= 5 ? first_diff(la, lb, (size_t)V) : -1;
+        ck_assert_msg(d < 0, "step %d: N = 2 graph and eager logits differ at %ld: %.9g vs %.9g", st, d,
+                      d < 0 ? 0.0 : la[d], d < 0 ? 0.0 : lb[d]);
+    }
+    unsetenv("DSV4_NCCL_REPLICA_CHECK");
+    free(la), free(lb), free(tok);
+    dsv4_opt_free(a);
+    dsv4_opt_free(b);
+    dsv4_model_free(m);
+}
 END_TEST
 START_TEST(test_n1_bitwise_plain_topk512) { n1_equals_plain("topk512", 1); }
 END_TEST
@@ -390,6 +438,7 @@ int main(void)
     tcase_add_test(tc, test_n1_bitwise_plain_topk512);
     tcase_add_test(tc, test_n1_dumps);
     tcase_add_test(tc, test_every_collective_called);
+    tcase_add_test(tc, test_n2_replicas_agree);
     tcase_add_test(tc, test_stall_times_out); /* last: it aborts a communicator */
     suite_add_tcase(s, tc);
     return dsv4_test_main(s);
