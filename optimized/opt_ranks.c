@@ -131,25 +131,25 @@ static int peer_failed(struct opt_rank *rk, const char *what)
     return rc;
 }
 
-static int timed_out(struct opt_rank *rk, const char *what)
+static int timed_out(struct opt_rank *rk, const char *what, double limit_s)
 {
     int rc;
     if (rk->last_what)
         rc = dsv4_error(DSV4_ERR_CUDA, "%s did not complete within %g s (DSV4_NCCL_TIMEOUT_S; the last collective "
                         "enqueued: all-reduce '%s' of layer %d, %zu bytes): timed out on rank %d; communicators "
-                        "aborted", what, rk->g->timeout_s, rk->last_what, rk->last_L, rk->last_bytes, rk->rank);
+                        "aborted", what, limit_s, rk->last_what, rk->last_L, rk->last_bytes, rk->rank);
     else
         rc = dsv4_error(DSV4_ERR_CUDA, "%s did not complete within %g s (DSV4_NCCL_TIMEOUT_S): timed out on rank %d; "
-                        "communicators aborted", what, rk->g->timeout_s, rk->rank);
+                        "communicators aborted", what, limit_s, rk->rank);
     rank_abort(rk);
     return rc;
 }
 
 /* Poll the communicator until its pending call (init, an enqueue) is done: success, an error, a peer's
- * failure or the deadline. */
-static int settle(struct opt_rank *rk, const char *what)
+ * failure or the deadline, limit_s from now. */
+static int settle(struct opt_rank *rk, const char *what, double limit_s)
 {
-    const double deadline = now_s() + rk->g->timeout_s;
+    const double deadline = now_s() + limit_s;
     for (;;) {
         ncclResult_t st = ncclInProgress;
         ncclResult_t r = ncclCommGetAsyncError(rk->comm, &st);
@@ -157,7 +157,7 @@ static int settle(struct opt_rank *rk, const char *what)
         if (st == ncclSuccess) return 0;
         if (st != ncclInProgress) return nccl_fail(rk, st, "ncclCommGetAsyncError", what);
         if (__atomic_load_n(&rk->g->abort, __ATOMIC_ACQUIRE)) return peer_failed(rk, what);
-        if (now_s() > deadline) return timed_out(rk, what);
+        if (now_s() > deadline) return timed_out(rk, what, limit_s);
         nap();
     }
 }
@@ -187,7 +187,7 @@ int opt_wait(dsv4_opt *o, const char *what)
         if (r != ncclSuccess) return nccl_fail(rk, r, "ncclCommGetAsyncError", label);
         if (st != ncclSuccess && st != ncclInProgress) return nccl_fail(rk, st, "a collective", label);
         if (__atomic_load_n(&rk->g->abort, __ATOMIC_ACQUIRE)) return peer_failed(rk, label);
-        if (now_s() > deadline) return timed_out(rk, label);
+        if (now_s() > deadline) return timed_out(rk, label, rk->g->timeout_s);
         nap();
     }
 }
@@ -205,7 +205,7 @@ int opt_allreduce(dsv4_opt *o, float *buf, size_t n, int L, const char *what)
     const int timed = rk->t_ev && rk->n_t < OPT_TIMED_MAX;
     if (timed) DSV4_OPT_CUDA(cudaEventRecord(rk->t_ev[2 * rk->n_t], o->stream));
     ncclResult_t r = ncclAllReduce(buf, buf, n, ncclFloat32, ncclSum, rk->comm, o->stream);
-    if (r == ncclInProgress) DSV4_OPT_TRY(settle(rk, label));
+    if (r == ncclInProgress) DSV4_OPT_TRY(settle(rk, label, g->timeout_s));
     else if (r != ncclSuccess) return nccl_fail(rk, r, "ncclAllReduce", label);
     if (timed) DSV4_OPT_CUDA(cudaEventRecord(rk->t_ev[2 * rk->n_t + 1], o->stream));
     rk->n_t++;
@@ -260,7 +260,8 @@ static int init_body(struct opt_rank *rk)
     cfg.blocking = 0; /* no NCCL call may block the host: see settle */
     ncclResult_t r = ncclCommInitRankConfig(&rk->comm, g->n, g->id, rk->rank, &cfg);
     if (r != ncclSuccess && r != ncclInProgress) return nccl_fail(rk, r, "ncclCommInitRankConfig", "init");
-    DSV4_OPT_TRY(settle(rk, "ncclCommInitRankConfig"));
+    /* NCCL's setup (topology, transports) may take longer than a collective may: at least 5 minutes */
+    DSV4_OPT_TRY(settle(rk, "ncclCommInitRankConfig", g->timeout_s > 300 ? g->timeout_s : 300));
     dsv4_opt_options op = *g->op;
     op.device = rk->rank;
     DSV4_OPT_TRY(g->build(g->ctx, &op, rk->rank, g->n, &g->o[rk->rank]));
