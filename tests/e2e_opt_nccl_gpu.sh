@@ -60,9 +60,12 @@ done
 if [ -n "${DSV4_FLASH_MODEL:-}" ] && [ -f "$DSV4_FLASH_MODEL/config.json" ]; then
     awk 'BEGIN { s = 4242; for (i = 0; i < 300; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%d ", 2 + s % 8000 } }' \
         >"$T/flash-prompt.txt"
-    if run flash-ref-gpu "$DSV4_FLASH_MODEL" --path ref-gpu --prompt-tokens "$T/flash-prompt.txt" --decode 4; then
+    # only the last prompt position and the decode steps are stored: every position at this width is gigabytes
+    if run flash-ref-gpu "$DSV4_FLASH_MODEL" --path ref-gpu --prompt-tokens "$T/flash-prompt.txt" --decode 4 \
+        --dump-positions decode; then
         # forced from the reference's own tokens, so a greedy flip cannot desynchronise the comparison
-        if run flash-gpus1 "$DSV4_FLASH_MODEL" --path opt --gpus 1 --tokens-from "$T/flash-ref-gpu.h5" --forced; then
+        if run flash-gpus1 "$DSV4_FLASH_MODEL" --path opt --gpus 1 --tokens-from "$T/flash-ref-gpu.h5" --forced \
+            --dump-positions decode; then
             verify flash-gpus1-vs-ref-gpu 1 "$T/flash-ref-gpu.h5" "$T/flash-gpus1.h5"
         fi
     fi
