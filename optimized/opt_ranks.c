@@ -17,6 +17,9 @@
  *   kernels in flight) and returns; the handle is then unusable except for dsv4_opt_free.
  * - dsv4_last_error is per thread: a rank thread copies its message into its opt_rank before it ends; the caller
  *   sees "rank r (GPU r): <message>" of the first rank that failed (not the ranks it took down with it).
+ * - Emulation (DSV4_NCCL_EMULATE_ONE_GPU=1, tests only, never a transport of `--gpus N` runs): the N ranks share
+ *   GPU 0, no communicator exists, and opt_allreduce sums the ranks' partials on the host in rank order; so the
+ *   sharded loads, expert ranges and partial sums are checked on a one-GPU machine (steps run eagerly).
  * - Replica check (DSV4_NCCL_REPLICA_CHECK=1, debug): after each step every rank hashes its residual streams on
  *   the host (one process: no collective needed); any divergence of top-k, routing or sums changes them.
  * - Graphs: a rank captures its step with the NCCL calls inside (NCCL >= 2.9 supports capture). Timing events
@@ -41,6 +44,8 @@ enum { OPT_TIMED_MAX = 1024 }; /* timed collectives per rank and step (107 at Fl
 struct opt_rank {
     struct opt_ranks *g;
     int rank;
+    int dev;               /* its GPU: rank, or 0 when emulated */
+    float *ebuf;           /* emulation: [2·e_floats] host partial, then the rank's copy of the sum */
     ncclComm_t comm;       /* NULL once aborted or destroyed */
     cudaEvent_t done;      /* the marker every stream wait polls (no timing) */
     cudaEvent_t *t_ev;     /* [2·OPT_TIMED_MAX] start/stop pairs while timing; NULL otherwise */
@@ -63,6 +68,13 @@ struct opt_ranks {
     double timeout_s;
     int stall;             /* DSV4_NCCL_INJECT_STALL=1: a host stall before rank 0's first collective (tests) */
     int replica;           /* DSV4_NCCL_REPLICA_CHECK=1: compare every rank's residual streams after each step */
+    /* DSV4_NCCL_EMULATE_ONE_GPU=1 (tests only): every rank on GPU 0 without NCCL, the all-reduce a host sum in
+     * rank order between two abortable barriers, steps eager; so the split math runs on a one-GPU machine */
+    int emulate;
+    size_t e_floats;
+    pthread_mutex_t e_mu;
+    pthread_cond_t e_cv;
+    int e_count, e_gen;
     int stall_release;     /* atomic */
     int abort;             /* atomic: a rank failed; every rank aborts its communicator */
     int failed;            /* atomic: the first failing rank, -1 none */
@@ -162,9 +174,57 @@ static int settle(struct opt_rank *rk, const char *what, double limit_s)
     }
 }
 
+/* Emulation: all N rank threads meet (or one saw a failure, or the deadline passed). */
+static int emu_barrier(struct opt_rank *rk, const char *what)
+{
+    struct opt_ranks *g = rk->g;
+    const double deadline = now_s() + g->timeout_s;
+    int why = 0;
+    pthread_mutex_lock(&g->e_mu);
+    const int gen = g->e_gen;
+    if (++g->e_count == g->n) {
+        g->e_count = 0, g->e_gen++;
+        pthread_cond_broadcast(&g->e_cv);
+    }
+    while (g->e_gen == gen && !why) {
+        if (__atomic_load_n(&g->abort, __ATOMIC_ACQUIRE)) why = 1;
+        else if (now_s() > deadline) why = 2;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 10000000; /* re-check the abort flag every 10 ms */
+        if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
+        if (!why) pthread_cond_timedwait(&g->e_cv, &g->e_mu, &ts);
+    }
+    pthread_mutex_unlock(&g->e_mu);
+    if (why == 1) return peer_failed(rk, what);
+    if (why == 2) return timed_out(rk, what, g->timeout_s);
+    return 0;
+}
+
+/* Emulation: every rank's partial to the host, the sum in rank order 0..N-1 by every rank (the same order, so
+ * the same bits everywhere), back to the device. */
+static int emu_allreduce(struct opt_rank *rk, dsv4_opt *o, float *buf, size_t n, const char *label)
+{
+    struct opt_ranks *g = rk->g;
+    if (n > g->e_floats)
+        return dsv4_error(DSV4_ERR_USAGE, "%s: %zu floats for an emulation buffer of %zu", label, n, g->e_floats);
+    DSV4_OPT_CUDA(cudaStreamSynchronize(o->stream));
+    DSV4_OPT_CUDA(cudaMemcpy(rk->ebuf, buf, n * sizeof(float), cudaMemcpyDeviceToHost));
+    DSV4_OPT_TRY(emu_barrier(rk, label));
+    float *sum = rk->ebuf + g->e_floats;
+    for (size_t i = 0; i < n; i++) {
+        float a = g->rk[0].ebuf[i];
+        for (int r = 1; r < g->n; r++) a += g->rk[r].ebuf[i];
+        sum[i] = a;
+    }
+    DSV4_OPT_TRY(emu_barrier(rk, label)); /* no partial is overwritten before every rank has summed */
+    DSV4_OPT_CUDA(cudaMemcpy(buf, sum, n * sizeof(float), cudaMemcpyHostToDevice));
+    return 0;
+}
+
 int opt_wait(dsv4_opt *o, const char *what)
 {
-    if (!o->rk) {
+    if (!o->rk || o->rk->g->emulate) {
         DSV4_OPT_CUDA(cudaStreamSynchronize(o->stream));
         return 0;
     }
@@ -199,6 +259,11 @@ int opt_allreduce(dsv4_opt *o, float *buf, size_t n, int L, const char *what)
     struct opt_ranks *g = rk->g;
     char label[96];
     snprintf(label, sizeof label, "all-reduce '%s' of layer %d", what, L);
+    if (g->emulate) {
+        rk->n_t++;
+        rk->last_what = what, rk->last_L = L, rk->last_bytes = n * sizeof(float);
+        return emu_allreduce(rk, o, buf, n, label);
+    }
     if (!rk->comm) return dsv4_error(DSV4_ERR_CUDA, "%s: rank %d's communicator was aborted", label, rk->rank);
     if (g->stall && rk->rank == 0 && rk->n_t == 0)
         DSV4_OPT_CUDA(cudaLaunchHostFunc(o->stream, stall_fn, &g->stall_release));
@@ -213,15 +278,15 @@ int opt_allreduce(dsv4_opt *o, float *buf, size_t n, int L, const char *what)
     return 0;
 }
 
-int opt_ranks_eager(const dsv4_opt *o) { return o->rk && o->rk->g->timing; }
+int opt_ranks_eager(const dsv4_opt *o) { return o->rk && (o->rk->g->timing || o->rk->g->emulate); }
 
 /* ------------------------------------------------------------------------------------ the threads */
 static void *rank_thread(void *arg)
 {
     struct opt_rank *rk = arg;
-    cudaError_t e = cudaSetDevice(rk->rank);
+    cudaError_t e = cudaSetDevice(rk->dev);
     rk->rc = e == cudaSuccess ? rk->g->body(rk)
-                              : dsv4_error(DSV4_ERR_CUDA, "cudaSetDevice(%d): %s", rk->rank, cudaGetErrorString(e));
+                              : dsv4_error(DSV4_ERR_CUDA, "cudaSetDevice(%d): %s", rk->dev, cudaGetErrorString(e));
     if (rk->rc) {
         snprintf(rk->msg, sizeof rk->msg, "%s", dsv4_last_error());
         rank_abort(rk); /* no-op for a rank already aborted; wakes the others otherwise */
@@ -256,14 +321,16 @@ static int run_ranks(struct opt_ranks *g)
 static int init_body(struct opt_rank *rk)
 {
     struct opt_ranks *g = rk->g;
-    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
-    cfg.blocking = 0; /* no NCCL call may block the host: see settle */
-    ncclResult_t r = ncclCommInitRankConfig(&rk->comm, g->n, g->id, rk->rank, &cfg);
-    if (r != ncclSuccess && r != ncclInProgress) return nccl_fail(rk, r, "ncclCommInitRankConfig", "init");
-    /* NCCL's setup (topology, transports) may take longer than a collective may: at least 5 minutes */
-    DSV4_OPT_TRY(settle(rk, "ncclCommInitRankConfig", g->timeout_s > 300 ? g->timeout_s : 300));
+    if (!g->emulate) {
+        ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+        cfg.blocking = 0; /* no NCCL call may block the host: see settle */
+        ncclResult_t r = ncclCommInitRankConfig(&rk->comm, g->n, g->id, rk->rank, &cfg);
+        if (r != ncclSuccess && r != ncclInProgress) return nccl_fail(rk, r, "ncclCommInitRankConfig", "init");
+        /* NCCL's setup (topology, transports) may take longer than a collective may: at least 5 minutes */
+        DSV4_OPT_TRY(settle(rk, "ncclCommInitRankConfig", g->timeout_s > 300 ? g->timeout_s : 300));
+    }
     dsv4_opt_options op = *g->op;
-    op.device = rk->rank;
+    op.device = rk->dev;
     DSV4_OPT_TRY(g->build(g->ctx, &op, rk->rank, g->n, &g->o[rk->rank]));
     g->o[rk->rank]->rk = rk;
     DSV4_OPT_CUDA(cudaEventCreateWithFlags(&rk->done, cudaEventDisableTiming));
@@ -271,6 +338,10 @@ static int init_body(struct opt_rank *rk)
         const dsv4_opt *o = g->o[rk->rank];
         rk->rbuf = malloc((size_t)o->C * o->n * o->D * 2);
         if (!rk->rbuf) return dsv4_error(DSV4_ERR_NOMEM, "replica check: out of host memory");
+    }
+    if (g->emulate) { /* the largest all-reduce: [C, D] or the index scores [C, pool_cap_csa] */
+        rk->ebuf = malloc(2 * g->e_floats * sizeof(float));
+        if (!rk->ebuf) return dsv4_error(DSV4_ERR_NOMEM, "emulated ranks: out of host memory");
     }
     return 0;
 }
@@ -326,8 +397,10 @@ int opt_ranks_init(const dsv4_config *cfg, const dsv4_opt_options *op, opt_build
         n_dev = 0; /* no driver or no device: the plan says how many were asked */
         cudaGetLastError();
     }
-    /* before any device work: the divisibility and the device count */
-    DSV4_OPT_TRY(dsv4_ref_shard_plan(cfg, N, n_dev, NULL));
+    const char *em = getenv("DSV4_NCCL_EMULATE_ONE_GPU");
+    const int emulate = em && !strcmp(em, "1") && n_dev >= 1;
+    /* before any device work: the divisibility and the device count (emulated: all on GPU 0) */
+    DSV4_OPT_TRY(dsv4_ref_shard_plan(cfg, N, emulate ? N : n_dev, NULL));
     double timeout;
     DSV4_OPT_TRY(parse_timeout(&timeout));
     struct opt_ranks *g = calloc(1, sizeof *g);
@@ -340,11 +413,22 @@ int opt_ranks_init(const dsv4_config *cfg, const dsv4_opt_options *op, opt_build
     }
     g->n = N;
     g->timeout_s = timeout;
+    g->emulate = emulate;
+    if (emulate) {
+        int cap = 1; /* the CSA pool capacity, as opt_layout.c sizes it */
+        for (int L = 0; L < cfg->num_hidden_layers; L++)
+            if (cfg->attn_type[L] == DSV4_ATTN_CSA && cfg->compress_ratio[L] > 0 &&
+                op->max_context / cfg->compress_ratio[L] > cap)
+                cap = op->max_context / cfg->compress_ratio[L];
+        g->e_floats = (size_t)op->n_seq * (size_t)(cap > cfg->hidden_size ? cap : cfg->hidden_size);
+    }
+    pthread_mutex_init(&g->e_mu, NULL);
+    pthread_cond_init(&g->e_cv, NULL);
     const char *st = getenv("DSV4_NCCL_INJECT_STALL"), *rc_env = getenv("DSV4_NCCL_REPLICA_CHECK");
     g->stall = st && !strcmp(st, "1");
     g->replica = rc_env && !strcmp(rc_env, "1");
-    for (int r = 0; r < N; r++) g->rk[r].g = g, g->rk[r].rank = r;
-    ncclResult_t nr = ncclGetUniqueId(&g->id);
+    for (int r = 0; r < N; r++) g->rk[r].g = g, g->rk[r].rank = r, g->rk[r].dev = emulate ? 0 : r;
+    ncclResult_t nr = emulate ? ncclSuccess : ncclGetUniqueId(&g->id);
     int rc = nr == ncclSuccess ? 0 : dsv4_error(DSV4_ERR_CUDA, "ncclGetUniqueId: %s", ncclGetErrorString(nr));
     if (!rc) {
         g->body = init_body, g->op = op, g->build = build, g->ctx = ctx;
@@ -358,8 +442,11 @@ int opt_ranks_init(const dsv4_config *cfg, const dsv4_opt_options *op, opt_build
     dsv4_opt *h = g->o[0];
     h->group = g;
     size_t len = strlen(h->producer);
-    snprintf(h->producer + len, sizeof h->producer - len, " gpus=%d nccl=%d.%d.%d", N, NCCL_MAJOR, NCCL_MINOR,
-             NCCL_PATCH);
+    if (emulate)
+        snprintf(h->producer + len, sizeof h->producer - len, " gpus=%d emulated-on-one-gpu", N);
+    else
+        snprintf(h->producer + len, sizeof h->producer - len, " gpus=%d nccl=%d.%d.%d", N, NCCL_MAJOR, NCCL_MINOR,
+                 NCCL_PATCH);
     *out = h;
     return 0;
 }
@@ -401,7 +488,7 @@ int opt_ranks_each(struct opt_ranks *g, int (*fn)(dsv4_opt *o, void *arg), void 
 {
     DSV4_OPT_TRY(opt_ranks_usable(g));
     for (int r = 0; r < g->n; r++) {
-        DSV4_OPT_CUDA(cudaSetDevice(r));
+        DSV4_OPT_CUDA(cudaSetDevice(g->rk[r].dev));
         int rc = fn(g->o[r], arg);
         if (rc) {
             char msg[512];
@@ -419,7 +506,7 @@ void opt_ranks_free(struct opt_ranks *g)
     for (int r = 0; r < g->n; r++) {
         struct opt_rank *rk = &g->rk[r];
         if (!rk->comm) continue;
-        cudaSetDevice(r);
+        cudaSetDevice(rk->dev);
         ncclResult_t fr = g->broken ? ncclInternalError : ncclCommFinalize(rk->comm);
         if (fr != ncclSuccess && fr != ncclInProgress) rank_abort(rk);
     }
@@ -438,7 +525,7 @@ void opt_ranks_free(struct opt_ranks *g)
         }
     }
     for (int r = 0; r < g->n; r++) {
-        cudaSetDevice(r);
+        cudaSetDevice(g->rk[r].dev);
         if (g->o[r]) g->o[r]->group = NULL, g->o[r]->rk = NULL;
         opt_free_one(g->o[r]);
         struct opt_rank *rk = &g->rk[r];
@@ -447,7 +534,10 @@ void opt_ranks_free(struct opt_ranks *g)
             if (rk->t_ev[i]) cudaEventDestroy(rk->t_ev[i]);
         free(rk->t_ev);
         free(rk->rbuf);
+        free(rk->ebuf);
     }
+    pthread_mutex_destroy(&g->e_mu);
+    pthread_cond_destroy(&g->e_cv);
     cudaSetDevice(0);
     free(g->o);
     free(g->rk);
@@ -459,10 +549,11 @@ int dsv4_opt_nccl_timing(dsv4_opt *o, int on)
     DSV4_CHECK(o && o->group, "dsv4_opt_nccl_timing: a handle of --gpus N >= 1 is needed");
     struct opt_ranks *g = o->group;
     DSV4_OPT_TRY(opt_ranks_usable(g));
+    DSV4_CHECK(!g->emulate, "dsv4_opt_nccl_timing: emulated ranks have no NCCL collectives to time");
     for (int r = 0; on && r < g->n; r++) {
         struct opt_rank *rk = &g->rk[r];
         if (rk->t_ev) continue;
-        DSV4_OPT_CUDA(cudaSetDevice(r));
+        DSV4_OPT_CUDA(cudaSetDevice(rk->dev));
         cudaEvent_t *ev = calloc(2 * OPT_TIMED_MAX, sizeof *ev);
         if (!ev) return dsv4_error(DSV4_ERR_NOMEM, "dsv4_opt_nccl_timing: out of host memory");
         for (int i = 0; i < 2 * OPT_TIMED_MAX; i++) {
@@ -478,7 +569,7 @@ int dsv4_opt_nccl_timing(dsv4_opt *o, int on)
     if (!on)
         for (int r = 0; r < g->n; r++) {
             struct opt_rank *rk = &g->rk[r];
-            cudaSetDevice(r);
+            cudaSetDevice(rk->dev);
             for (int i = 0; rk->t_ev && i < 2 * OPT_TIMED_MAX; i++) cudaEventDestroy(rk->t_ev[i]);
             free(rk->t_ev);
             rk->t_ev = NULL;

@@ -2,7 +2,9 @@
 # e2e_opt_nccl_gpu.sh - `dsv4 run --path opt --gpus 1` (the NCCL path on one rank, issue 8) end to end on every
 # committed golden set: each run verified with `dsv4 verify --profile bf16` against the CPU reference's dump
 # (and, reported only, against the transformers golden), for the defaults, --graph off and a staggered batch;
-# on a machine with 2 GPUs also --gpus 2 (every golden set divides by 2) with DSV4_NCCL_REPLICA_CHECK=1.
+# also --gpus 2 (every golden set divides by 2) with DSV4_NCCL_REPLICA_CHECK=1, against the CPU reference and
+# against the --gpus 1 run: on 2 GPUs over NCCL, on one GPU through the test-only emulation
+# (DSV4_NCCL_EMULATE_ONE_GPU=1: both ranks on GPU 0, the all-reduce a host sum).
 # Optional: DSV4_FLASH_MODEL=DIR (a Flash-width model, `test_ref_gpu_flash --write-model DIR`) adds a 300-token
 # greedy prompt run verified against the GPU reference's dump (the CPU one is too slow at that width).
 # The verifier's verdict, first divergence and logits lines are printed; logs go to $DSV4_E2E_LOG (default: a
@@ -41,9 +43,12 @@ run() { # run NAME MODEL ARGS...: dsv4 run ... --dump $T/NAME.h5
 }
 variants=("gpus1|--gpus 1" "gpus1-graph-off|--gpus 1 --graph off" "gpus1-batch3|--gpus 1 --batch 3 --dump-seq 2")
 # with 2 GPUs the sets (all divide by 2) also run split: --gpus 2, replica check on
+# on one GPU, the test-only emulation of 2 ranks (both on GPU 0, the all-reduce a host sum: opt_ranks.c)
+export DSV4_NCCL_REPLICA_CHECK=1
 if [ "$(nvidia-smi -L | grep -c '^GPU')" -ge 2 ]; then
     variants+=("gpus2|--gpus 2")
-    export DSV4_NCCL_REPLICA_CHECK=1
+else
+    variants+=("gpus2-emulated|--gpus 2")
 fi
 for set in tiny topk512 tiny-fp8; do
     G="$SRC/golden/$set"
@@ -52,9 +57,15 @@ for set in tiny topk512 tiny-fp8; do
     for v in "${variants[@]}"; do
         name="$set-${v%%|*}"
         read -r -a args <<<"${v#*|}"
-        run "$name" "$G" --path opt --tokens-from "$G/forced.h5" "${args[@]}" || continue
+        [[ $name == *emulated ]] && export DSV4_NCCL_EMULATE_ONE_GPU=1
+        run "$name" "$G" --path opt --tokens-from "$G/forced.h5" "${args[@]}"
+        ok=$?
+        unset DSV4_NCCL_EMULATE_ONE_GPU
+        [ $ok -eq 0 ] || continue
         verify "$name-vs-ref" 1 "$T/$set-ref.h5" "$T/$name.h5"
         verify "$name-vs-golden" 0 "$G/forced.h5" "$T/$name.h5"
+        # the split runs against the one-rank run: only fp32 regrouping separates them
+        [[ $name == *gpus2* ]] && [ -f "$T/$set-gpus1.h5" ] && verify "$name-vs-gpus1" 1 "$T/$set-gpus1.h5" "$T/$name.h5"
     done
 done
 if [ -n "${DSV4_FLASH_MODEL:-}" ] && [ -f "$DSV4_FLASH_MODEL/config.json" ]; then
