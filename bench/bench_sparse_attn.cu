@@ -1,9 +1,11 @@
 /* bench_sparse_attn.cu - micro-benchmark of kernels/sparse_attn.cu, both variants of `attn`, Flash shapes:
  * 64 heads x 512, 128 window + 512 selected entries, bf16 output, C = 1, 16, 64 sequences.
- *   run: build/bench_sparse_attn
+ *   run: build/bench_sparse_attn [--quick] [--verbose]
  * Bytes counted (the fewest a step must move): the 640 gathered KV rows and q of each sequence, read once, and the
  * bf16 output, written once. FLOPs: 2*H*d*n (Q.K^T) + 2*H*d*n (P.V) per sequence. Each rep gathers a different
  * random entry set out of a KV pool of >= 256 MB, so the rows come from HBM, not L2 (60 MB).
+ * Spot check (first call of each variant, before the timing): heads 0 and 63 of the first and last sequence against
+ * a double-precision sink softmax + P.V + inverse RoPE over the same gathered bf16 rows.
  */
 #include <math.h>
 #include <string.h>
@@ -26,8 +28,58 @@ static void attn_fn(void *ctx, int rep)
     BENCH_OK(dsv4_opt_sparse_attn(&b->p));
 }
 
-int main(void)
+/* Heads 0 and H-1 of sequences 0 and C-1 (entry set 0) against the CPU (sparse_attn.cuh's formula). */
+static void check_attn(const attn_bench *b, const char *var)
 {
+    const dsv4_sparse_attn_params *p = &b->p;
+    const int C = p->n_seq, np = ROPE / 2;
+    uint16_t *q = (uint16_t *)bench_to_host(p->q, (size_t)C * H * D * 2), *o = (uint16_t *)bench_to_host(p->out, (size_t)C * H * D * 2);
+    int32_t *idx = (int32_t *)bench_to_host(b->idx_sets, (size_t)C * N_IDX * 4);
+    float *sink = (float *)bench_to_host(p->sink, H * 4), *cs = (float *)bench_to_host(p->rope_cos, (size_t)C * np * 4);
+    float *sn = (float *)bench_to_host(p->rope_sin, (size_t)C * np * 4), got[D];
+    uint16_t *rows = (uint16_t *)malloc((size_t)N_IDX * D * 2);
+    double s[N_IDX], want[D];
+    const int seqs[2] = {0, C - 1}, heads[2] = {0, H - 1};
+    for (int t = 0; t < (C > 1 ? 2 : 1); t++) {
+        const int c = seqs[t];
+        for (int j = 0; j < N_IDX; j++)
+            BENCH_CHECK(cudaMemcpy(rows + (size_t)j * D, p->kv + (size_t)c * p->kv_seq_stride + (size_t)idx[c * N_IDX + j] * D,
+                                   D * 2, cudaMemcpyDeviceToHost));
+        for (int hi = 0; hi < 2; hi++) {
+            const int h = heads[hi];
+            const uint16_t *qh = q + ((size_t)c * H + h) * D;
+            double mx = sink[h], sum = 0.0;
+            for (int j = 0; j < N_IDX; j++) {
+                double a = 0.0;
+                for (int d = 0; d < D; d++) a += (double)bench_bf16_to_f32(qh[d]) * bench_bf16_to_f32(rows[(size_t)j * D + d]);
+                s[j] = a * p->scale;
+                mx = fmax(mx, s[j]);
+            }
+            sum = exp(sink[h] - mx);
+            for (int j = 0; j < N_IDX; j++) sum += exp(s[j] - mx);
+            for (int d = 0; d < D; d++) want[d] = 0.0;
+            for (int j = 0; j < N_IDX; j++) {
+                const double pj = exp(s[j] - mx) / sum;
+                for (int d = 0; d < D; d++) want[d] += pj * bench_bf16_to_f32(rows[(size_t)j * D + d]);
+            }
+            for (int i = 0; i < np; i++) { /* inverse RoPE: rotate by -theta */
+                const int r = D - ROPE + 2 * i;
+                const double x0 = want[r], x1 = want[r + 1], cc = cs[c * np + i], ss = sn[c * np + i];
+                want[r] = x0 * cc + x1 * ss;
+                want[r + 1] = x1 * cc - x0 * ss;
+            }
+            for (int d = 0; d < D; d++) got[d] = bench_bf16_to_f32(o[((size_t)c * H + h) * D + d]);
+            char what[96];
+            snprintf(what, sizeof(what), "sparse_attn %s C=%d seq %d head %d (bf16)", var, C, c, h);
+            bench_check_close(what, got, want, D, 1e-3, 2e-2);
+        }
+    }
+    free(q), free(o), free(idx), free(sink), free(cs), free(sn), free(rows);
+}
+
+int main(int argc, char **argv)
+{
+    bench_init(argc, argv);
     bench_ceilings cl = bench_measure_ceilings();
     bench_header();
     const int Cs[3] = {1, 16, 64};
@@ -90,6 +142,10 @@ int main(void)
             p->workspace_bytes = dsv4_opt_sparse_attn_workspace_bytes(p);
             if (p->workspace_bytes) BENCH_CHECK(cudaMalloc(&ws, p->workspace_bytes));
             p->workspace = ws;
+            bench_fill_bf16(out, (size_t)C * H * D, 16 + v, 1e3f); /* garbage: unwritten outputs fail */
+            attn_fn(&b, 0);
+            BENCH_CHECK(cudaDeviceSynchronize());
+            check_attn(&b, v == 0 ? "mma" : "simt");
             double us = bench_median_us(attn_fn, &b);
             char shape[64];
             snprintf(shape, sizeof(shape), "64x512 n=640 ws=%zuKB", p->workspace_bytes >> 10);
@@ -105,5 +161,5 @@ int main(void)
         cudaFree(out);
         cudaFree(b.idx_sets);
     }
-    return 0;
+    return bench_finish();
 }

@@ -6,6 +6,10 @@
 # Each part is time-boxed with `timeout` against one budget (BENCH_BUDGET_S, default 255 s from the start), so a
 # hang costs only its own part; bench.json is rewritten after every variant, so a cut-short run keeps what ran.
 #   device call: command "DSV4_COMMIT=<hash> bash bench/run_on_device.sh", carry [".debs"]
+# Micro-benchmarks only (every bench/bench_*.cu, their tables into $OUT/ubench.md; the throughput run is skipped):
+#   device call: command "DSV4_COMMIT=<hash> bash bench/run_on_device.sh ubench [--quick]", carry [".debs"]
+#   (each bench time-boxed to UBENCH_EACH_S, default 150 s; BENCH_BUDGET_S default 420 s in this mode; exit 1
+#   when a bench fails or one of its spot checks does)
 # Knobs (environment): BENCH_ARGS (extra `dsv4 bench` options), PEER_BATCH (default 1,64), PEER_CONTEXT
 # (default 4096), PEER_RESERVE_S (seconds kept for the peer and the report, default 75), SKIP_PEER (non-empty:
 # no peer run, e.g. when an earlier call measured it).
@@ -13,11 +17,20 @@ set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-$root/out}
 mkdir -p "$out"
-budget=${BENCH_BUDGET_S:-255}
+mode=full
+quick=
+if [ "${1:-}" = ubench ]; then
+  mode=ubench
+  [ "${2:-}" = --quick ] && quick=--quick
+elif [ $# -gt 0 ]; then
+  echo "usage: $0 [ubench [--quick]]" >&2
+  exit 2
+fi
+if [ $mode = ubench ]; then budget=${BENCH_BUDGET_S:-420}; else budget=${BENCH_BUDGET_S:-255}; fi
 t0=$(date +%s)
 left() { echo $((budget - ($(date +%s) - t0))); }
 exec > >(tee -a "$out/run.log") 2>&1
-echo "run_on_device: budget ${budget}s, commit ${DSV4_COMMIT:-?}"
+echo "run_on_device: $mode${quick:+ $quick}, budget ${budget}s, commit ${DSV4_COMMIT:-?}"
 
 dsv4_root=$root
 # shellcheck source=scripts/gpu-env.sh
@@ -27,9 +40,62 @@ source "$root/scripts/gpu-env.sh" || exit 2
     sed 's/^/nvidia-smi: /'
   nvcc --version | tail -n 2 | tr '\n' ' ' | sed 's/^/nvcc: /'
   echo
-  python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)' 2>&1 |
+  [ $mode = full ] &&
+    python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)' 2>&1 |
     tail -n 1
 } | tee "$out/gpu.txt"
+
+# --- micro-benchmarks: build the bench_* targets (incremental in a build-gpu/ that gpu-test.sh left), run each
+# time-boxed, one fenced table per bench in ubench.md
+if [ $mode = ubench ]; then
+  build=$root/build-gpu
+  benches=$(cd "$root/bench" && ls bench_*.cu | sed 's/\.cu$//')
+  cfg=(-DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90)
+  [ -f "$build/CMakeCache.txt" ] && cfg=()
+  echo "== build $(tr "\n" " " <<<"$benches")($(left)s left)"
+  # shellcheck disable=SC2086
+  timeout $(($(left) - 60)) cmake -S "$root" -B "$build" "${cfg[@]}" >"$out/build.log" 2>&1 &&
+    timeout $(($(left) - 50)) cmake --build "$build" --target $benches -j"$(nproc)" >>"$out/build.log" 2>&1
+  rc=$?
+  grep -E 'warning|error' "$out/build.log" | head -n 20
+  [ $rc -eq 0 ] || { echo "run_on_device: build failed (rc $rc)"; tail -n 30 "$out/build.log"; exit 1; }
+  md=$out/ubench.md
+  {
+    echo "# Kernel micro-benchmarks${quick:+ ($quick)}"
+    echo
+    echo "commit ${DSV4_COMMIT:-?}, $(date -u '+%Y-%m-%d %H:%M UTC')"
+    echo
+    sed 's/^/    /' "$out/gpu.txt"
+    echo
+    echo "Columns: bench/README.md. Each bench measures the copy and bf16-GEMM ceilings itself (first lines)."
+  } >"$md"
+  failed=0
+  for b in $benches; do
+    each=${UBENCH_EACH_S:-150}
+    [ "$each" -gt $(($(left) - 5)) ] && each=$(($(left) - 5))
+    if [ "$each" -lt 10 ]; then
+      echo "== $b skipped (no time left)"
+      printf '\n## %s\nskipped: no time left\n' "$b" >>"$md"
+      failed=$((failed + 1))
+      continue
+    fi
+    echo "== $b $quick (${each}s max, $(left)s left)"
+    t1=$(date +%s)
+    timeout --signal=TERM --kill-after=5 "$each" "$build/$b" $quick >"$out/$b.txt" 2>&1
+    brc=$?
+    cat "$out/$b.txt"
+    {
+      printf '\n## %s (exit %d, %ds)\n\n```\n' "$b" $brc $(($(date +%s) - t1))
+      cat "$out/$b.txt"
+      printf '```\n'
+    } >>"$md"
+    rm -f "$out/$b.txt"
+    [ $brc -eq 0 ] || failed=$((failed + 1))
+  done
+  echo "run_on_device: ubench done in $(($(date +%s) - t0))s, $failed bench(es) failed; tables in $md"
+  [ $failed -eq 0 ]
+  exit
+fi
 
 # --- build: the dsv4 command only; a fresh build folder is configured Release for sm_90 alone, one left by
 # scripts/gpu-test.sh on a warm machine is reused as configured (incremental)

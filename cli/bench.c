@@ -35,7 +35,8 @@ static void bench_usage(FILE *f)
     fprintf(f,
             "usage: dsv4 bench [--layers N|auto] [--batch LIST] [--context LIST] [--max-context N]\n"
             "                  [--variants LIST] [--warmup N] [--reps N] [--kernel-reps N] [--scaling LIST|none]\n"
-            "                  [--scaling-batch LIST] [--no-baseline] [--seed N] [--json OUT.json]\n\n"
+            "                  [--scaling-batch LIST] [--no-baseline] [--seed N] [--json OUT.json]\n"
+            "                  [--weights bf16|fp8] [--quantize fp8] [--gpus N] [--nccl-time]\n\n"
             "Decode throughput of the optimized path on a DeepSeek-V4-Flash-shaped model (D 4096, 64 heads x 512,\n"
             "q rank 1024, 64 indexer heads x 128, 256 experts of 2048 top-6 + shared, vocab 129280, window 128,\n"
             "index_topk 512) with random weights generated on the GPU from --seed; layers follow the Flash schedule\n"
@@ -53,6 +54,9 @@ static void bench_usage(FILE *f)
             "  --scaling-batch L   the C values the scaling runs at (default: every --batch value)\n"
             "  --no-baseline       skip the run with max context = live context (the index-context target)\n"
             "  --seed N            weights and state seed (default 7)\n"
+            "  --weights bf16|fp8  how the weights are held (default bf16): fp8 = the checkpoint's formats, FP8\n"
+            "                      e4m3 linears with 128x128 block scales and FP4 e2m1 experts, drawn as codes on\n"
+            "                      the GPU (no bf16 copy); --quantize fp8 means the same for the random model\n"
             "  --json OUT.json     write every number (rewritten after each C, so a cut-short run keeps what ran)\n"
             "  --gpus N            N ranks over NCCL on GPUs 0..N-1 (docs/multigpu.md; default: one GPU, no NCCL);\n"
             "                      the kernel timings are rank 0's. With N > 1 (or --nccl-time) every context adds\n"
@@ -94,6 +98,7 @@ typedef struct bench_args {
     int baseline;
     unsigned long long seed;
     const char *json;
+    dsv4_opt_weights weights; /* resolved: bf16 or fp8 */
     int gpus;      /* 0: one GPU, no NCCL */
     int nccl_time; /* time the collectives at N = 1 too */
 } bench_args;
@@ -150,6 +155,7 @@ static int parse_args(int argc, char **argv, bench_args *a)
     for (int i = 0; i < N_VARIANTS; i++) a->variant[i] = i;
     a->n_variant = N_VARIANTS;
     a->warmup = 3, a->reps = 10, a->kernel_reps = 7, a->baseline = 1, a->seed = 7;
+    a->weights = DSV4_OPT_WEIGHTS_BF16;
     for (int v = 1024; v <= 262144; v *= 2) a->scaling[a->n_scaling++] = v;
     a->n_sbatch = -1;
     for (int i = 1; i < argc; i++) {
@@ -217,6 +223,17 @@ static int parse_args(int argc, char **argv, bench_args *a)
             a->gpus = (int)n;
         } else if (!strcmp(k, "--json")) {
             a->json = v;
+        } else if (!strcmp(k, "--weights") || !strcmp(k, "--quantize")) {
+            dsv4_opt_options t;
+            dsv4_opt_options_default(&t);
+            if (dsv4_opt_options_set(&t, k + 2, v)) {
+                fprintf(stderr, "dsv4 bench: %s\n", dsv4_last_error());
+                return -1;
+            }
+            if (k[2] == 'w')
+                a->weights = t.weights == DSV4_OPT_WEIGHTS_FP8 ? DSV4_OPT_WEIGHTS_FP8 : DSV4_OPT_WEIGHTS_BF16;
+            else if (t.quantize == DSV4_OPT_QUANTIZE_FP8)
+                a->weights = DSV4_OPT_WEIGHTS_FP8;
         } else {
             fprintf(stderr, "dsv4 bench: unknown option '%s' (--help lists them)\n", k);
             return -1;
@@ -277,7 +294,11 @@ typedef struct mem_plan {
 } mem_plan;
 
 /* Bytes of the weights, caches and scratch, as optimized/opt_layout.c lays them out (scratch estimated). */
-static void plan_memory(const dsv4_config *f, int C, int max_ctx, int fp32_indexer, mem_plan *p)
+/* Bytes per element of a linear the checkpoint keeps in FP8 and of a routed expert, as held in each mode. */
+static double q8_bytes(int fp8) { return fp8 ? 1.0 + 1.0 / 16384 : 2.0; }
+static double q4_bytes(int fp8) { return fp8 ? 0.5 + 1.0 / 32 : 2.0; }
+
+static void plan_memory(const dsv4_config *f, int C, int max_ctx, int fp32_indexer, int fp8, mem_plan *p)
 {
     const double D = f->hidden_size, n = f->hc_mult, V = f->vocab_size, H = f->num_attention_heads,
                  d = f->head_dim, qr = f->q_lora_rank, HI = f->index_n_heads, dI = f->index_head_dim,
@@ -293,8 +314,9 @@ static void plan_memory(const dsv4_config *f, int C, int max_ctx, int fp32_index
         double w = 4 * (2 * (mix * n * D + mix + 3) + 2 * D + qr + d + H + (r > 0 ? r * width + d : 0) +
                         (csa ? r * 2 * dI + dI : 0));
         w += f->mlp_type[L] == DSV4_MLP_HASH_MOE ? V * K * 4 : E * 4;
-        w += 2 * (nx * D + (csa ? HI * dI * qr : 0) + H * d * qr + G * o_r * (H * d / G) + D * G * o_r +
-                  (E + 2 * NI) * D + D * NI + E * 3 * NI * D);
+        const double q8 = (qr + d) * D + (csa ? HI * dI * qr : 0) + H * d * qr + G * o_r * (H * d / G) +
+                          D * G * o_r + 3 * NI * D;
+        w += 2 * ((nx - qr - d) * D + E * D) + q8 * q8_bytes(fp8) + E * 3 * NI * D * q4_bytes(fp8);
         double c = C * (W + pool) * d * 2;
         if (r > 0) c += 2 * C * (csa ? 2 : 1) * r * width * 4;
         if (csa) c += C * pool * dI * 2 + 2 * C * 2 * r * 2 * dI * 4, pool_csa = pool;
@@ -392,9 +414,10 @@ done:
 #undef BCUDA
 
 /* ------------------------------------------------------------------------------------ one variant */
-static void variant_options(int v, int C, int max_ctx, int gpus, dsv4_opt_options *o)
+static void variant_options(int v, int C, int max_ctx, dsv4_opt_weights weights, int gpus, dsv4_opt_options *o)
 {
     dsv4_opt_options_default(o);
+    o->weights = weights;
     o->n_seq = C;
     o->n_gpus = gpus;
     o->max_context = max_ctx;
@@ -410,7 +433,7 @@ typedef struct step_stats {
 } step_stats;
 
 /* The roofline of one step: the bytes that must move and the FLOPs that must be done. */
-static void step_roofline(const dsv4_config *f, int C, int live, double *bytes, double *flops)
+static void step_roofline(const dsv4_config *f, int C, int live, int fp8, double *bytes, double *flops)
 {
     const double D = f->hidden_size, n = f->hc_mult, V = f->vocab_size, H = f->num_attention_heads,
                  d = f->head_dim, qr = f->q_lora_rank, HI = f->index_n_heads, dI = f->index_head_dim,
@@ -424,8 +447,10 @@ static void step_roofline(const dsv4_config *f, int C, int live, double *bytes, 
         double nx = qr + d + (r > 0 ? 2 * width : 0) + (csa ? 4 * dI + HI : 0);
         double dense = nx * D + (csa ? HI * dI * qr : 0) + H * d * qr + G * o_r * (H * d / G) + D * G * o_r +
                        (E + 2 * NI) * D + D * NI;
+        const double q8 = (qr + d) * D + (csa ? HI * dI * qr : 0) + H * d * qr + G * o_r * (H * d / G) +
+                          D * G * o_r + 3 * NI * D; /* the part of dense the checkpoint keeps in FP8 */
         double nidx = W + (csa ? (ent < topk ? ent : topk) : ent);
-        b += dense * 2 + 2 * mix * n * D * 4 + touched * 3 * NI * D * 2; /* weights */
+        b += (dense - q8) * 2 + q8 * q8_bytes(fp8) + 2 * mix * n * D * 4 + touched * 3 * NI * D * q4_bytes(fp8);
         b += C * nidx * d * 2 + (csa ? C * ent * dI * 2 : 0);           /* KV rows gathered, indexer keys */
         b += 4 * C * n * D * 2;                                          /* the residual streams, twice r+w */
         fl += 2 * C * (dense + K * 3 * NI * D + 2 * mix * n * D) + 4 * C * H * nidx * d;
@@ -542,7 +567,7 @@ int dsv4_cmd_bench(int argc, char **argv)
     if (!layers) {
         for (layers = 1; layers < DSV4_MAX_LAYERS; layers++) {
             if ((rc = flash_config(layers + 1, a.max_context, &cfg))) break;
-            plan_memory(&cfg, cmax, a.max_context, naive_idx, &mp);
+            plan_memory(&cfg, cmax, a.max_context, naive_idx, a.weights == DSV4_OPT_WEIGHTS_FP8, &mp);
             if (mp.total > (double)free_b - margin) break;
         }
         if (rc) {
@@ -554,11 +579,12 @@ int dsv4_cmd_bench(int argc, char **argv)
         fprintf(stderr, "dsv4 bench: config: %s\n", dsv4_last_error());
         return 1;
     }
-    plan_memory(&cfg, cmax, a.max_context, naive_idx, &mp);
+    plan_memory(&cfg, cmax, a.max_context, naive_idx, a.weights == DSV4_OPT_WEIGHTS_FP8, &mp);
     char b1[32], b2[32], b3[32], b4[32], b5[32], b6[32], b7[32], b8[32], b9[32];
     double w_sum = mp.global, c_sum = 0;
     for (int L = 0; L < layers; L++) w_sum += mp.per_layer_w[L], c_sum += mp.per_layer_cache[L];
-    printf("memory plan (largest C = %d, max context %d, %d layers: ", cmax, a.max_context, layers);
+    printf("memory plan (weights %s, largest C = %d, max context %d, %d layers: ",
+           dsv4_opt_weights_name(a.weights), cmax, a.max_context, layers);
     for (int L = 0; L < layers; L++) printf("%s%s", L ? "," : "", dsv4_attn_type_name(cfg.attn_type[L]));
     printf("):\n  weights %s (%s per CSA layer, embed + head %s), caches %s (%s per CSA layer, %s per HCA layer),\n"
            "  scratch ~%s; total ~%s of %s free\n",
@@ -608,7 +634,7 @@ int dsv4_cmd_bench(int argc, char **argv)
         for (int vi = 0; vi < a.n_variant && !rc; vi++) {
             const int v = a.variant[vi];
             dsv4_opt_options oo;
-            variant_options(v, C, a.max_context, a.gpus, &oo);
+            variant_options(v, C, a.max_context, a.weights, a.gpus, &oo);
             dsv4_opt *o = NULL;
             double t0 = now_s();
             progress("[%d/%d] C=%d %s: building (random weights on the GPU, caches for %d positions)", ++n_done,
@@ -621,13 +647,20 @@ int dsv4_cmd_bench(int argc, char **argv)
             dsv4_opt_memory(o, &wb, &sb, &xb);
             progress("  built in %.1f s: weights %s, caches %s, scratch %s (%s)", now_s() - t0, gib((double)wb, b1),
                      gib((double)sb, b2), gib((double)xb, b3), dsv4_opt_producer(o));
+            progress("  weights per layer (%s): layer 0 (%s) %s, layer 1 (%s) %s; embed + head + rest %s",
+                     dsv4_opt_weights_name(dsv4_opt_weights_mode(o)), dsv4_attn_type_name(cfg.attn_type[0]),
+                     gib((double)dsv4_opt_layer_weight_bytes(o, 0), b4),
+                     layers > 1 ? dsv4_attn_type_name(cfg.attn_type[1]) : "-",
+                     gib((double)dsv4_opt_layer_weight_bytes(o, 1), b5),
+                     gib((double)dsv4_opt_layer_weight_bytes(o, -1), b6));
             for (int ci = 0; ci < a.n_ctx && !rc; ci++) {
                 const int ctx = a.ctx[ci], pos0 = ctx - 128;
                 if ((rc = dsv4_opt_random_state(o, pos0, a.seed + 1000 + (unsigned)ctx))) break;
                 step_stats st;
                 if ((rc = run_steps(o, C, pos0, a.warmup, a.reps, a.seed + (unsigned)ci, &st))) break;
                 double bytes, flops;
-                step_roofline(&cfg, C, pos0 + a.warmup + a.reps / 2, &bytes, &flops);
+                step_roofline(&cfg, C, pos0 + a.warmup + a.reps / 2, a.weights == DSV4_OPT_WEIGHTS_FP8, &bytes,
+                              &flops);
                 const double floor_ms = fmax(bytes / (cl.copy_gbs * 1e6), flops / (cl.gemm_tflops * 1e9));
                 json_t *r = json_pack("{s:i, s:s, s:i, s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "C", C,
                                       "variant", variant_names[v], "context", ctx, "max_context", a.max_context,
@@ -637,6 +670,11 @@ int dsv4_cmd_bench(int argc, char **argv)
                                       "floor_ms", floor_ms);
                 json_object_set_new(r, "fraction_of_floor", json_real(floor_ms / st.med_ms));
                 json_object_set_new(r, "producer", json_string(dsv4_opt_producer(o)));
+                json_object_set_new(r, "weights", json_string(dsv4_opt_weights_name(dsv4_opt_weights_mode(o))));
+                json_t *lw = json_array(); /* with --gpus N: rank 0's shard */
+                for (int L = -1; L < layers; L++)
+                    json_array_append_new(lw, json_integer((json_int_t)dsv4_opt_layer_weight_bytes(o, L)));
+                json_object_set_new(r, "weight_bytes_rest_then_layers", lw);
                 if ((a.gpus > 1 || a.nccl_time) && pos0 + st.steps + 1 + a.reps > a.max_context) {
                     progress("  ctx %d: no NCCL timing (the timed steps would pass --max-context)", ctx);
                 } else if (a.gpus > 1 || a.nccl_time) {
@@ -721,7 +759,7 @@ int dsv4_cmd_bench(int argc, char **argv)
                 const int ctx = a.ctx[ci], pos0 = ctx - 128;
                 if (ctx != 4096 && a.n_ctx > 1) continue; /* the target is stated at 4K */
                 dsv4_opt_options oo;
-                variant_options(0, C, ctx, a.gpus, &oo);
+                variant_options(0, C, ctx, a.weights, a.gpus, &oo);
                 dsv4_opt *o = NULL;
                 progress("C=%d all-on, max context %d (= live): the index-context baseline", C, ctx);
                 step_stats st;
@@ -768,14 +806,16 @@ static void print_tables(json_t *root)
     json_t *runs = json_object_get(root, "runs"), *r;
     size_t i;
     printf("\nthroughput (median of the timed steps; spread = min..max):\n");
-    printf("%-5s %-14s %7s %10s %17s %12s %10s %10s %7s\n", "C", "variant", "ctx", "ms/step", "spread", "tokens/s",
-           "us/layer", "floor ms", "%floor");
+    printf("%-5s %-14s %-7s %7s %10s %17s %12s %10s %10s %7s\n", "C", "variant", "weights", "ctx", "ms/step", "spread",
+           "tokens/s", "us/layer", "floor ms", "%floor");
     json_array_foreach(runs, i, r)
     {
         char spread[32];
         snprintf(spread, sizeof spread, "%.2f..%.2f", jnum(r, "ms_min"), jnum(r, "ms_max"));
-        printf("%-5d %-14s %7d %10.3f %17s %12.1f %10.1f %10.3f %6.0f%%\n", (int)jnum(r, "C"),
-               json_string_value(json_object_get(r, "variant")), (int)jnum(r, "context"), jnum(r, "ms_median"), spread,
+        const char *wm = json_string_value(json_object_get(r, "weights"));
+        printf("%-5d %-14s %-7s %7d %10.3f %17s %12.1f %10.1f %10.3f %6.0f%%\n", (int)jnum(r, "C"),
+               json_string_value(json_object_get(r, "variant")), wm ? wm : "?", (int)jnum(r, "context"),
+               jnum(r, "ms_median"), spread,
                jnum(r, "tokens_per_s"), jnum(r, "us_per_layer"), jnum(r, "floor_ms"),
                100 * jnum(r, "fraction_of_floor"));
     }

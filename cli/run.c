@@ -7,7 +7,8 @@
  * later position as a one-token decode step (K = 0: token by token from position 0). Greedy feeds the argmax
  * of the previous position's logits (ties -> lowest id).
  * The optimized path (--path opt) feeds the prompt as one-token steps (exact: the same state machine) and can
- * run a batch of C copies of the sequence, copy c starting c steps later, dumping the copy --dump-seq.
+ * run a batch of C copies of the sequence, copy c starting c steps later, dumping the copy --dump-seq, and can
+ * follow a reference dump's discrete choices (--follow: topk_idx / router_ids; dsv4_opt.h "Decision following").
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
@@ -31,12 +32,13 @@ static void run_usage(FILE *f)
             "                [--dump-positions LIST|all|decode] [--dump OUT.h5]\n"
             "                [--attn mma|simt] [--indexer bf16|fp32] [--mhc castfree|roundtrip]\n"
             "                [--index-context live|max] [--kv bf16|fp8] [--max-context N] [--batch C]\n"
-            "                [--dump-seq I] [--graph on|off] [--gpus N]\n\n"
+            "                [--dump-seq I] [--graph on|off] [--gpus N] [--weights bf16|fp8] [--quantize fp8]\n"
+            "                [--follow DUMP.h5] [--probes NAMES]\n\n"
             "Runs the model over a prompt (one prefill) and N one-token decode steps, and writes every probe of\n"
             "dump-format.md for the chosen positions to OUT.h5.\n\n"
             "  --model DIR            model folder: config.json + *.safetensors\n"
             "  --path P               ref-cpu (fp32 CPU reference, default), ref-gpu (fp32 GPU reference) or opt\n"
-            "                         (optimized CUDA path, bf16; the prompt runs as one-token steps)\n"
+            "                         (optimized CUDA path, bf16 or fp8 weights; the prompt runs as one-token steps)\n"
             "  --tokens-from G.h5     take /tokens, prompt_len, n_decode, mode and /positions from a dump\n"
             "  --prompt-tokens FILE   prompt token ids, whitespace separated (decoding is greedy)\n"
             "  --decode N             decode steps after the prompt (default: the dump's n_decode, else 0)\n"
@@ -49,6 +51,8 @@ static void run_usage(FILE *f)
             "                         0,3,10-20,decode;\n"
             "                         default: the dump's /positions with --tokens-from, else all\n"
             "  --dump OUT.h5          write the dump (written to a temporary name, renamed when complete)\n"
+            "  --probes NAMES         store only these probes, comma separated (default all), e.g.\n"
+            "                         topk_idx,router_ids: the small dump of every position that --follow needs\n"
             "opt only (first value = default; the second is the naive variant of design.md):\n"
             "  --attn, --indexer, --mhc, --index-context, --kv   the switches, e.g. --mhc roundtrip\n"
             "  --max-context N        positions the caches are allocated for (default: the run's tokens)\n"
@@ -56,7 +60,23 @@ static void run_usage(FILE *f)
             "  --dump-seq I           the copy whose probes are dumped (default 0)\n"
             "  --graph on|off         replay the decode step as a CUDA graph (default on)\n"
             "  --gpus N               N ranks on GPUs 0..N-1 over NCCL, heads and experts split (docs/multigpu.md);\n"
-            "                         N = 1 runs the NCCL path on one GPU (default: one GPU without NCCL)\n\n"
+            "                         N = 1 runs the NCCL path on one GPU (default: one GPU without NCCL); with\n"
+            "                         --weights fp8 each rank holds its slices of the FP8 tensors with their scales\n"
+            "  --weights bf16|fp8     how linears and experts are held on the GPU (default: the checkpoint's own\n"
+            "                         format): fp8 keeps the FP8 e4m3 linears with their 128x128 block scales and\n"
+            "                         the FP4 e2m1 routed experts as on disk (nothing expanded to bf16); bf16\n"
+            "                         dequantises them at load\n"
+            "  --quantize fp8         quantise a bf16/f32 model's linears / experts at load into those formats\n"
+            "                         (model-spec §3 rounding; implies --weights fp8 unless --weights bf16, which\n"
+            "                         then holds the quantised values in bf16)\n"
+            "  --follow DUMP.h5       decision following: at every position and layer where DUMP (a reference\n"
+            "                         dump of the same tokens, e.g. --path ref-cpu --dump-positions all) holds\n"
+            "                         topk_idx / router_ids, compute and dump the path's own selection, then run\n"
+            "                         the rest of the step on DUMP's (experts weighted by the path's own scores);\n"
+            "                         only the --dump-seq copy follows. This is how the bf16 path is gated on\n"
+            "                         small models, where one near-tie flip in bf16 changes 1 of 4 keys or\n"
+            "                         experts (docs/optimized.md). Following stops at the first position whose\n"
+            "                         token is not DUMP's\n\n"
             "The dump's prompt_len is the prompt length whatever --decode-from says (its root attribute\n"
             "'prefill_len' records K), so dumps of one prompt line up. A progress line (tokens/s, ETA) goes to\n"
             "stderr on runs longer than a few seconds. Exit status: 0 ok, 1 the run failed, 2 bad usage or\n"
@@ -192,7 +212,7 @@ static void progress_update(run_progress *pr, int done, int total)
 }
 
 typedef struct run_args {
-    const char *model, *path, *tokens_from, *prompt_tokens, *positions, *dump;
+    const char *model, *path, *tokens_from, *prompt_tokens, *positions, *dump, *follow, *probes;
     int decode, greedy, forced, decode_from;
     dsv4_opt_options opt; /* --path opt */
     int max_context;      /* 0: the run's length */
@@ -222,10 +242,13 @@ static int parse_args(int argc, char **argv, run_args *a)
         else if (!strcmp(o, "--prompt-tokens")) TAKE(prompt_tokens);
         else if (!strcmp(o, "--dump-positions")) TAKE(positions);
         else if (!strcmp(o, "--dump")) TAKE(dump);
+        else if (!strcmp(o, "--follow")) TAKE(follow);
+        else if (!strcmp(o, "--probes")) TAKE(probes);
         else if (!strcmp(o, "--greedy")) a->greedy = 1;
         else if (!strcmp(o, "--forced")) a->forced = 1;
         else if (!strcmp(o, "--attn") || !strcmp(o, "--indexer") || !strcmp(o, "--mhc") ||
-                 !strcmp(o, "--index-context") || !strcmp(o, "--kv")) {
+                 !strcmp(o, "--index-context") || !strcmp(o, "--kv") || !strcmp(o, "--weights") ||
+                 !strcmp(o, "--quantize")) {
             if (!v) return dsv4_error(DSV4_ERR_USAGE, "%s needs a value", o);
             int rc = dsv4_opt_options_set(&a->opt, o + 2, v);
             if (rc) return rc;
@@ -271,6 +294,8 @@ static int parse_args(int argc, char **argv, run_args *a)
         return dsv4_error(DSV4_ERR_USAGE, "--path '%s': want ref-cpu, ref-gpu or opt", a->path);
     if (a->opt.n_gpus > 0 && strcmp(a->path, "opt"))
         return dsv4_error(DSV4_ERR_USAGE, "--gpus is for --path opt (the references run on one device)");
+    if (a->follow && strcmp(a->path, "opt"))
+        return dsv4_error(DSV4_ERR_USAGE, "--follow is an option of --path opt (the references make their own choices)");
     if (a->opt.n_seq < 1 || a->opt.dump_seq >= a->opt.n_seq)
         return dsv4_error(DSV4_ERR_USAGE, "--batch %d / --dump-seq %d: want 0 <= dump-seq < batch", a->opt.n_seq,
                           a->opt.dump_seq);
@@ -380,6 +405,38 @@ static int run_opt_steps(dsv4_opt *op, const dsv4_opt_options *oo, run_plan *pl,
     return rc;
 }
 
+/* --follow: load the table and check the dump ran the same prompt (forced runs: every common token), so the
+ * choices followed are about this text; a greedy run is checked over the prompt, the step stops at a token that
+ * differs later. */
+static int follow_open(const char *path, const dsv4_config *cfg, const run_plan *pl, dsv4_opt_follow **out)
+{
+    int rc = dsv4_opt_follow_load(path, cfg, out);
+    if (rc) return rc;
+    int n;
+    const int32_t *t = dsv4_opt_follow_tokens(*out, &n);
+    const int upto = pl->greedy ? pl->P : pl->T;
+    for (int p = 0; p < upto && p < n; p++)
+        if (t[p] != pl->tokens[p])
+            return dsv4_error(DSV4_ERR_USAGE, "--follow %s: its token at position %d is %d, the run's is %d (follow a "
+                              "dump of the same tokens, e.g. made with --tokens-from the same file)", path, p, t[p],
+                              pl->tokens[p]);
+    return 0;
+}
+
+/* The root attribute "command": the command line of this run (dump-format.md extras). */
+static int write_command_attr(dsv4_dump_writer *w, int argc, char **argv)
+{
+    size_t len = 16;
+    for (int i = 0; i < argc; i++) len += strlen(argv[i]) + 1;
+    char *cmd = malloc(len);
+    if (!cmd) return dsv4_error(DSV4_ERR_NOMEM, "out of memory");
+    size_t o = (size_t)snprintf(cmd, len, "dsv4");
+    for (int i = 0; i < argc; i++) o += (size_t)snprintf(cmd + o, len - o, " %s", argv[i]);
+    int rc = dsv4_dump_writer_attr(w, "command", cmd);
+    free(cmd);
+    return rc;
+}
+
 static int exit_code(int rc) { return rc == DSV4_ERR_USAGE || rc == DSV4_ERR_IO || rc == DSV4_ERR_FORMAT ||
                                       rc == DSV4_ERR_CONFIG || rc == DSV4_ERR_MISSING || rc == DSV4_ERR_SHAPE ||
                                       rc == DSV4_ERR_UNSUPPORTED ? 2 : 1; }
@@ -400,6 +457,7 @@ int dsv4_cmd_run(int argc, char **argv)
     dsv4_model *m = NULL;
     dsv4_ref *ref = NULL;
     dsv4_opt *op = NULL;
+    dsv4_opt_follow *follow = NULL;
     dsv4_dump_writer *w = NULL;
     dsv4_probe_sink *sink = NULL;
     int32_t *positions = NULL;
@@ -418,11 +476,25 @@ int dsv4_cmd_run(int argc, char **argv)
     const dsv4_config *cfg = dsv4_model_config(m);
     if (use_opt) {
         a.opt.max_context = a.max_context > 0 ? a.max_context : pl.T;
+        if (a.follow && (rc = follow_open(a.follow, cfg, &pl, &follow))) goto out;
+        a.opt.follow = follow;
         rc = dsv4_opt_init(m, &a.opt, &op);
     } else if (!strcmp(a.path, "ref-cpu")) rc = dsv4_ref_cpu_init(m, pl.T, &ref);
     else rc = dsv4_ref_gpu_init(m, pl.T, &ref);
     if (rc) goto out;
     const char *producer = op ? dsv4_opt_producer(op) : dsv4_ref_producer(ref);
+    if (op) { /* the memory per layer of this weights mode (issue 11 asks for both modes) */
+        size_t wb, sb, xb;
+        char b[3][32];
+        dsv4_opt_memory(op, &wb, &sb, &xb);
+        printf("dsv4 run: opt memory: weights %s (%s), caches %s, scratch %s; weights per layer:",
+               dsv4_mem_format((double)wb, b[0], 32), dsv4_opt_weights_name(dsv4_opt_weights_mode(op)),
+               dsv4_mem_format((double)sb, b[1], 32), dsv4_mem_format((double)xb, b[2], 32));
+        for (int L = 0; L < cfg->num_hidden_layers; L++)
+            printf(" %zu", dsv4_opt_layer_weight_bytes(op, L));
+        printf(" bytes; rest (embed, head, ...) %zu bytes\n", dsv4_opt_layer_weight_bytes(op, -1));
+        if (a.opt.n_gpus > 0) printf("dsv4 run: opt memory above is rank 0's shard of %d ranks\n", a.opt.n_gpus);
+    }
 
     if (a.positions) rc = parse_positions(a.positions, pl.T, pl.P, &positions, &n_pos);
     else if (pl.gold_pos) {
@@ -448,7 +520,9 @@ int dsv4_cmd_run(int argc, char **argv)
         char kbuf[32];
         snprintf(kbuf, sizeof kbuf, "%d", K);
         if ((rc = dsv4_dump_writer_attr(w, "prefill_len", kbuf))) goto out;
+        if (follow && (rc = write_command_attr(w, argc, argv))) goto out; /* says which dump it followed */
         if ((rc = dsv4_probe_sink_init(w, cfg, positions, n_pos, pl.T, &sink))) goto out;
+        if ((rc = dsv4_probe_sink_keep(sink, a.probes))) goto out;
     }
 
     logits = malloc((size_t)cfg->vocab_size * sizeof *logits);
@@ -495,12 +569,22 @@ int dsv4_cmd_run(int argc, char **argv)
         printf("\n");
     }
     if (a.dump) printf("dump: %s (%d positions)\n", a.dump, n_pos);
+    if (follow) {
+        dsv4_opt_follow_stats fs;
+        if ((rc = dsv4_opt_follow_stats_get(op, &fs))) goto out;
+        printf("follow: %s: %ld top-k rows followed (%ld ran on the dump's picks, not the path's), %ld router rows "
+               "(%ld on the dump's experts)", a.follow, fs.topk_rows, fs.topk_changed, fs.router_rows,
+               fs.router_changed);
+        if (fs.stopped_at >= 0) printf("; stopped at position %d, whose token is not the dump's", fs.stopped_at);
+        printf("\n");
+    }
 out:
     if (rc) fprintf(stderr, "dsv4 run: %s\n", dsv4_last_error());
     dsv4_probe_sink_free(sink);
     dsv4_dump_writer_abort(w);
     dsv4_ref_free(ref);
     dsv4_opt_free(op);
+    dsv4_opt_follow_free(follow);
     dsv4_model_free(m);
     free(logits);
     free(positions);

@@ -29,6 +29,7 @@ struct dsv4_probe_sink {
     size_t pad_cap;       /* elements of each padding buffer */
     float *pad_f32;       /* [pad_cap] */
     int32_t *pad_i32;     /* [pad_cap] */
+    char keep[512];       /* ",name,name," of the probes stored; "" = all */
 };
 
 int dsv4_probe_sink_init(dsv4_dump_writer *w, const dsv4_config *cfg, const int32_t *positions, int n_positions,
@@ -85,6 +86,41 @@ void dsv4_probe_sink_free(dsv4_probe_sink *p)
     free(p);
 }
 
+int dsv4_probe_sink_keep(dsv4_probe_sink *p, const char *names)
+{
+    DSV4_CHECK(p, "dsv4_probe_sink_keep: sink is NULL");
+    p->keep[0] = 0;
+    if (!names || !*names) return 0;
+    size_t len = 1;
+    strcpy(p->keep, ",");
+    for (const char *s = names; *s;) {
+        size_t n = strcspn(s, ",");
+        char name[64];
+        DSV4_CHECK(n > 0 && n < sizeof name, "probe list '%s': empty or overlong name", names);
+        memcpy(name, s, n);
+        name[n] = 0;
+        DSV4_CHECK(dsv4_probe_def_find(0, name) || dsv4_probe_def_find(1, name),
+                   "probe list '%s': unknown probe '%s' (dump-format.md lists the names)", names, name);
+        DSV4_CHECK(len + n + 1 < sizeof p->keep, "probe list '%s' is too long", names);
+        memcpy(p->keep + len, name, n);
+        len += n;
+        p->keep[len++] = ',';
+        p->keep[len] = 0;
+        s += n;
+        if (*s == ',') s++;
+    }
+    return 0;
+}
+
+/* Whether probe `name` passes the keep list. */
+static int dsv4_probe_kept(const dsv4_probe_sink *p, const char *name)
+{
+    if (!p->keep[0] || !name) return 1;
+    char key[72];
+    snprintf(key, sizeof key, ",%s,", name);
+    return strstr(p->keep, key) != NULL;
+}
+
 int dsv4_probe_wants(const dsv4_probe_sink *p, int pos)
 {
     return p && pos >= 0 && pos < p->n_tokens && p->row_of_pos[pos] >= 0;
@@ -118,7 +154,7 @@ static int dsv4_probe_dataset_name(char *buf, size_t size, int layer, const char
 static int dsv4_probe_row(dsv4_probe_sink *p, int layer, const char *name, int pos, dsv4_dtype dtype,
                           const void *buf, size_t n)
 {
-    if (!p) return 0;
+    if (!p || !dsv4_probe_kept(p, name)) return 0;
     const dsv4_probe_def *def;
     int rc = dsv4_probe_find(p, layer, name, 0, dtype, &def);
     if (rc) return rc;
@@ -173,7 +209,7 @@ int dsv4_probe_i32(dsv4_probe_sink *p, int layer, const char *name, int pos, con
 int dsv4_probe_entries(dsv4_probe_sink *p, int layer, const char *name, const float *buf, int64_t n_rows,
                        int64_t row_len)
 {
-    if (!p) return 0;
+    if (!p || !dsv4_probe_kept(p, name)) return 0;
     const dsv4_probe_def *def;
     int rc = dsv4_probe_find(p, layer, name, 1, DSV4_DTYPE_F32, &def);
     if (rc) return rc;

@@ -13,43 +13,60 @@
 #include "mhc.cuh"
 #include "opt_common.cuh"
 
-enum { MHC_MAX_N = 4, MHC_MAX_MIX = 24, MHC_CHUNK = 2048, MHC_THREADS = 256 };
+enum { MHC_MAX_N = 4, MHC_MAX_MIX = 24, MHC_CHUNK = 512, MHC_THREADS = 256 };
 
 static __device__ __forceinline__ float mhc_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
-/* Coefficients of one token from its raw mix m (already times rho): thread 0 only. */
-static __device__ void mhc_coeffs(const float *m, int n, int head, int iters, float eps, const float *base,
-                                  const float *scale, float *pre, float *post, float *comb)
+/* Coefficients of one token from its raw mix m[0 .. n_mix) (already times rho), on warp 0 (every lane calls it):
+ * lane i < n·n owns comb entry (j, k) = (i / n, i % n), lanes < n own pre/post. Row and column sums read the
+ * other lanes' values from shared memory in ascending index order, the order of reference/ref_mhc.c's loops. It
+ * used to run on thread 0 alone: 20 Sinkhorn rounds of 32 dependent divisions made the pre ~90 µs at any C. */
+static __device__ void mhc_coeffs_warp(const float *m, int n, int head, int iters, float eps, const float *base,
+                                       const float *scale, float *pre, float *post, float *comb)
 {
-    for (int j = 0; j < n; j++) pre[j] = mhc_sigmoid(m[j] * scale[0] + base[j]) + eps;
+    __shared__ float cs[MHC_MAX_N * MHC_MAX_N];
+    const int lane = threadIdx.x & 31, nn = n * n, on = lane < nn;
+    const int j = on ? lane / n : 0, k = on ? lane % n : 0;
+    if (lane < n) pre[lane] = mhc_sigmoid(m[lane] * scale[0] + base[lane]) + eps;
     if (head) return;
-    for (int j = 0; j < n; j++) post[j] = 2.0f * mhc_sigmoid(m[n + j] * scale[1] + base[n + j]);
-    float c[MHC_MAX_N * MHC_MAX_N];
-    for (int i = 0; i < n * n; i++) c[i] = m[2 * n + i] * scale[2] + base[2 * n + i];
-    for (int j = 0; j < n; j++) {
-        float mx = c[j * n];
-        for (int k = 1; k < n; k++) mx = fmaxf(mx, c[j * n + k]);
-        float s = 0.0f;
-        for (int k = 0; k < n; k++) {
-            c[j * n + k] = expf(c[j * n + k] - mx);
-            s += c[j * n + k];
-        }
-        for (int k = 0; k < n; k++) c[j * n + k] = c[j * n + k] / s + eps;
+    if (lane < n) post[lane] = 2.0f * mhc_sigmoid(m[n + lane] * scale[1] + base[n + lane]);
+    float v = on ? m[2 * n + lane] * scale[2] + base[2 * n + lane] : 0.0f;
+    if (on) cs[lane] = v;
+    __syncwarp();
+    if (on) { /* row softmax */
+        float mx = cs[j * n];
+        for (int q = 1; q < n; q++) mx = fmaxf(mx, cs[j * n + q]);
+        v = expf(v - mx);
+    }
+    __syncwarp();
+    if (on) cs[lane] = v;
+    __syncwarp();
+    if (on) {
+        float t = 0.0f;
+        for (int q = 0; q < n; q++) t += cs[j * n + q];
+        v = v / t + eps;
     }
     for (int it = 0; it < iters; it++) {
-        if (it > 0)
-            for (int j = 0; j < n; j++) {
-                float s = 0.0f;
-                for (int k = 0; k < n; k++) s += c[j * n + k];
-                for (int k = 0; k < n; k++) c[j * n + k] /= s + eps;
+        if (it > 0) { /* row normalisation */
+            __syncwarp();
+            if (on) cs[lane] = v;
+            __syncwarp();
+            if (on) {
+                float t = 0.0f;
+                for (int q = 0; q < n; q++) t += cs[j * n + q];
+                v /= t + eps;
             }
-        for (int k = 0; k < n; k++) {
-            float s = 0.0f;
-            for (int j = 0; j < n; j++) s += c[j * n + k];
-            for (int j = 0; j < n; j++) c[j * n + k] /= s + eps;
+        }
+        __syncwarp(); /* column normalisation */
+        if (on) cs[lane] = v;
+        __syncwarp();
+        if (on) {
+            float t = 0.0f;
+            for (int q = 0; q < n; q++) t += cs[q * n + k];
+            v /= t + eps;
         }
     }
-    for (int i = 0; i < n * n; i++) comb[i] = c[i];
+    if (on) comb[lane] = v;
 }
 
 /* ------------------------------------------------------------------------------------------- cast-free */
@@ -85,29 +102,24 @@ __global__ void __launch_bounds__(MHC_THREADS) mhc_finish_kernel(dsv4_mhc_pre_pa
                                                                  const float *__restrict__ part,
                                                                  const float *__restrict__ mix_in)
 {
-    __shared__ float m[MHC_MAX_MIX], pre[MHC_MAX_N];
-    const int c = blockIdx.x, n = p.n_streams, D = p.dim, nD = n * D;
-    if (threadIdx.x == 0) {
-        float s[MHC_MAX_MIX + 1];
-        for (int r = 0; r <= n_mix; r++) s[r] = 0.0f;
-        if (mix_in) {
-            for (int r = 0; r < n_mix; r++) s[r] = mix_in[(size_t)c * n_mix + r];
-            s[n_mix] = part[c];
-        } else {
-            for (int k = 0; k < n_chunks; k++)
-                for (int r = 0; r <= n_mix; r++) s[r] += part[((size_t)c * n_chunks + k) * (n_mix + 1) + r];
+    __shared__ float m[MHC_MAX_MIX + 1], pre[MHC_MAX_N];
+    const int c = blockIdx.x, n = p.n_streams, D = p.dim, nD = n * D, lane = threadIdx.x;
+    if (threadIdx.x < 32) { /* warp 0: lane r sums partial r over the chunks (ascending), then the coefficients */
+        float s = 0.0f;
+        if (lane <= n_mix) {
+            if (mix_in) s = lane < n_mix ? mix_in[(size_t)c * n_mix + lane] : part[c];
+            else
+                for (int k = 0; k < n_chunks; k++) s += part[((size_t)c * n_chunks + k) * (n_mix + 1) + lane];
+            m[lane] = s;
         }
-        float rho = 1.0f / sqrtf(s[n_mix] / (float)nD + p.norm_eps);
-        for (int r = 0; r < n_mix; r++) m[r] = s[r] * rho;
-        float lpre[MHC_MAX_N], lpost[MHC_MAX_N], lcomb[MHC_MAX_N * MHC_MAX_N];
-        mhc_coeffs(m, n, p.head, p.sinkhorn_iters, p.hc_eps, p.base, p.scale, lpre, lpost, lcomb);
-        for (int j = 0; j < n; j++) {
-            pre[j] = lpre[j];
-            p.pre[(size_t)c * n + j] = lpre[j];
-            if (!p.head) p.post[(size_t)c * n + j] = lpost[j];
-        }
-        if (!p.head)
-            for (int i = 0; i < n * n; i++) p.comb[(size_t)c * n * n + i] = lcomb[i];
+        __syncwarp();
+        const float rho = 1.0f / sqrtf(m[n_mix] / (float)nD + p.norm_eps);
+        __syncwarp();
+        if (lane < n_mix) m[lane] = s * rho;
+        __syncwarp();
+        float *g_post = p.head ? NULL : p.post + (size_t)c * n, *g_comb = p.head ? NULL : p.comb + (size_t)c * n * n;
+        mhc_coeffs_warp(m, n, p.head, p.sinkhorn_iters, p.hc_eps, p.base, p.scale, pre, g_post, g_comb);
+        if (lane < n) p.pre[(size_t)c * n + lane] = pre[lane];
     }
     __syncthreads();
     if (mix_in) return; /* roundtrip: collapse and norm are their own kernels */

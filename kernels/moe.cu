@@ -5,7 +5,7 @@
  *   (+1e-20) and times routed_scaling_factor. Hash layers select by tid2eid[token] and weight by the gate scores.
  * - Top-k ties keep the lower expert id first (strictly-greater insertion, as dsv4_ref_topk); NaN ranks last.
  * - SwiGLU clamps the gate from above only and the up projection on both sides, routed AND shared.
- * - softplus uses torch's threshold (z > 20 -> z).
+ * - softplus uses torch's threshold (z > 20 -> z) (dsv4_sqrtsoftplus, shared with follow.cu's re-weighting).
  * Layout of the grouped kernels: one warp per output row; a warp's dot product is lane partials over bf16 pairs
  * then a butterfly (fixed order), so results are bitwise deterministic.
  */
@@ -16,11 +16,6 @@
 
 enum { MOE_MAX_E = 1024, MOE_MAX_K = 16, MOE_WARPS = 8 };
 
-static __device__ __forceinline__ float moe_sqrtsoftplus(float z)
-{
-    float sp = z > 20.0f ? z : log1pf(expf(z));
-    return sqrtf(sp);
-}
 static __device__ __forceinline__ float moe_key(float s) { return s != s ? -INFINITY : s; }
 
 __global__ void moe_route_kernel(dsv4_moe_route_params p)
@@ -28,7 +23,7 @@ __global__ void moe_route_kernel(dsv4_moe_route_params p)
     __shared__ float s[MOE_MAX_E];
     const int c = blockIdx.x, E = p.n_experts, k = p.k;
     const float *lg = p.logits + (size_t)c * p.logit_stride;
-    for (int e = threadIdx.x; e < E; e += blockDim.x) s[e] = moe_sqrtsoftplus(lg[e]);
+    for (int e = threadIdx.x; e < E; e += blockDim.x) s[e] = dsv4_sqrtsoftplus(lg[e]);
     __syncthreads();
     if (threadIdx.x != 0) return;
     int32_t ids[MOE_MAX_K];

@@ -95,4 +95,12 @@ static __device__ __forceinline__ void dsv4_rope_cos_sin(float inv_freq, int64_t
     *s = (float)sin((double)a);
 }
 
+/* The router score sqrt(softplus(z)) with torch's threshold (z > 20 -> z). One definition for the route and for
+ * decision following (follow.cu), so both weight the same experts with the same bits. */
+static __device__ __forceinline__ float dsv4_sqrtsoftplus(float z)
+{
+    float sp = z > 20.0f ? z : log1pf(expf(z));
+    return sqrtf(sp);
+}
+
 #endif /* DSV4_KERNELS_OPT_COMMON_CUH */

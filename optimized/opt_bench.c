@@ -12,6 +12,7 @@
  *   conservative case, as bench/bench_common.cuh does). Bytes are the fewest the launch must move; FLOPs the
  *   useful ones (2 per multiply-add of q.k, p.v and the GEMMs).
  * - Experts touched: the distinct ids of the routed picks the last layer's router made for this batch, read back.
+ * - Weight bytes are as held: bf16, or in fp8 mode e4m3 codes + block scales and packed e2m1 + e8m0 per 32.
  */
 #include <math.h>
 #include <stdio.h>
@@ -115,13 +116,13 @@ static int k_mhc_pre(dsv4_opt *o, const void *vc)
 static int k_gemm_x(dsv4_opt *o, const void *vc)
 {
     const opt_layer *ly = &o->layers[((const kctx *)vc)->L];
-    return opt_gemm(o, o->proj, 1, ly->n_x, o->xn, o->D, ly->w_x, ly->n_x, o->D, o->C);
+    return opt_proj_apply(o, &ly->x, o->proj, ly->n_x, o->xn, o->D, o->C);
 }
 
 static int k_gemm_q(dsv4_opt *o, const void *vc)
 {
     const opt_layer *ly = &o->layers[((const kctx *)vc)->L];
-    return opt_gemm(o, o->qfull, 1, o->H * o->d, o->qr_b, o->qr, ly->wq_b, o->H * o->d, o->qr, o->C);
+    return opt_linear_apply(o, &ly->wq_b, o->qfull, 1, o->H * o->d, o->qr_b, o->qr, o->C);
 }
 
 static int k_indexer(dsv4_opt *o, const void *vc)
@@ -186,32 +187,21 @@ static int k_attn(dsv4_opt *o, const void *vc)
 static int k_gemm_o(dsv4_opt *o, const void *vc)
 {
     const opt_layer *ly = &o->layers[((const kctx *)vc)->L];
-    const int G = o->G, o_r = o->o_r, H = o->H, d = o->d, gin = H * d / G, C = o->C;
-    const float one = 1.0f, zero = 0.0f;
-    DSV4_OPT_CUBLAS(cublasGemmStridedBatchedEx(o->cublas, CUBLAS_OP_T, CUBLAS_OP_N, o_r, C, gin, &one, ly->wo_a,
-                                               CUDA_R_16BF, gin, (long long)o_r * gin, o->o, CUDA_R_16BF, H * d,
-                                               gin, &zero, o->z, CUDA_R_16BF, G * o_r, o_r, G, CUBLAS_COMPUTE_32F,
-                                               CUBLAS_GEMM_DEFAULT));
-    return opt_gemm(o, o->aout, 1, o->D, o->z, G * o_r, ly->wo_b, o->D, G * o_r, C);
+    const int G = o->G, o_r = o->o_r, C = o->C;
+    DSV4_OPT_TRY(opt_linear_apply_grouped(o, &ly->wo_a, G, o->z, G * o_r, o->o, o->H * o->d, C));
+    return opt_linear_apply(o, &ly->wo_b, o->aout, 1, o->D, o->z, G * o_r, C);
 }
 
 static int k_gemm_ffn(dsv4_opt *o, const void *vc)
 {
     const opt_layer *ly = &o->layers[((const kctx *)vc)->L];
-    const int nf = o->E + 2 * o->NI_sh;
-    return opt_gemm(o, o->fproj, 1, nf, o->xn, o->D, ly->w_f, nf, o->D, o->C);
+    const int nf = o->E + 2 * o->NI_sh; /* the rank's shared-expert columns */
+    return opt_proj_apply(o, &ly->f, o->fproj, nf, o->xn, o->D, o->C);
 }
 
 static int k_experts(dsv4_opt *o, const void *vc)
 {
-    const opt_layer *ly = &o->layers[((const kctx *)vc)->L];
-    dsv4_moe_experts_params ep;
-    memset(&ep, 0, sizeof ep);
-    ep.n_tok = o->C, ep.k = o->K, ep.dim = o->D, ep.inter = o->NI, ep.limit = (float)o->cfg.swiglu_limit;
-    ep.x = o->xn, ep.ids = o->rids, ep.weights = o->rw, ep.w13 = ly->w13, ep.w2 = ly->w2, ep.h = o->h_r;
-    ep.shared = o->y_sh, ep.shared_stride = o->D, ep.out = o->fout, ep.stream = o->stream;
-    ep.e_begin = o->e0, ep.e_end = o->E_loc < o->E ? o->e0 + o->E_loc : 0;
-    return dsv4_opt_moe_experts(&ep);
+    return opt_experts(o, &o->layers[((const kctx *)vc)->L]); /* the rank's expert range */
 }
 
 static int k_head(dsv4_opt *o, const void *vc)
@@ -278,10 +268,13 @@ int dsv4_opt_time_kernels(dsv4_opt *o, int reps, dsv4_opt_kernel_time *out, int 
     } while (0)
     kctx k0 = {L0, 0, 0, 0};
     KADD("mhc_pre", L0, k_mhc_pre, k0, C * n * D * 2 + mix * n * D * 4 + C * D * 6, 2 * C * mix * n * D, 0);
-    KADD("gemm_x", L0, k_gemm_x, k0, (double)l0->n_x * D * 2 + C * D * 2 + C * l0->n_x * 4,
-         2 * C * l0->n_x * D, 0);
-    KADD("gemm_wq_b", L0, k_gemm_q, k0, H * d * o->qr * 2.0 + C * o->qr * 2 + C * H * d * 4, 2 * C * H * d * o->qr,
-         0);
+    double wx = 0, wf = 0; /* weight bytes as held (bf16, or fp8 codes + scales) */
+    for (int i = 0; i < l0->x.n; i++) wx += opt_linear_bytes(&l0->x.lin[i]);
+    for (int i = 0; i < l0->f.n; i++) wf += opt_linear_bytes(&l0->f.lin[i]);
+    const double w_expert = o->fp8 ? 3 * NI * D * (0.5 + 1.0 / 32) : 3 * NI * D * 2;
+    KADD("gemm_x", L0, k_gemm_x, k0, wx + C * D * 2 + C * l0->n_x * 4, 2 * C * l0->n_x * D, 0);
+    KADD("gemm_wq_b", L0, k_gemm_q, k0, opt_linear_bytes(&l0->wq_b) + C * o->qr * 2 + C * H * d * 4,
+         2 * C * H * d * o->qr, 0);
     const int nw = max_ctx ? o->pool_cap_csa : (n_csa > 0 ? n_csa : 1);
     kctx ki = {L0, nw, max_ctx, 0};
     /* live entries per sequence of the last step (all sequences share one position in dsv4 bench) */
@@ -296,12 +289,12 @@ int dsv4_opt_time_kernels(dsv4_opt *o, int reps, dsv4_opt_kernel_time *out, int 
     double hlive = Lh >= 0 ? (double)(o->pos[0] / o->layers[Lh].ratio) : 0;
     KADD("attn_hca", Lh, k_attn, kh, C * (o->W + hlive) * d * 2 + C * H * d * 4, 4 * C * H * (o->W + hlive) * d,
          Lh < 0);
-    KADD("gemm_wo", L0, k_gemm_o, k0, (H * d * o->o_r + D * o->G * o->o_r) * 2.0 + C * H * d * 2 + C * D * 4,
+    KADD("gemm_wo", L0, k_gemm_o, k0,
+         opt_linear_bytes(&l0->wo_a) + opt_linear_bytes(&l0->wo_b) + C * H * d * 2 + C * D * 4,
          2 * C * (H * d * o->o_r + D * o->G * o->o_r), 0);
     const double NS = o->NI_sh; /* the rank's shared-expert columns */
-    KADD("gemm_ffn", L0, k_gemm_ffn, k0, (o->E + 2 * NS) * D * 2 + C * D * 2 + C * (o->E + 2 * NS) * 4,
-         2 * C * (o->E + 2 * NS) * D, 0);
-    KADD("moe_experts", L0, k_experts, k0, n_exp * 3 * NI * D * 2 + C * D * 2 + C * D * 8, 2 * C * K * 3 * NI * D, 0);
+    KADD("gemm_ffn", L0, k_gemm_ffn, k0, wf + C * D * 2 + C * (o->E + 2 * NS) * 4, 2 * C * (o->E + 2 * NS) * D, 0);
+    KADD("moe_experts", L0, k_experts, k0, n_exp * w_expert + C * D * 2 + C * D * 8, 2 * C * K * 3 * NI * D, 0);
     KADD("head", -1, k_head, k0, (double)o->V * D * 2 + C * D * 2 + C * o->V * 4, 2 * C * o->V * D, 0);
 #undef KADD
     for (int i = 0; i < nk && !rc; i++) {

@@ -10,9 +10,17 @@
  * Invariants that fail quietly:
  * - The attention KV buffer of a layer and sequence is [W + pool_cap, d] bf16: rows 0..W-1 the window ring
  *   (slot = pos mod W), rows W + w the compressed entries (OFF's kv_cache layout, model-spec §9).
- * - The fused x-projection of a layer: one GEMM of the normed attention input against the rows
- *   [wq_a | wkv | cmp_wkv | cmp_wgate | idx_wkv | idx_wgate | idx_wproj] (absent parts have 0 rows); the fused
- *   ffn projection: [gate | sh_w1 | sh_w3]. Consumers read their columns at the recorded offsets.
+ * - The x-projection of a layer writes the columns [wq_a | wkv | cmp_wkv | cmp_wgate | idx_wkv | idx_wgate |
+ *   idx_wproj] of one output row (absent parts have 0 rows); the ffn projection [gate | sh_w1 | sh_w3].
+ *   Consumers read their columns at the recorded offsets. In bf16 mode each is ONE fused GEMM; in fp8 mode the
+ *   FP8 linears (wq_a, wkv; sh_w1, sh_w3) are separate from the bf16 ones, and two FP8 linears are fused only
+ *   when the first one's rows are a multiple of 128 (its scale blocks then line up with the second's) and their
+ *   scale encodings agree (opt_proj: up to 3 parts, each writing its columns at its offset).
+ * - fp8 mode: wo_a's groups are row slices of one FP8 tensor; a group's scale rows are its slice of the scale
+ *   tensor, valid only when the group starts on a 128-row block or sits inside one (checked at layout).
+ * - --gpus N: a rank's views are its blocks of the file tensors (docs/multigpu.md §2); in fp8 mode a block of an
+ *   FP8 tensor carries its own scale rows/columns, so at N > 1 it must start and end on 128 scale blocks
+ *   (opt_check_config refuses the split otherwise, before anything is allocated). Routed experts are whole.
  * - Host positions are the truth: the device pos[] is uploaded from them at every step (also inside a graph,
  *   through a pinned staging buffer the graph's copy node reads when it runs).
  */
@@ -24,6 +32,7 @@
 #include <stdint.h>
 
 #include "dsv4/dsv4_opt.h"
+#include "kernels/qweight.cuh"
 
 #define DSV4_OPT_CUDA(call)                                                                                      \
     do {                                                                                                         \
@@ -43,6 +52,22 @@
         if (rc_) return rc_;                                                                                     \
     } while (0)
 
+/* One linear y = x · Wᵀ: bf16 W [n_out, n_in], or (fp8 mode) e4m3 W [n_out, n_in] with its block scales
+ * [ceil(n_out/128), ceil(n_in/128)] (e8m0 bytes or f32, scale_kind). Views into the weights arena. */
+typedef struct opt_linear {
+    int n_out, n_in;
+    uint16_t *bf16;                  /* or NULL (fp8) */
+    uint8_t *fp8;                    /* or NULL (bf16) */
+    void *scale;                     /* fp8 only */
+    dsv4_qscale scale_kind;
+} opt_linear;
+/* Linears writing columns [off[i], off[i] + lin[i].n_out) of one f32 output row (a fused projection). */
+typedef struct opt_proj {
+    opt_linear lin[3];
+    int off[3];
+    int n;
+} opt_proj;
+
 typedef struct opt_layer {
     dsv4_attn_type attn;
     dsv4_mlp_type mlp;
@@ -58,17 +83,22 @@ typedef struct opt_layer {
     float *idx_ape, *idx_norm;       /* [r, 2·d_I], [d_I] */
     float *gate_bias;                /* [E] (learned) or NULL */
     int32_t *tid2eid;                /* [V, k] (hash) or NULL */
-    /* bf16 */
-    uint16_t *w_x;                   /* [n_x, D] fused x-projection */
+    /* linears (bf16, or fp8 where the checkpoint keeps FP8) */
+    opt_proj x;                      /* [n_x, D] x-projection */
     int n_x, off_qa, off_kv, off_ckv, off_cg, off_ikv, off_ig, off_iw;
-    uint16_t *wq_b;                  /* [H·d, q_r] */
-    uint16_t *idx_wq_b;              /* [H_I·d_I, q_r] */
-    uint16_t *wo_a;                  /* [G·o_r, H·d/G] */
-    uint16_t *wo_b;                  /* [D, G·o_r] */
-    uint16_t *w_f;                   /* [E + 2I, D] fused ffn projection: gate | sh_w1 | sh_w3 */
-    uint16_t *w13;                   /* [E_loc][2I, D]: the rank's experts e0.. */
-    uint16_t *w2;                    /* [E_loc][D, I] */
-    uint16_t *sh_w2;                 /* [D, NI_sh]: the rank's columns of the shared w2 */
+    opt_linear wq_b;                 /* [H·d, q_r]: the rank's heads */
+    opt_linear idx_wq_b;             /* [H_I·d_I, q_r]: the rank's indexer heads */
+    opt_linear wo_a;                 /* [G·o_r, H·d/G]: the rank's G groups of o_r rows */
+    opt_linear wo_b;                 /* [D, G·o_r]: the rank's groups' columns */
+    opt_proj f;                      /* [E + 2·NI_sh, D] ffn projection: gate | sh_w1 | sh_w3 (the rank's rows) */
+    opt_linear sh_w2;                /* [D, NI_sh]: the rank's columns of the shared w2 */
+    /* routed experts, the rank's ids e0..e0+E_loc at index e - e0: bf16, or (fp8 mode) packed e2m1 with e8m0
+     * scales per 32 input columns */
+    uint16_t *w13;                   /* [E_loc][2I, D] bf16 or NULL */
+    uint16_t *w2;                    /* [E_loc][D, I] bf16 or NULL */
+    uint8_t *q13, *s13;              /* [E_loc][2I, D/2], [E_loc][2I, D/32] or NULL */
+    uint8_t *q2, *s2;                /* [E_loc][D, I/2], [E_loc][D, I/32] or NULL */
+    size_t w_bytes;                  /* this layer's bytes of the weights arena */
     /* state (per sequence, C of each) */
     uint16_t *kvc;                   /* [C][W + pool_cap, d] */
     int pool_cap;                    /* max_context / r entries (>= 1), 0 sliding */
@@ -96,7 +126,8 @@ struct dsv4_opt {
     int E_loc, NI_sh;                /* routed experts held (ids e0..e0+E_loc), shared-expert columns held */
     struct opt_rank *rk;             /* this rank's NCCL context (opt_ranks.c); NULL: the plain path */
     struct opt_ranks *group;         /* set on the public handle of --gpus N only: it owns every rank */
-    char producer[192];
+    int fp8;                         /* weights mode fp8 (opt.weights resolved) */
+    char producer[320];
     opt_layer *layers;               /* [L] host array of views */
     /* arenas */
     void *w_mem, *s_mem, *x_mem;
@@ -149,6 +180,15 @@ struct dsv4_opt {
     cublasHandle_t cublas;
     opt_graph graphs[OPT_MAX_GRAPHS];
     int n_graphs;
+    /* decision following (options.follow): the dump_seq's rows of this step, per layer L at L·follow_stride:
+     * [topk flag, router flag, topk ids (topk), router ids (K)] (flags 0: keep the own selection) */
+    const dsv4_opt_follow *follow;   /* NULL: off */
+    int follow_stride;               /* 2 + topk + K */
+    int32_t *h_follow;               /* pinned [L, follow_stride], filled by the host before each step */
+    int32_t *d_follow;               /* [L, follow_stride] scratch, copied from h_follow by the step */
+    int32_t *d_follow_changed;       /* [2] device counters: top-k rows, router rows whose selection changed */
+    long follow_rows[2];             /* rows staged so far: top-k, router */
+    int follow_stop;                 /* position of dump_seq where following stopped (token differs), -1 */
     /* probing state of the current step */
     dsv4_probe_sink *probe;
     float *h_probe;                  /* pinned host staging for probe rows */
@@ -198,6 +238,20 @@ struct opt_weight_src {
      * dst, row stride nc. Called only for a split tensor at N > 1. NULL for the generator: it draws the view. */
     int (*slice)(opt_weight_src *s, const dsv4_opt *o, void *dst, int esz, const char *name, size_t rows,
                  size_t cols, size_t r0, size_t nr, size_t c0, size_t nc);
+    /* fp8 mode: */
+    /* the scale encoding file tensor `name` (an FP8 linear) gets on the device; asked on BOTH passes, since the
+     * arena's size depends on it (the generator: e8m0) */
+    dsv4_qscale (*qscale)(opt_weight_src *s, const dsv4_opt *o, const char *name);
+    /* The block [r0, r0 + nr) x [c0, c0 + nc) of FP8 linear `name` [rows, cols] (the whole tensor at N = 1; a
+     * rank's slice at N > 1, r0 and c0 then multiples of 128, nr and nc too or reaching the tensor's end):
+     * e4m3 codes at q [nr, nc], the block's scales at scale [ceil(nr/128), ceil(nc/128)] in the encoding qscale
+     * answered. The generator draws [nr, nc]. */
+    int (*fp8)(opt_weight_src *s, const dsv4_opt *o, uint8_t *q, void *scale, dsv4_qscale kind, int rows,
+               int cols, int r0, int nr, int c0, int nc, size_t fan_in, const char *name);
+    /* FP4 expert matrix `name` [rows, cols] (experts are split by id, so always whole): packed codes at q
+     * [rows, cols/2], e8m0 scales at scale [rows, cols/32] */
+    int (*fp4)(opt_weight_src *s, const dsv4_opt *o, uint8_t *q, uint8_t *scale, int rows, int cols,
+               size_t fan_in, const char *name);
 };
 
 /* ---- Ranks (opt_ranks.c; docs/multigpu.md) ----------------------------------------------------------------- */
@@ -247,6 +301,21 @@ int opt_dev_alloc(void **p, size_t bytes, const char *what);
  * stride of y. fp32 accumulation (CUBLAS_COMPUTE_32F). */
 int opt_gemm(dsv4_opt *o, void *y, int y_f32, int ldy, const uint16_t *x, int ldx, const uint16_t *W, int n_out,
              int n_in, int S);
+
+/* y [S, n_out] (f32 or bf16, row stride ldy) = x [S, n_in] bf16 (row stride ldx) · Wᵀ for a bf16 or fp8 linear:
+ * cuBLAS or dsv4_opt_fp8_linear (the kernel workspace o->ws). The one dispatch the step uses. */
+int opt_linear_apply(dsv4_opt *o, const opt_linear *w, void *y, int y_f32, int ldy, const uint16_t *x, int ldx,
+                     int S);
+/* Every part of p into y [S, ldy] f32 at its column offset. */
+int opt_proj_apply(dsv4_opt *o, const opt_proj *p, float *y, int ldy, const uint16_t *x, int ldx, int S);
+/* The grouped projection: for g < G, y[:, g·(n_out/G) ...] bf16 = x[:, g·n_in ...] · W_gᵀ, W_g the g-th slice
+ * of n_out/G rows of w (w is [n_out, n_in] with n_out = G·rows per group). */
+int opt_linear_apply_grouped(dsv4_opt *o, const opt_linear *w, int G, uint16_t *y, int ldy, const uint16_t *x,
+                             int ldx, int S);
+/* The routed experts of layer ly on the step's buffers (xn, rids, rw, h_r, y_sh -> fout): bf16 or FP4. */
+int opt_experts(dsv4_opt *o, const opt_layer *ly);
+/* Device bytes of a linear's weights (codes, scales). */
+double opt_linear_bytes(const opt_linear *w);
 
 /* Work sizes of a step for the sequences active in it: CSA indexer/top-k entries and HCA extra gather entries. */
 void opt_step_sizes(const dsv4_opt *o, const uint8_t *active, int *n_csa, int *n_hca);

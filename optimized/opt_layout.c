@@ -9,7 +9,10 @@
  *   the same w_bytes, s_bytes and x_bytes for the same config and options.
  * - A weight view is filled by one bf16_view / f32 call (the generator draws one stream per view, in carve order:
  *   that order is part of the random weights' identity) and by one bf16_part call per file tensor inside it
- *   (fused projections have several parts at row offsets).
+ *   (fused projections have several parts at row offsets). In fp8 mode an FP8 linear or FP4 expert matrix is
+ *   filled by one fp8 / fp4 call per file tensor (codes and scales together); its scale encoding (qscale) is
+ *   asked on both passes, since the arena's size depends on it.
+ * - Layer L's weights are contiguous in the arena (ly->w_bytes, alignment included): the per-layer memory report.
  * - The compressor states start as kv 0 / score -inf (an empty slot has weight 0); reset restores exactly that.
  * - The kernel workspace is the maximum over every shape a step can use (the gather-list sizes are the buckets
  *   of opt_step_sizes), so no step can need more than was allocated. The kernels' size queries answer from the
@@ -53,67 +56,187 @@ static int fill_f32(opt_weight_src *s, const dsv4_opt *o, float *dst, size_t num
     return s->f32(s, o, dst, numel, kind, fan_in, name);
 }
 
-static int fill_part(opt_weight_src *s, const dsv4_opt *o, uint16_t *dst, size_t numel, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
-static int fill_part(opt_weight_src *s, const dsv4_opt *o, uint16_t *dst, size_t numel, const char *fmt, ...)
-{
-    char name[160];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(name, sizeof name, fmt, ap);
-    va_end(ap);
-    return s->bf16_part(s, o, dst, numel, name);
-}
-
-/* The rank's block of a split file tensor [rows, cols] (rows r0.., columns c0..) at dst: the whole tensor goes
- * through the ordinary calls (so the plain path and N = 1 load and draw exactly as before); a true block goes to
- * the loader's slice, and the generator (slice NULL) draws an f32 view / has drawn the bf16 view already. */
+/* One file tensor into dst: the whole tensor (rows x cols) through the ordinary calls (so the plain path and N = 1
+ * load and draw exactly as before), or a rank's block [r0, +nr) x [c0, +nc) through the loader's slice; the
+ * generator (slice NULL) draws an f32 block / has drawn the bf16 view already. esz 4: f32, 2: bf16. */
 static int fill_block(opt_weight_src *s, const dsv4_opt *o, void *dst, int esz, opt_wkind kind, size_t fan_in,
-                      size_t rows, size_t cols, size_t r0, size_t nr, size_t c0, size_t nc, const char *fmt, ...)
-    __attribute__((format(printf, 13, 14)));
-static int fill_block(opt_weight_src *s, const dsv4_opt *o, void *dst, int esz, opt_wkind kind, size_t fan_in,
-                      size_t rows, size_t cols, size_t r0, size_t nr, size_t c0, size_t nc, const char *fmt, ...)
+                      size_t rows, size_t cols, size_t r0, size_t nr, size_t c0, size_t nc, const char *name)
 {
-    char name[160];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(name, sizeof name, fmt, ap);
-    va_end(ap);
     if (nr == rows && nc == cols)
-        return esz == 4 ? s->f32(s, o, dst, rows * cols, kind, fan_in, name) : s->bf16_part(s, o, dst, rows * cols, name);
+        return esz == 4 ? s->f32(s, o, dst, rows * cols, kind, fan_in, name)
+                        : s->bf16_part(s, o, dst, rows * cols, name);
     if (s->slice) return s->slice(s, o, dst, esz, name, rows, cols, r0, nr, c0, nc);
     return esz == 4 ? s->f32(s, o, dst, nr * nc, kind, fan_in, name) : 0;
 }
-
 /* An f32 view of one file tensor. */
 #define WF(dst, numel, kind, fan_in, ...)                                                                        \
     do {                                                                                                         \
         (dst) = opt_carve(cv, (size_t)(numel) * 4);                                                              \
         if (cv->base) DSV4_OPT_TRY(fill_f32(src, o, (dst), (size_t)(numel), (kind), (size_t)(fan_in), __VA_ARGS__)); \
     } while (0)
-/* A bf16 view (filled as a whole by the generator), then the file tensors inside it. */
-#define WB_VIEW(dst, numel, kind, fan_in)                                                                        \
-    do {                                                                                                         \
-        (dst) = opt_carve(cv, (size_t)(numel) * 2);                                                              \
-        if (cv->base) DSV4_OPT_TRY(src->bf16_view(src, o, (dst), (size_t)(numel), (kind), (size_t)(fan_in)));    \
-    } while (0)
-#define WB_PART(ptr, numel, ...)                                                                                 \
-    do {                                                                                                         \
-        if (cv->base) DSV4_OPT_TRY(fill_part(src, o, (ptr), (size_t)(numel), __VA_ARGS__));                     \
-    } while (0)
-/* A bf16 part that is the rank's block of a file tensor [rows, cols]. */
-#define WB_BLOCK(ptr, rows, cols, r0, nr, c0, nc, ...)                                                         \
-    do {                                                                                                         \
-        if (cv->base)                                                                                            \
-            DSV4_OPT_TRY(fill_block(src, o, (ptr), 2, OPT_W_LINEAR, 0, (rows), (cols), (r0), (nr), (c0), (nc),       \
-                                    __VA_ARGS__));                                                               \
-    } while (0)
-/* A bf16 view of one file tensor. */
-#define WB(dst, numel, kind, fan_in, ...)                                                                        \
-    do {                                                                                                         \
-        WB_VIEW(dst, numel, kind, fan_in);                                                                       \
-        WB_PART(dst, numel, __VA_ARGS__);                                                                        \
-    } while (0)
+
+/* One file tensor of a linear: its name, the rows the linear holds, and where they lie in the file tensor: a
+ * rank's block rows [r0, r0 + rows) of f_rows, columns [c0, c0 + n_in) of f_cols (f_rows / f_cols 0: whole). */
+typedef struct lin_part {
+    char name[128];
+    int rows;
+    int f_rows, r0, f_cols, c0;
+} lin_part;
+
+static lin_part part(int rows, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static lin_part part(int rows, const char *fmt, ...)
+{
+    lin_part p = {.rows = rows};
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(p.name, sizeof p.name, fmt, ap);
+    va_end(ap);
+    return p;
+}
+
+/* p as the block rows [r0, +p.rows) of f_rows (0: all), columns [c0, +n_in) of f_cols (0: all). */
+static lin_part block(lin_part p, int f_rows, int r0, int f_cols, int c0)
+{
+    p.f_rows = f_rows, p.r0 = r0, p.f_cols = f_cols, p.c0 = c0;
+    return p;
+}
+
+/* One linear of the parts stacked by rows: bf16 (one view, the parts inside it), or fp8 (the caller stacks only
+ * parts that fusable() accepts, so every scale row belongs to one part). A rank's block of an FP8 tensor carries
+ * its scale rows/columns, so it must start on a 128 scale block (opt_check_config refused the split otherwise;
+ * checked again here, on the counting pass, before any arena exists). */
+static int linear(dsv4_opt *o, opt_weight_src *src, opt_carver *cv, opt_linear *w, int fp8, int n_in,
+                  const lin_part *p, int np)
+{
+    int n_out = 0;
+    for (int i = 0; i < np; i++) n_out += p[i].rows;
+    memset(w, 0, sizeof *w);
+    w->n_out = n_out, w->n_in = n_in;
+    const size_t in = (size_t)n_in, fan_in = (size_t)(p[0].f_cols ? p[0].f_cols : n_in); /* the file's */
+    if (!fp8) {
+        w->bf16 = opt_carve(cv, (size_t)n_out * in * 2);
+        if (!cv->base) return 0;
+        DSV4_OPT_TRY(src->bf16_view(src, o, w->bf16, (size_t)n_out * in, OPT_W_LINEAR, fan_in));
+        for (int i = 0, r = 0; i < np; r += p[i++].rows) {
+            const size_t fr = (size_t)(p[i].f_rows ? p[i].f_rows : p[i].rows);
+            const size_t fc = p[i].f_cols ? (size_t)p[i].f_cols : in;
+            DSV4_OPT_TRY(fill_block(src, o, w->bf16 + (size_t)r * in, 2, OPT_W_LINEAR, fan_in, fr, fc,
+                                    (size_t)p[i].r0, (size_t)p[i].rows, (size_t)p[i].c0, in, p[i].name));
+        }
+        return 0;
+    }
+    for (int i = 0; i < np; i++) {
+        const int fr = p[i].f_rows ? p[i].f_rows : p[i].rows, fc = p[i].f_cols ? p[i].f_cols : n_in;
+        const int sliced = fr != p[i].rows || fc != n_in;
+        if (sliced && (p[i].r0 % 128 || p[i].c0 % 128 || (p[i].r0 + p[i].rows < fr && p[i].rows % 128) ||
+                       (p[i].c0 + n_in < fc && n_in % 128)))
+            return dsv4_error(DSV4_ERR_USAGE, "optimized --gpus %d --weights fp8: rank %d's block rows [%d, %d) x "
+                              "columns [%d, %d) of %s [%d, %d] does not lie on 128x128 scale blocks", o->n_ranks,
+                              o->rank, p[i].r0, p[i].r0 + p[i].rows, p[i].c0, p[i].c0 + n_in, p[i].name, fr, fc);
+    }
+    w->scale_kind = src->qscale(src, o, p[0].name);
+    const size_t sc = (in + 127) / 128, sb = w->scale_kind == DSV4_QSCALE_F32 ? 4 : 1;
+    w->fp8 = opt_carve(cv, (size_t)n_out * in);
+    w->scale = opt_carve(cv, (size_t)((n_out + 127) / 128) * sc * sb);
+    if (!cv->base) return 0;
+    for (int i = 0, r = 0; i < np; r += p[i++].rows) {
+        const int fr = p[i].f_rows ? p[i].f_rows : p[i].rows, fc = p[i].f_cols ? p[i].f_cols : n_in;
+        DSV4_OPT_TRY(src->fp8(src, o, w->fp8 + (size_t)r * in, (char *)w->scale + (size_t)(r / 128) * sc * sb,
+                              w->scale_kind, fr, fc, p[i].r0, p[i].rows, p[i].c0, n_in, fan_in, p[i].name));
+    }
+    return 0;
+}
+
+/* fp8 mode: may b follow a in one linear? Only when a's rows end on a scale block and the encodings agree. */
+static int fusable(dsv4_opt *o, opt_weight_src *src, const lin_part *a, const lin_part *b)
+{
+    return a->rows % 128 == 0 && src->qscale(src, o, a->name) == src->qscale(src, o, b->name);
+}
+
+/* The projection of FP8 parts q[0..nq) at column offsets qoff, then (one bf16 linear) the bf16 parts b[0..nb)
+ * at boff; in bf16 mode all of them in one bf16 linear (q then b, as their offsets are laid out). */
+static int projection(dsv4_opt *o, opt_weight_src *src, opt_carver *cv, opt_proj *pj, int n_in, const lin_part *q,
+                      const int *qoff, int nq, const lin_part *b, int boff, int nb, int q_first)
+{
+    memset(pj, 0, sizeof *pj);
+    if (!o->fp8) {
+        lin_part all[8];
+        int n = 0;
+        for (int i = 0; q_first && i < nq; i++) all[n++] = q[i];
+        for (int i = 0; i < nb; i++) all[n++] = b[i];
+        for (int i = 0; !q_first && i < nq; i++) all[n++] = q[i];
+        pj->n = 1;
+        pj->off[0] = 0;
+        return linear(o, src, cv, &pj->lin[0], 0, n_in, all, n);
+    }
+    if (nb > 0 && !q_first) {
+        pj->off[pj->n] = boff;
+        DSV4_OPT_TRY(linear(o, src, cv, &pj->lin[pj->n++], 0, n_in, b, nb));
+    }
+    if (nq == 2 && fusable(o, src, &q[0], &q[1])) {
+        pj->off[pj->n] = qoff[0];
+        DSV4_OPT_TRY(linear(o, src, cv, &pj->lin[pj->n++], 1, n_in, q, 2));
+    } else {
+        for (int i = 0; i < nq; i++) {
+            pj->off[pj->n] = qoff[i];
+            DSV4_OPT_TRY(linear(o, src, cv, &pj->lin[pj->n++], 1, n_in, &q[i], 1));
+        }
+    }
+    if (nb > 0 && q_first) {
+        pj->off[pj->n] = boff;
+        DSV4_OPT_TRY(linear(o, src, cv, &pj->lin[pj->n++], 0, n_in, b, nb));
+    }
+    return 0;
+}
+
+/* A linear of one file tensor (or the rank's block p of it) the checkpoint keeps in FP8: fp8 in fp8 mode, else
+ * bf16. */
+static int linear1(dsv4_opt *o, opt_weight_src *src, opt_carver *cv, opt_linear *w, int n_out, int n_in, lin_part p)
+{
+    p.rows = n_out;
+    return linear(o, src, cv, w, o->fp8, n_in, &p, 1);
+}
+
+/* The rank's routed experts, ids e0..e0+E_loc at local index e - e0 (whole experts: split by id): bf16
+ * w13 [E_loc][w1; w3] and w2 [E_loc], or (fp8 mode) the same as packed FP4 + e8m0 scales. */
+static int experts(dsv4_opt *o, opt_weight_src *src, opt_carver *cv, opt_layer *ly, int L)
+{
+    const size_t EL = o->E_loc, e0 = o->e0, NI = o->NI, D = o->D;
+    char name[128];
+    if (!o->fp8) {
+        ly->w13 = opt_carve(cv, EL * 2 * NI * D * 2);
+        ly->w2 = opt_carve(cv, EL * D * NI * 2);
+        if (!cv->base) return 0;
+        DSV4_OPT_TRY(src->bf16_view(src, o, ly->w13, EL * 2 * NI * D, OPT_W_LINEAR, D));
+        DSV4_OPT_TRY(src->bf16_view(src, o, ly->w2, EL * D * NI, OPT_W_LINEAR, NI));
+        for (size_t e = 0; e < EL; e++) {
+            static const char *const w[3] = {"w1", "w3", "w2"};
+            for (int k = 0; k < 3; k++) {
+                snprintf(name, sizeof name, "layers.%d.ffn.experts.%zu.%s.weight", L, e0 + e, w[k]);
+                uint16_t *dst = k < 2 ? ly->w13 + (e * 2 + (size_t)k) * NI * D : ly->w2 + e * D * NI;
+                DSV4_OPT_TRY(src->bf16_part(src, o, dst, NI * D, name));
+            }
+        }
+        return 0;
+    }
+    if (D % 32 || NI % 32)
+        return dsv4_error(DSV4_ERR_UNSUPPORTED, "optimized --weights fp8: hidden_size %zu and moe_intermediate_size "
+                          "%zu must be multiples of 32 (FP4 scale groups)", D, NI);
+    ly->q13 = opt_carve(cv, EL * 2 * NI * D / 2);
+    ly->s13 = opt_carve(cv, EL * 2 * NI * D / 32);
+    ly->q2 = opt_carve(cv, EL * D * NI / 2);
+    ly->s2 = opt_carve(cv, EL * D * NI / 32);
+    for (size_t e = 0; e < EL && cv->base; e++) {
+        for (int k = 0; k < 2; k++) {
+            snprintf(name, sizeof name, "layers.%d.ffn.experts.%zu.%s.weight", L, e0 + e, k ? "w3" : "w1");
+            size_t row0 = (e * 2 + (size_t)k) * NI;
+            DSV4_OPT_TRY(src->fp4(src, o, ly->q13 + row0 * D / 2, ly->s13 + row0 * D / 32, (int)NI, (int)D, D, name));
+        }
+        snprintf(name, sizeof name, "layers.%d.ffn.experts.%zu.w2.weight", L, e0 + e);
+        DSV4_OPT_TRY(src->fp4(src, o, ly->q2 + e * D * NI / 2, ly->s2 + e * D * NI / 32, (int)D, (int)NI, NI, name));
+    }
+    return 0;
+}
 
 static int layer_weights(dsv4_opt *o, opt_weight_src *src, opt_carver *cv, int L)
 {
@@ -133,10 +256,14 @@ static int layer_weights(dsv4_opt *o, opt_weight_src *src, opt_carver *cv, int L
     WF(ly->q_norm, o->qr, OPT_W_NORM, 0, "layers.%d.attn.q_norm.weight", L);
     WF(ly->kv_norm, d, OPT_W_NORM, 0, "layers.%d.attn.kv_norm.weight", L);
     ly->sinks = opt_carve(cv, (size_t)o->H * 4); /* the rank's heads' sinks */
-    if (cv->base)
+    if (cv->base) {
+        char sn[96];
+        snprintf(sn, sizeof sn, "layers.%d.attn.attn_sink", L);
         DSV4_OPT_TRY(fill_block(src, o, ly->sinks, 4, OPT_W_SINK, 0, (size_t)o->H_all, 1, (size_t)o->h0,
-                                (size_t)o->H, 0, 1, "layers.%d.attn.attn_sink", L));
-    /* the fused x-projection */
+                                (size_t)o->H, 0, 1, sn));
+    }
+    /* the x-projection: FP8 wq_a | wkv, then the bf16 compressor and indexer parts (the rank's rows of
+     * weights_proj) */
     int r = 0;
     ly->off_qa = r, r += o->qr;
     ly->off_kv = r, r += (int)d;
@@ -147,45 +274,55 @@ static int layer_weights(dsv4_opt *o, opt_weight_src *src, opt_carver *cv, int L
     ly->off_iw = r, r += csa ? o->HI : 0;
     ly->n_x = r;
     if (r > o->n_x_max) o->n_x_max = r;
-    WB_VIEW(ly->w_x, (size_t)r * D, OPT_W_LINEAR, D);
-    uint16_t *wx = ly->w_x;
-    WB_PART(wx + ly->off_qa * D, (size_t)o->qr * D, "layers.%d.attn.wq_a.weight", L);
-    WB_PART(wx + ly->off_kv * D, d * D, "layers.%d.attn.wkv.weight", L);
+    lin_part xq[2] = {part(o->qr, "layers.%d.attn.wq_a.weight", L), part((int)d, "layers.%d.attn.wkv.weight", L)};
+    const int xq_off[2] = {ly->off_qa, ly->off_kv};
+    lin_part xb[5];
+    int nb = 0;
     if (ly->ratio > 0) {
-        WB_PART(wx + ly->off_ckv * D, width * D, "layers.%d.attn.compressor.wkv.weight", L);
-        WB_PART(wx + ly->off_cg * D, width * D, "layers.%d.attn.compressor.wgate.weight", L);
+        xb[nb++] = part((int)width, "layers.%d.attn.compressor.wkv.weight", L);
+        xb[nb++] = part((int)width, "layers.%d.attn.compressor.wgate.weight", L);
+    }
+    if (csa) {
+        xb[nb++] = part(2 * (int)dI, "layers.%d.attn.indexer.compressor.wkv.weight", L);
+        xb[nb++] = part(2 * (int)dI, "layers.%d.attn.indexer.compressor.wgate.weight", L);
+        xb[nb++] = block(part(o->HI, "layers.%d.attn.indexer.weights_proj.weight", L), o->HI_all, o->hi0, 0, 0);
+    }
+    DSV4_OPT_TRY(projection(o, src, cv, &ly->x, (int)D, xq, xq_off, 2, xb, ly->off_ckv, nb, 1));
+    if (ly->ratio > 0) {
         WF(ly->cmp_ape, (size_t)ly->ratio * width, OPT_W_APE, 0, "layers.%d.attn.compressor.ape", L);
         WF(ly->cmp_norm, d, OPT_W_NORM, 0, "layers.%d.attn.compressor.norm.weight", L);
     }
     if (csa) {
-        WB_PART(wx + ly->off_ikv * D, 2 * dI * D, "layers.%d.attn.indexer.compressor.wkv.weight", L);
-        WB_PART(wx + ly->off_ig * D, 2 * dI * D, "layers.%d.attn.indexer.compressor.wgate.weight", L);
-        WB_BLOCK(wx + ly->off_iw * D, (size_t)o->HI_all, D, (size_t)o->hi0, (size_t)o->HI, 0, D,
-                 "layers.%d.attn.indexer.weights_proj.weight", L);
         WF(ly->idx_ape, (size_t)ly->ratio * 2 * dI, OPT_W_APE, 0, "layers.%d.attn.indexer.compressor.ape", L);
         WF(ly->idx_norm, dI, OPT_W_NORM, 0, "layers.%d.attn.indexer.compressor.norm.weight", L);
-        WB_VIEW(ly->idx_wq_b, (size_t)o->HI * dI * o->qr, OPT_W_LINEAR, o->qr);
-        WB_BLOCK(ly->idx_wq_b, (size_t)o->HI_all * dI, (size_t)o->qr, (size_t)o->hi0 * dI, (size_t)o->HI * dI, 0,
-                 (size_t)o->qr, "layers.%d.attn.indexer.wq_b.weight", L);
+        DSV4_OPT_TRY(linear1(o, src, cv, &ly->idx_wq_b, o->HI * (int)dI, o->qr,
+                             block(part(0, "layers.%d.attn.indexer.wq_b.weight", L), o->HI_all * (int)dI,
+                                   o->hi0 * (int)dI, 0, 0)));
     }
     /* the rank's heads: rows of wq_b, its groups' rows of wo_a and their columns of wo_b */
-    const size_t gin = (size_t)o->H * d / o->G, Gr = (size_t)o->G * o->o_r, Gr_all = (size_t)o->G_all * o->o_r;
-    WB_VIEW(ly->wq_b, (size_t)o->H * d * o->qr, OPT_W_LINEAR, o->qr);
-    WB_BLOCK(ly->wq_b, (size_t)o->H_all * d, (size_t)o->qr, (size_t)o->h0 * d, (size_t)o->H * d, 0, (size_t)o->qr,
-             "layers.%d.attn.wq_b.weight", L);
-    WB_VIEW(ly->wo_a, Gr * gin, OPT_W_LINEAR, gin);
-    WB_BLOCK(ly->wo_a, Gr_all, gin, (size_t)o->g0 * o->o_r, Gr, 0, gin, "layers.%d.attn.wo_a.weight", L);
-    WB_VIEW(ly->wo_b, D * Gr, OPT_W_LINEAR, Gr_all);
-    WB_BLOCK(ly->wo_b, D, Gr_all, 0, D, (size_t)o->g0 * o->o_r, Gr, "layers.%d.attn.wo_b.weight", L);
-    /* the fused ffn projection: router gate (every expert: every rank routes) | shared w1 | shared w3 (the
+    const int Gr = o->G * o->o_r, Gr_all = o->G_all * o->o_r, gr0 = o->g0 * o->o_r;
+    DSV4_OPT_TRY(linear1(o, src, cv, &ly->wq_b, o->H * (int)d, o->qr,
+                         block(part(0, "layers.%d.attn.wq_b.weight", L), o->H_all * (int)d, o->h0 * (int)d, 0, 0)));
+    DSV4_OPT_TRY(linear1(o, src, cv, &ly->wo_a, Gr, o->H * (int)d / o->G,
+                         block(part(0, "layers.%d.attn.wo_a.weight", L), Gr_all, gr0, 0, 0)));
+    for (int g = 0; o->fp8 && g < o->G; g++) { /* a group's scale rows must be its own slice (opt_internal.h) */
+        const int off = g * o->o_r;
+        if (off % 128 && off % 128 + o->o_r > 128)
+            return dsv4_error(DSV4_ERR_UNSUPPORTED, "optimized --weights fp8: wo_a group %d (rows %d..%d) straddles "
+                              "a 128-row scale block", o->g0 + g, gr0 + off, gr0 + off + o->o_r - 1);
+    }
+    DSV4_OPT_TRY(linear1(o, src, cv, &ly->wo_b, (int)D, Gr,
+                         block(part(0, "layers.%d.attn.wo_b.weight", L), 0, 0, Gr_all, gr0)));
+    /* the ffn projection: router gate (bf16, every expert: every rank routes) | shared w1 | shared w3 (FP8; the
      * rank's intermediate columns = rows of w1/w3, columns of w2) */
-    const size_t NS = o->NI_sh, i0 = o->i0;
-    WB_VIEW(ly->w_f, (E + 2 * NS) * D, OPT_W_LINEAR, D);
-    WB_PART(ly->w_f, E * D, "layers.%d.ffn.gate.weight", L);
-    WB_BLOCK(ly->w_f + E * D, NI, D, i0, NS, 0, D, "layers.%d.ffn.shared_experts.w1.weight", L);
-    WB_BLOCK(ly->w_f + (E + NS) * D, NI, D, i0, NS, 0, D, "layers.%d.ffn.shared_experts.w3.weight", L);
-    WB_VIEW(ly->sh_w2, D * NS, OPT_W_LINEAR, NI);
-    WB_BLOCK(ly->sh_w2, D, NI, 0, D, i0, NS, "layers.%d.ffn.shared_experts.w2.weight", L);
+    const int NS = o->NI_sh, i0 = o->i0;
+    lin_part fq[2] = {block(part(NS, "layers.%d.ffn.shared_experts.w1.weight", L), (int)NI, i0, 0, 0),
+                      block(part(NS, "layers.%d.ffn.shared_experts.w3.weight", L), (int)NI, i0, 0, 0)};
+    const int fq_off[2] = {(int)E, (int)E + NS};
+    lin_part fb = part((int)E, "layers.%d.ffn.gate.weight", L);
+    DSV4_OPT_TRY(projection(o, src, cv, &ly->f, (int)D, fq, fq_off, 2, &fb, 0, 1, 0));
+    DSV4_OPT_TRY(linear1(o, src, cv, &ly->sh_w2, (int)D, NS,
+                         block(part(0, "layers.%d.ffn.shared_experts.w2.weight", L), 0, 0, (int)NI, i0)));
     if (ly->mlp == DSV4_MLP_HASH_MOE) {
         ly->tid2eid = opt_carve(cv, (size_t)o->V * o->K * 4);
         if (cv->base) {
@@ -196,25 +333,24 @@ static int layer_weights(dsv4_opt *o, opt_weight_src *src, opt_carver *cv, int L
     } else {
         WF(ly->gate_bias, E, OPT_W_BIAS, 0, "layers.%d.ffn.gate.bias", L);
     }
-    /* the rank's experts, ids e0..e0+E_loc at local index e - e0: w13 [E_loc][w1; w3], w2 [E_loc] */
-    const size_t EL = o->E_loc, e0 = o->e0;
-    WB_VIEW(ly->w13, EL * 2 * NI * D, OPT_W_LINEAR, D);
-    WB_VIEW(ly->w2, EL * D * NI, OPT_W_LINEAR, NI);
-    for (size_t e = 0; e < EL && cv->base; e++) {
-        WB_PART(ly->w13 + e * 2 * NI * D, NI * D, "layers.%d.ffn.experts.%zu.w1.weight", L, e0 + e);
-        WB_PART(ly->w13 + (e * 2 + 1) * NI * D, NI * D, "layers.%d.ffn.experts.%zu.w3.weight", L, e0 + e);
-        WB_PART(ly->w2 + e * D * NI, D * NI, "layers.%d.ffn.experts.%zu.w2.weight", L, e0 + e);
-    }
-    return 0;
+    return experts(o, src, cv, ly, L);
 }
 
 static int weights_layout(dsv4_opt *o, opt_weight_src *src, opt_carver *cv)
 {
     const size_t V = o->V, D = o->D, n = o->n;
     o->n_x_max = 0;
-    WB(o->embed, V * D, OPT_W_EMBED, 0, "embed.weight");
+    o->embed = opt_carve(cv, V * D * 2);
+    if (cv->base) {
+        DSV4_OPT_TRY(src->bf16_view(src, o, o->embed, V * D, OPT_W_EMBED, 0));
+        DSV4_OPT_TRY(src->bf16_part(src, o, o->embed, V * D, "embed.weight"));
+    }
     if (o->cfg.tie_word_embeddings) o->head = o->embed;
-    else WB(o->head, V * D, OPT_W_LINEAR, D, "head.weight");
+    else {
+        opt_linear h;
+        DSV4_OPT_TRY(linear(o, src, cv, &h, 0, (int)D, &(lin_part){.name = "head.weight", .rows = (int)V}, 1));
+        o->head = h.bf16;
+    }
     WF(o->norm, D, OPT_W_NORM, 0, "norm.weight");
     WF(o->hc_head_fn, n * n * D, OPT_W_LINEAR, n * D, "hc_head_fn");
     WF(o->hc_head_base, n, OPT_W_MHC_BASE, 0, "hc_head_base");
@@ -228,14 +364,15 @@ static int weights_layout(dsv4_opt *o, opt_weight_src *src, opt_carver *cv)
         DSV4_OPT_CUDA(cudaMemcpy(o->inv_main, t[0], (size_t)o->np * 4, cudaMemcpyHostToDevice));
         DSV4_OPT_CUDA(cudaMemcpy(o->inv_cmp, t[1], (size_t)o->np * 4, cudaMemcpyHostToDevice));
     }
-    for (int L = 0; L < o->cfg.num_hidden_layers; L++) DSV4_OPT_TRY(layer_weights(o, src, cv, L));
+    for (int L = 0; L < o->cfg.num_hidden_layers; L++) {
+        const size_t off0 = cv->off;
+        DSV4_OPT_TRY(layer_weights(o, src, cv, L));
+        o->layers[L].w_bytes = cv->off - off0;
+    }
     return 0;
 }
 #undef WF
-#undef WB_VIEW
-#undef WB_PART
-#undef WB_BLOCK
-#undef WB
+
 
 /* ------------------------------------------------------------------------------------ caches */
 static void state_layout(dsv4_opt *o, opt_carver *cv)
@@ -299,6 +436,18 @@ static size_t workspace_need(const dsv4_opt *o)
         ap.n_slots = o->W + (o->pool_cap_hca > o->pool_cap_csa ? o->pool_cap_hca : o->pool_cap_csa);
         if ((s = dsv4_opt_sparse_attn_workspace_bytes(&ap)) > need) need = s;
     }
+    /* fp8 mode: the split-K partials of every FP8 linear (wo_a per group) */
+    for (int L = 0; L < o->cfg.num_hidden_layers && o->fp8; L++) {
+        const opt_layer *ly = &o->layers[L];
+        const opt_linear *w[10] = {&ly->wq_b, &ly->idx_wq_b, &ly->wo_b, &ly->sh_w2};
+        int nw = 4;
+        for (int i = 0; i < ly->x.n; i++) w[nw++] = &ly->x.lin[i];
+        for (int i = 0; i < ly->f.n; i++) w[nw++] = &ly->f.lin[i];
+        for (int i = 0; i < nw; i++)
+            if (w[i]->fp8 && (s = dsv4_opt_fp8_linear_workspace_bytes(o->C, w[i]->n_out, w[i]->n_in)) > need)
+                need = s;
+        if ((s = dsv4_opt_fp8_linear_workspace_bytes(o->C, o->o_r, ly->wo_a.n_in)) > need) need = s;
+    }
     if (o->pool_cap_csa > 0) {
         dsv4_indexer_params ip = {.n_seq = o->C, .n_heads = o->HI, .head_dim = o->dI, .n_work = o->pool_cap_csa,
                                   .kernel = (dsv4_indexer_kernel)o->opt.indexer};
@@ -361,6 +510,10 @@ static void scratch_layout(dsv4_opt *o, opt_carver *cv)
     o->d_in = opt_carve(cv, 3 * C * 4);
     o->ws = opt_carve(cv, o->ws_bytes);
     o->cublas_ws = opt_carve(cv, o->cublas_ws_bytes);
+    if (o->follow) {
+        o->d_follow = opt_carve(cv, (size_t)o->cfg.num_hidden_layers * o->follow_stride * 4);
+        o->d_follow_changed = opt_carve(cv, 2 * 4);
+    }
 }
 
 /* ------------------------------------------------------------------------------------ init */
@@ -382,6 +535,9 @@ int opt_check_config(const dsv4_config *f, const dsv4_opt_options *op)
     if (f->hidden_size % 2 || f->moe_intermediate_size % 2)
         return dsv4_error(DSV4_ERR_UNSUPPORTED, "optimized: hidden_size %d and moe_intermediate_size %d must be even",
                           f->hidden_size, f->moe_intermediate_size);
+    /* --gpus N > 1 --weights fp8 (weights resolved by the constructor): the ranks' FP8 slices on scale blocks */
+    if (op->n_gpus > 1 && op->weights == DSV4_OPT_WEIGHTS_FP8)
+        DSV4_OPT_TRY(dsv4_ref_shard_check_blocks(f, op->n_gpus, 128));
     return 0;
 }
 
@@ -419,15 +575,34 @@ int opt_init_common(dsv4_opt *o, opt_weight_src *src)
     o->H_all = o->H, o->HI_all = o->HI, o->G_all = o->G;
     o->H = part.nh, o->h0 = part.h0, o->HI = part.nhi, o->hi0 = part.hi0, o->G = part.ng, o->g0 = part.g0;
     o->E_loc = part.ne, o->e0 = part.e0, o->NI_sh = part.ni, o->i0 = part.i0;
+    o->follow = o->opt.follow;
+    o->follow_stride = 2 + o->topk + o->K;
+    o->follow_stop = -1;
+    if (o->follow && (dsv4_opt_follow_width(o->follow, DSV4_OPT_FOLLOW_TOPK) != f->index_topk ||
+                      dsv4_opt_follow_width(o->follow, DSV4_OPT_FOLLOW_ROUTER) != o->K))
+        return dsv4_error(DSV4_ERR_USAGE, "optimized: the follow table of %s was loaded for another config "
+                          "(index_topk %d, experts per token %d; the model has %d, %d)",
+                          dsv4_opt_follow_path(o->follow), dsv4_opt_follow_width(o->follow, DSV4_OPT_FOLLOW_TOPK),
+                          dsv4_opt_follow_width(o->follow, DSV4_OPT_FOLLOW_ROUTER), f->index_topk, o->K);
     DSV4_OPT_CUDA(cudaSetDevice(o->opt.device));
     int dev_major = 0, dev_minor = 0;
     DSV4_OPT_CUDA(cudaDeviceGetAttribute(&dev_major, cudaDevAttrComputeCapabilityMajor, o->opt.device));
     DSV4_OPT_CUDA(cudaDeviceGetAttribute(&dev_minor, cudaDevAttrComputeCapabilityMinor, o->opt.device));
+    /* the constructor resolved auto */
+    DSV4_CHECK(o->opt.weights == DSV4_OPT_WEIGHTS_BF16 || o->opt.weights == DSV4_OPT_WEIGHTS_FP8,
+               "optimized: weights mode %d not resolved", (int)o->opt.weights);
+    o->fp8 = o->opt.weights == DSV4_OPT_WEIGHTS_FP8;
     snprintf(o->producer, sizeof o->producer,
-             "dsv4 %s optimized cuda bf16 sm_%d%d attn=%s indexer=%s mhc=%s index_context=%s kv=%s", DSV4_VERSION,
-             dev_major, dev_minor, dsv4_opt_attn_name(o->opt.attn), dsv4_opt_indexer_name(o->opt.indexer),
-             dsv4_opt_mhc_name(o->opt.mhc), dsv4_opt_index_context_name(o->opt.index_context),
-             dsv4_opt_kv_name(o->opt.kv));
+             "dsv4 %s optimized cuda bf16 sm_%d%d attn=%s indexer=%s mhc=%s index_context=%s kv=%s weights=%s%s",
+             DSV4_VERSION, dev_major, dev_minor, dsv4_opt_attn_name(o->opt.attn),
+             dsv4_opt_indexer_name(o->opt.indexer), dsv4_opt_mhc_name(o->opt.mhc),
+             dsv4_opt_index_context_name(o->opt.index_context), dsv4_opt_kv_name(o->opt.kv),
+             dsv4_opt_weights_name(o->opt.weights), o->opt.quantize == DSV4_OPT_QUANTIZE_FP8 ? " quantize=fp8" : "");
+    if (o->follow) { /* the producer says the run's choices were the dump's */
+        const char *fp = dsv4_opt_follow_path(o->follow), *base = strrchr(fp, '/');
+        size_t len = strlen(o->producer);
+        snprintf(o->producer + len, sizeof o->producer - len, " follow=%s", base ? base + 1 : fp);
+    }
     o->layers = calloc((size_t)f->num_hidden_layers, sizeof *o->layers);
     o->pos = calloc((size_t)o->C, sizeof *o->pos);
     if (!o->layers || !o->pos) return dsv4_error(DSV4_ERR_NOMEM, "optimized: out of host memory");
@@ -474,6 +649,11 @@ int opt_init_common(dsv4_opt *o, opt_weight_src *src)
     DSV4_OPT_CUDA(cudaMallocHost((void **)&o->h_probe, o->h_probe_floats * 4));
     DSV4_OPT_CUDA(cudaMallocHost((void **)&o->h_in, (size_t)4 * o->C * 4));
     o->h_next = o->h_in + 3 * o->C;
+    if (o->follow) {
+        DSV4_OPT_CUDA(cudaMallocHost((void **)&o->h_follow,
+                                     (size_t)f->num_hidden_layers * o->follow_stride * sizeof *o->h_follow));
+        memset(o->h_follow, 0, (size_t)f->num_hidden_layers * o->follow_stride * sizeof *o->h_follow);
+    }
     DSV4_OPT_CUBLAS(cublasCreate(&o->cublas));
     DSV4_OPT_CUBLAS(cublasSetStream(o->cublas, o->stream));
     DSV4_OPT_CUBLAS(cublasSetWorkspace(o->cublas, o->cublas_ws, o->cublas_ws_bytes));

@@ -12,10 +12,14 @@
  *   RMS-normed random rows (what a norm + RoPE leaves, magnitude 1), the compressor states are empty (kv 0,
  *   score -inf: a window boundary, since positions are multiples of the largest ratio) and the entries past
  *   `position` stay as cudaMemset left them (zeros), as in a real run. FP8 kv (--kv fp8) is not simulated here.
+ * - fp8 weights: the FP8 linears and FP4 experts are drawn as codes with the scale the quantiser would give a
+ *   block of amax = the bf16 draw's amplitude (one stream per file tensor), so their gain matches bf16 mode's;
+ *   they are NOT the bf16 mode's values quantised (throughput runs only compare times).
  * Spec: model-spec §1 (shapes), §12.1 (the caches).
  */
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdio.h>
@@ -59,6 +63,40 @@ static __global__ void rnd_tid2eid_kernel(int32_t *t, int V, int k, int E, uint6
     for (int v = blockIdx.x * blockDim.x + threadIdx.x; v < V; v += gridDim.x * blockDim.x) {
         uint32_t h = (uint32_t)((rnd_uniform(seed, (uint64_t)v) + 1.0f) * 0.5f * (float)E);
         for (int j = 0; j < k; j++) t[(size_t)v * k + j] = (int32_t)((h + 37u * (uint32_t)j) % (uint32_t)E);
+    }
+}
+
+/* e4m3 codes of offset-free U[-1, 1) * amp / 2^sexp (round to nearest even, saturating): the fp8 mode's linears,
+ * drawn as codes directly (no bf16 copy); every scale byte is sexp + 127. */
+static __global__ void rnd_fp8_kernel(uint8_t *q, size_t n, uint8_t *scale, size_t ns, uint64_t seed, float amp,
+                                      int sexp)
+{
+    const float inv = ldexpf(1.0f, -sexp);
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        q[i] = (uint8_t)__nv_cvt_float_to_fp8(amp * rnd_uniform(seed, i) * inv, __NV_SATFINITE, __NV_E4M3);
+        if (i < ns) scale[i] = (uint8_t)(sexp + 127);
+    }
+}
+
+/* e2m1 code of x (|x| <= 6 here): nearest, ties to the even code, as model/quant.c */
+static __device__ __forceinline__ uint32_t e2m1_code(float x)
+{
+    const float a = fabsf(x);
+    uint32_t c = a <= 0.25f ? 0 : a < 0.75f ? 1 : a <= 1.25f ? 2 : a < 1.75f ? 3 : a <= 2.5f ? 4 : a < 3.5f ? 5
+               : a <= 5.0f ? 6 : 7;
+    return c && x < 0 ? c | 8 : c;
+}
+
+/* Packed e2m1 codes (two per byte, low nibble = even column) of U[-1, 1) * amp / 2^sexp; scales sexp + 127. */
+static __global__ void rnd_fp4_kernel(uint8_t *q, size_t n_bytes, uint8_t *scale, size_t ns, uint64_t seed, float amp,
+                                      int sexp)
+{
+    const float inv = ldexpf(1.0f, -sexp);
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n_bytes; i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t lo = e2m1_code(amp * rnd_uniform(seed, 2 * i) * inv);
+        uint32_t hi = e2m1_code(amp * rnd_uniform(seed, 2 * i + 1) * inv);
+        q[i] = (uint8_t)(lo | hi << 4);
+        if (i < ns) scale[i] = (uint8_t)(sexp + 127);
     }
 }
 
@@ -140,6 +178,42 @@ static int gen_bf16_part(opt_weight_src *s, const dsv4_opt *o, uint16_t *dst, si
     return 0; /* the view was drawn as a whole */
 }
 
+static dsv4_qscale gen_qscale(opt_weight_src *s, const dsv4_opt *o, const char *name)
+{
+    (void)s, (void)o, (void)name;
+    return DSV4_QSCALE_E8M0;
+}
+
+/* The power of two the quantiser would pick for a block whose amax is amp: 2^ceil(log2(amp / top)). */
+static int gen_sexp(float amp, float top)
+{
+    return (int)ceil(log2((double)amp / top));
+}
+
+/* Draws the block [nr, nc] (a rank's slice is drawn at its own size, like the bf16 views). */
+static int gen_fp8(opt_weight_src *s, const dsv4_opt *o, uint8_t *q, void *scale, dsv4_qscale kind, int rows,
+                   int cols, int r0, int nr, int c0, int nc, size_t fan_in, const char *name)
+{
+    gen_src *g = (gen_src *)s;
+    (void)kind, (void)name, (void)rows, (void)cols, (void)r0, (void)c0;
+    const size_t n = (size_t)nr * nc, ns = (size_t)((nr + 127) / 128) * ((nc + 127) / 128);
+    const float amp = lin_amp(fan_in);
+    rnd_fp8_kernel<<<1056, 256, 0, o->stream>>>(q, n, (uint8_t *)scale, ns, stream_seed(g->seed, g->id++), amp,
+                                                gen_sexp(amp, 448.0f));
+    return launch_check("random fp8 linear");
+}
+
+static int gen_fp4(opt_weight_src *s, const dsv4_opt *o, uint8_t *q, uint8_t *scale, int rows, int cols,
+                   size_t fan_in, const char *name)
+{
+    gen_src *g = (gen_src *)s;
+    (void)name;
+    const float amp = lin_amp(fan_in);
+    rnd_fp4_kernel<<<264, 256, 0, o->stream>>>(q, (size_t)rows * cols / 2, scale, (size_t)rows * cols / 32,
+                                               stream_seed(g->seed, g->id++), amp, gen_sexp(amp, 6.0f));
+    return launch_check("random fp4 experts");
+}
+
 static int gen_tid2eid(opt_weight_src *s, const dsv4_opt *o, int32_t *dst, const char *name)
 {
     gen_src *g = (gen_src *)s;
@@ -173,6 +247,9 @@ static int build_random(void *ctx, const dsv4_opt_options *op, int rank, int n_r
     g.base.bf16_view = gen_bf16_view;
     g.base.bf16_part = gen_bf16_part;
     g.base.tid2eid = gen_tid2eid;
+    g.base.qscale = gen_qscale;
+    g.base.fp8 = gen_fp8;
+    g.base.fp4 = gen_fp4;
     g.seed = seed;
     int rc = opt_init_common(o, &g.base);
     if (rc) {
@@ -190,10 +267,17 @@ extern "C" int dsv4_opt_init_random(const dsv4_config *cfg, uint64_t seed, const
 {
     DSV4_CHECK(cfg && op && out, "dsv4_opt_init_random: NULL argument");
     *out = NULL;
-    DSV4_OPT_TRY(opt_check_config(cfg, op));
+    dsv4_opt_options r = *op;
+    /* no checkpoint: bf16 unless quantised; bf16 weights are drawn as bf16, never quantised */
+    if (r.weights == DSV4_OPT_WEIGHTS_AUTO)
+        r.weights = r.quantize == DSV4_OPT_QUANTIZE_FP8 ? DSV4_OPT_WEIGHTS_FP8 : DSV4_OPT_WEIGHTS_BF16;
+    if (r.weights == DSV4_OPT_WEIGHTS_BF16 && r.quantize == DSV4_OPT_QUANTIZE_FP8)
+        return dsv4_error(DSV4_ERR_USAGE, "optimized (random): --weights bf16 with --quantize fp8: the random "
+                          "model's bf16 weights are drawn as bf16 (use --weights fp8)");
+    DSV4_OPT_TRY(opt_check_config(cfg, &r)); /* with --gpus N --weights fp8 also the scale-block split */
     gen_ctx x = {cfg, seed};
-    if (op->n_gpus > 0) return opt_ranks_init(cfg, op, build_random, &x, out);
-    return build_random(&x, op, 0, 0, out);
+    if (r.n_gpus > 0) return opt_ranks_init(cfg, &r, build_random, &x, out);
+    return build_random(&x, &r, 0, 0, out);
 }
 
 /* ------------------------------------------------------------------------------------ random state */

@@ -10,6 +10,8 @@
  *   power-of-two buckets of the largest live entry count of the active sequences (opt_step_sizes): a graph
  *   captured for a key replays exactly the launches an eager step with the same key makes, so graph and eager
  *   steps give bitwise identical results, and a graph is captured once per (batch shape, bucket).
+ * - Decision following (options.follow): the own top-k / router picks are probed first, then follow.cu puts the
+ *   dump's row in for dump_seq; the rows travel with the step inputs (pinned h_follow -> d_follow), so graphs work.
  * - Probes copy the dump sequence's rows to the host right after the kernel that produced them (the buffers are
  *   reused by the next layer), so a probing step runs eagerly and synchronises; it costs nothing otherwise.
  */
@@ -19,6 +21,7 @@
 
 #include "kernels/compressor.cuh"
 #include "kernels/elementwise.cuh"
+#include "kernels/follow.cuh"
 #include "kernels/indexer.cuh"
 #include "kernels/mhc.cuh"
 #include "kernels/moe.cuh"
@@ -111,7 +114,7 @@ static int indexer(dsv4_opt *o, int L, const opt_layer *ly, int n_csa)
     const int s = o->opt.dump_seq, C = o->C, HI = o->HI, dI = o->dI;
     DSV4_OPT_TRY(compressor(o, ly, dI, 1, ly->off_ikv, ly->off_ig, ly->idx_ape, ly->idx_norm, ly->icmp_kv,
                             ly->icmp_score, ly->ipool, (int64_t)ly->pool_cap * dI, 0, 0));
-    DSV4_OPT_TRY(opt_gemm(o, o->qfull, 1, HI * dI, o->qr_b, o->qr, ly->idx_wq_b, HI * dI, o->qr, C));
+    DSV4_OPT_TRY(opt_linear_apply(o, &ly->idx_wq_b, o->qfull, 1, HI * dI, o->qr_b, o->qr, C));
     DSV4_OPT_TRY(norm_rope(o, o->qfull, 0, (int64_t)HI * dI, HI, dI, 0, NULL, 1, o->cos_c, o->sin_c, o->qI,
                            (int64_t)HI * dI));
     dsv4_norm_rope_params wp = {.n_tok = C, .heads = 1, .dim = HI, .x = o->proj + ly->off_iw,
@@ -144,6 +147,12 @@ static int indexer(dsv4_opt *o, int L, const opt_layer *ly, int n_csa)
                            .stream = o->stream};
     DSV4_OPT_TRY(dsv4_opt_topk(&tp));
     PROBE("topk_idx", o->topk_ids + (size_t)s * o->topk, (size_t)o->topk, PR_I32);
+    if (o->follow) { /* after the probe: the dump records the own picks, the gather reads the followed ones */
+        const int32_t *row = o->d_follow + (size_t)L * o->follow_stride;
+        dsv4_follow_params fp = {.n_seq = C, .seq = s, .k = o->topk, .flag = row, .ids = row + 2,
+                                 .sel = o->topk_ids, .changed = o->d_follow_changed, .stream = o->stream};
+        DSV4_OPT_TRY(dsv4_opt_follow_topk(&fp));
+    }
     return 0;
 }
 
@@ -155,9 +164,9 @@ static int attention(dsv4_opt *o, int L, int n_csa, int n_hca)
     const float *cs = sliding ? o->cos_m : o->cos_c, *sn = sliding ? o->sin_m : o->sin_c;
     const int64_t kv_stride = (int64_t)(W + ly->pool_cap) * d;
 
-    DSV4_OPT_TRY(opt_gemm(o, o->proj, 1, nx, o->xn, D, ly->w_x, nx, D, C));
+    DSV4_OPT_TRY(opt_proj_apply(o, &ly->x, o->proj, nx, o->xn, D, C));
     DSV4_OPT_TRY(norm_rope(o, o->proj + ly->off_qa, 0, nx, 1, o->qr, 1, ly->q_norm, 0, NULL, NULL, o->qr_b, o->qr));
-    DSV4_OPT_TRY(opt_gemm(o, o->qfull, 1, H * d, o->qr_b, o->qr, ly->wq_b, H * d, o->qr, C));
+    DSV4_OPT_TRY(opt_linear_apply(o, &ly->wq_b, o->qfull, 1, H * d, o->qr_b, o->qr, C));
     DSV4_OPT_TRY(norm_rope(o, o->qfull, 0, (int64_t)H * d, H, d, 1, NULL, 1, cs, sn, o->q, (int64_t)H * d));
     dsv4_norm_rope_params kp = {.n_tok = C, .heads = 1, .dim = d, .x = o->proj + ly->off_kv, .x_tok_stride = nx,
                                 .norm = 1, .weight = ly->kv_norm, .eps = (float)o->cfg.rms_norm_eps,
@@ -188,25 +197,41 @@ static int attention(dsv4_opt *o, int L, int n_csa, int n_hca)
     DSV4_OPT_TRY(dsv4_opt_sparse_attn(&ap));
 
     /* grouped output projection: z_g = o_g · W_oa[g]ᵀ for the G groups of H/G heads, then out = z · W_obᵀ */
-    const int G = o->G, o_r = o->o_r, gin = H * d / G;
-    const float one = 1.0f, zero = 0.0f;
-    DSV4_OPT_CUBLAS(cublasGemmStridedBatchedEx(o->cublas, CUBLAS_OP_T, CUBLAS_OP_N, o_r, C, gin, &one, ly->wo_a,
-                                               CUDA_R_16BF, gin, (long long)o_r * gin, o->o, CUDA_R_16BF, H * d,
-                                               gin, &zero, o->z, CUDA_R_16BF, G * o_r, o_r, G, CUBLAS_COMPUTE_32F,
-                                               CUBLAS_GEMM_DEFAULT));
-    DSV4_OPT_TRY(opt_gemm(o, o->aout, 1, D, o->z, G * o_r, ly->wo_b, D, G * o_r, C));
+    const int G = o->G, o_r = o->o_r;
+    DSV4_OPT_TRY(opt_linear_apply_grouped(o, &ly->wo_a, G, o->z, G * o_r, o->o, H * d, C));
+    DSV4_OPT_TRY(opt_linear_apply(o, &ly->wo_b, o->aout, 1, D, o->z, G * o_r, C));
     DSV4_OPT_TRY(opt_allreduce(o, o->aout, (size_t)C * D, L, "attn_out"));
     PROBE("attn_out", o->aout + (size_t)s * D, D, PR_F32);
     return 0;
+}
+
+int opt_experts(dsv4_opt *o, const opt_layer *ly)
+{
+    const int C = o->C, D = o->D, NI = o->NI, K = o->K;
+    /* the rank's experts e0..e0+E_loc (whole experts); e_end 0 when it holds every one */
+    const int e_begin = o->e0, e_end = o->E_loc < o->E ? o->e0 + o->E_loc : 0;
+    if (o->fp8) {
+        dsv4_fp4_experts_params fp = {.n_tok = C, .k = K, .dim = D, .inter = NI,
+                                      .limit = (float)o->cfg.swiglu_limit, .x = o->xn, .ids = o->rids,
+                                      .weights = o->rw, .w13 = ly->q13, .s13 = ly->s13, .w2 = ly->q2, .s2 = ly->s2,
+                                      .e_begin = e_begin, .e_end = e_end, .h = o->h_r, .shared = o->y_sh,
+                                      .shared_stride = D, .out = o->fout, .stream = o->stream};
+        return dsv4_opt_fp4_experts(&fp);
+    }
+    dsv4_moe_experts_params ep = {.n_tok = C, .k = K, .dim = D, .inter = NI, .limit = (float)o->cfg.swiglu_limit,
+                                  .x = o->xn, .ids = o->rids, .weights = o->rw, .w13 = ly->w13, .w2 = ly->w2,
+                                  .e_begin = e_begin, .e_end = e_end, .h = o->h_r, .shared = o->y_sh,
+                                  .shared_stride = D, .out = o->fout, .stream = o->stream};
+    return dsv4_opt_moe_experts(&ep);
 }
 
 static int moe(dsv4_opt *o, int L)
 {
     const opt_layer *ly = &o->layers[L];
     /* NS: the rank's shared-expert columns; the routed experts keep their whole width NI */
-    const int s = o->opt.dump_seq, C = o->C, D = o->D, E = o->E, NI = o->NI, K = o->K, NS = o->NI_sh;
+    const int s = o->opt.dump_seq, C = o->C, D = o->D, E = o->E, K = o->K, NS = o->NI_sh;
     const int nf = E + 2 * NS;
-    DSV4_OPT_TRY(opt_gemm(o, o->fproj, 1, nf, o->xn, D, ly->w_f, nf, D, C));
+    DSV4_OPT_TRY(opt_proj_apply(o, &ly->f, o->fproj, nf, o->xn, D, C));
     dsv4_moe_route_params rp = {.n_tok = C, .n_experts = E, .k = K, .logits = o->fproj, .logit_stride = nf,
                                 .bias = ly->gate_bias, .tid2eid = ly->tid2eid, .tokens = o->d_in,
                                 .routed_scale = (float)o->cfg.routed_scaling_factor, .ids = o->rids,
@@ -214,16 +239,19 @@ static int moe(dsv4_opt *o, int L)
     DSV4_OPT_TRY(dsv4_opt_moe_route(&rp));
     PROBE("router_ids", o->rids + (size_t)s * K, K, PR_I32);
     PROBE("router_weights", o->rw + (size_t)s * K, K, PR_F32);
+    if (o->follow) { /* after the probes, as the top-k: the experts run the dump's ids, weighted by our scores */
+        const int32_t *row = o->d_follow + (size_t)L * o->follow_stride;
+        dsv4_follow_params fp = {.n_seq = C, .seq = s, .k = K, .flag = row + 1, .ids = row + 2 + o->topk,
+                                 .sel = o->rids, .changed = o->d_follow_changed + 1, .logits = o->fproj,
+                                 .logit_stride = nf, .n_experts = E, .routed_scale = rp.routed_scale,
+                                 .weights = o->rw, .stream = o->stream};
+        DSV4_OPT_TRY(dsv4_opt_follow_route(&fp));
+    }
     dsv4_swiglu_params sp = {.n_tok = C, .inter = NS, .limit = (float)o->cfg.swiglu_limit, .gu = o->fproj,
                              .gu_stride = nf, .g_off = E, .u_off = E + NS, .h = o->h_sh, .stream = o->stream};
     DSV4_OPT_TRY(dsv4_opt_swiglu(&sp));
-    DSV4_OPT_TRY(opt_gemm(o, o->y_sh, 1, D, o->h_sh, NS, ly->sh_w2, D, NS, C));
-    dsv4_moe_experts_params ep = {.n_tok = C, .k = K, .dim = D, .inter = NI, .limit = (float)o->cfg.swiglu_limit,
-                                  .x = o->xn, .ids = o->rids, .weights = o->rw, .w13 = ly->w13, .w2 = ly->w2,
-                                  .h = o->h_r, .shared = o->y_sh, .shared_stride = D, .out = o->fout,
-                                  .e_begin = o->e0, .e_end = o->E_loc < E ? o->e0 + o->E_loc : 0,
-                                  .stream = o->stream};
-    DSV4_OPT_TRY(dsv4_opt_moe_experts(&ep));
+    DSV4_OPT_TRY(opt_linear_apply(o, &ly->sh_w2, o->y_sh, 1, D, o->h_sh, NS, C));
+    DSV4_OPT_TRY(opt_experts(o, ly));
     DSV4_OPT_TRY(opt_allreduce(o, o->fout, (size_t)C * D, L, "ffn_out"));
     PROBE("ffn_out", o->fout + (size_t)s * D, D, PR_F32);
     return 0;
@@ -248,6 +276,10 @@ static int step_launch(dsv4_opt *o, int n_csa, int n_hca)
 {
     const int C = o->C, s = o->opt.dump_seq, D = o->D, V = o->V, n = o->n;
     DSV4_OPT_CUDA(cudaMemcpyAsync(o->d_in, o->h_in, (size_t)3 * C * 4, cudaMemcpyHostToDevice, o->stream));
+    if (o->follow) /* pinned like h_in: a graph's copy node reads this step's rows when it runs */
+        DSV4_OPT_CUDA(cudaMemcpyAsync(o->d_follow, o->h_follow,
+                                      (size_t)o->cfg.num_hidden_layers * o->follow_stride * sizeof *o->h_follow,
+                                      cudaMemcpyHostToDevice, o->stream));
     dsv4_step_setup_params su = {.n_seq = C, .window = o->W, .ratio_csa = o->cfg.compress_rate_csa,
                                  .ratio_hca = o->cfg.compress_rate_hca, .rope_pairs = o->np, .pos = o->d_in + C,
                                  .active = o->d_in + 2 * C, .inv_main = o->inv_main, .inv_cmp = o->inv_cmp,
@@ -344,6 +376,30 @@ int opt_step_check(const dsv4_opt *o, const int32_t *tokens, const uint8_t *acti
     return 0;
 }
 
+/* Stage dump_seq's followed rows of this step into h_follow (flags 0 where the dump has none). The previous step
+ * synchronised, so the pinned rows are free to rewrite. Following stops for good at the first position whose token
+ * is not the dump's. With --gpus N every rank stages its own copy from the same table, tokens and positions, so
+ * every rank applies the same rows (the top-k and routing stay identical across ranks). */
+static void follow_stage(dsv4_opt *o, const int32_t *tokens, int act)
+{
+    const int s = o->opt.dump_seq, p = o->pos[s], F = o->follow_stride;
+    int nt;
+    const int32_t *ft = dsv4_opt_follow_tokens(o->follow, &nt);
+    if (act && o->follow_stop < 0 && (p >= nt || ft[p] != tokens[s])) o->follow_stop = p;
+    const int on = act && o->follow_stop < 0;
+    for (int L = 0; L < o->cfg.num_hidden_layers; L++) {
+        int32_t *h = o->h_follow + (size_t)L * F;
+        const int32_t *tk = on ? dsv4_opt_follow_row(o->follow, DSV4_OPT_FOLLOW_TOPK, L, p) : NULL;
+        const int32_t *rt = on ? dsv4_opt_follow_row(o->follow, DSV4_OPT_FOLLOW_ROUTER, L, p) : NULL;
+        h[0] = tk != NULL;
+        h[1] = rt != NULL;
+        if (tk) memcpy(h + 2, tk, (size_t)o->topk * sizeof *h);
+        if (rt) memcpy(h + 2 + o->topk, rt, (size_t)o->K * sizeof *h);
+        o->follow_rows[0] += tk != NULL;
+        o->follow_rows[1] += rt != NULL;
+    }
+}
+
 int dsv4_opt_step(dsv4_opt *o, const int32_t *tokens, const uint8_t *active, dsv4_probe_sink *probe,
                   float *logits, int32_t *next)
 {
@@ -362,6 +418,7 @@ int opt_step_rank(dsv4_opt *o, const int32_t *tokens, const uint8_t *active, dsv
         o->h_in[C + c] = o->pos[c];
         o->h_in[2 * C + c] = act;
     }
+    if (o->follow) follow_stage(o, tokens, !active || active[s]);
     int n_csa, n_hca;
     opt_step_sizes(o, active, &n_csa, &n_hca);
     const int probing = probe && (!active || active[s]) && dsv4_probe_wants(probe, o->pos[s]);

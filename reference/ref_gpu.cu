@@ -165,39 +165,10 @@ static int bind_layer(dsv4_ref_gpu *g, binder *b, int L)
     if (w->attn != DSV4_ATTN_SLIDING && w->ratio <= 0)
         return dsv4_error(DSV4_ERR_CONFIG, "layer %d: %s attention with compress ratio %d", L,
                           dsv4_attn_type_name(w->attn), w->ratio);
-    BIND(w->hc_attn.fn, mix * n * D, "layers.%d.hc_attn_fn", L);
-    BIND(w->hc_attn.base, mix, "layers.%d.hc_attn_base", L);
-    BIND(w->hc_attn.scale, 3, "layers.%d.hc_attn_scale", L);
-    BIND(w->hc_ffn.fn, mix * n * D, "layers.%d.hc_ffn_fn", L);
-    BIND(w->hc_ffn.base, mix, "layers.%d.hc_ffn_base", L);
-    BIND(w->hc_ffn.scale, 3, "layers.%d.hc_ffn_scale", L);
-    BIND(w->attn_norm, D, "layers.%d.attn_norm.weight", L);
-    BIND(w->ffn_norm, D, "layers.%d.ffn_norm.weight", L);
-    BIND(w->wq_a, qr * D, "layers.%d.attn.wq_a.weight", L);
-    BIND(w->q_norm, qr, "layers.%d.attn.q_norm.weight", L);
-    BIND(w->wq_b, H * d * qr, "layers.%d.attn.wq_b.weight", L);
-    BIND(w->wkv, d * D, "layers.%d.attn.wkv.weight", L);
-    BIND(w->kv_norm, d, "layers.%d.attn.kv_norm.weight", L);
-    BIND(w->wo_a, G * o_r * (H * d / G), "layers.%d.attn.wo_a.weight", L);
-    BIND(w->wo_b, D * G * o_r, "layers.%d.attn.wo_b.weight", L);
-    BIND(w->sinks, H, "layers.%d.attn.attn_sink", L);
-    if (w->ratio > 0) {
-        size_t width = (w->attn == DSV4_ATTN_CSA ? 2 : 1) * d;
-        BIND(w->cmp_wkv, width * D, "layers.%d.attn.compressor.wkv.weight", L);
-        BIND(w->cmp_wgate, width * D, "layers.%d.attn.compressor.wgate.weight", L);
-        BIND(w->cmp_ape, (size_t)w->ratio * width, "layers.%d.attn.compressor.ape", L);
-        BIND(w->cmp_norm, d, "layers.%d.attn.compressor.norm.weight", L);
-    }
-    if (w->attn == DSV4_ATTN_CSA) {
-        BIND(w->idx_wq_b, HI * dI * qr, "layers.%d.attn.indexer.wq_b.weight", L);
-        BIND(w->idx_wproj, HI * D, "layers.%d.attn.indexer.weights_proj.weight", L);
-        BIND(w->idx_wkv, 2 * dI * D, "layers.%d.attn.indexer.compressor.wkv.weight", L);
-        BIND(w->idx_wgate, 2 * dI * D, "layers.%d.attn.indexer.compressor.wgate.weight", L);
-        BIND(w->idx_ape, (size_t)w->ratio * 2 * dI, "layers.%d.attn.indexer.compressor.ape", L);
-        BIND(w->idx_norm, dI, "layers.%d.attn.indexer.compressor.norm.weight", L);
-    }
-    BIND(w->gate_w, E * D, "layers.%d.ffn.gate.weight", L);
-    if (w->mlp != DSV4_MLP_HASH_MOE) BIND(w->gate_bias, E, "layers.%d.ffn.gate.bias", L);
+#define BIND_LISTED(field, numel, cond, name)                                                                    \
+    if (cond) BIND(w->field, numel, name, L);
+    DSV4_REF_LAYER_TENSORS(BIND_LISTED)
+#undef BIND_LISTED
     if (!w->w1) {
         w->w1 = (float **)dsv4_ref_alloc(3 * E * sizeof(float *), "ref-gpu expert table");
         if (!w->w1) return DSV4_ERR_NOMEM;
@@ -209,9 +180,6 @@ static int bind_layer(dsv4_ref_gpu *g, binder *b, int L)
         BIND(w->w3[e], NI * D, "layers.%d.ffn.experts.%zu.w3.weight", L, e);
         BIND(w->w2[e], D * NI, "layers.%d.ffn.experts.%zu.w2.weight", L, e);
     }
-    BIND(w->sh_w1, NI * D, "layers.%d.ffn.shared_experts.w1.weight", L);
-    BIND(w->sh_w3, NI * D, "layers.%d.ffn.shared_experts.w3.weight", L);
-    BIND(w->sh_w2, D * NI, "layers.%d.ffn.shared_experts.w2.weight", L);
     return 0;
 }
 

@@ -58,15 +58,6 @@ static int bind(dsv4_model *m, const float **out, size_t numel, const char *fmt,
         if (rc_) return rc_;                                                                                     \
     } while (0)
 
-static int bind_hc(dsv4_model *m, dsv4_ref_hc_params *hp, int L, const char *site, int n, int D)
-{
-    size_t mix = (size_t)(2 + n) * n;
-    BIND(hp->fn, mix * n * D, "layers.%d.hc_%s_fn", L, site);
-    BIND(hp->base, mix, "layers.%d.hc_%s_base", L, site);
-    BIND(hp->scale, 3, "layers.%d.hc_%s_scale", L, site);
-    return 0;
-}
-
 static int bind_layer(dsv4_ref_cpu *c, int L)
 {
     dsv4_model *m = c->model;
@@ -75,6 +66,7 @@ static int bind_layer(dsv4_ref_cpu *c, int L)
     size_t D = f->hidden_size, H = f->num_attention_heads, d = f->head_dim, qr = f->q_lora_rank;
     size_t G = f->o_groups, o_r = f->o_lora_rank, HI = f->index_n_heads, dI = f->index_head_dim;
     size_t E = f->n_routed_experts, NI = f->moe_intermediate_size, k = f->num_experts_per_tok;
+    size_t n = f->hc_mult, mix = (2 + n) * n;
     int rc;
     w->attn = f->attn_type[L];
     w->mlp = f->mlp_type[L];
@@ -82,34 +74,10 @@ static int bind_layer(dsv4_ref_cpu *c, int L)
     if (w->attn != DSV4_ATTN_SLIDING && w->ratio <= 0)
         return dsv4_error(DSV4_ERR_CONFIG, "layer %d: %s attention with compress ratio %d", L,
                           dsv4_attn_type_name(w->attn), w->ratio);
-    if ((rc = bind_hc(m, &w->hc_attn, L, "attn", f->hc_mult, (int)D))) return rc;
-    if ((rc = bind_hc(m, &w->hc_ffn, L, "ffn", f->hc_mult, (int)D))) return rc;
-    BIND(w->attn_norm, D, "layers.%d.attn_norm.weight", L);
-    BIND(w->ffn_norm, D, "layers.%d.ffn_norm.weight", L);
-    BIND(w->wq_a, qr * D, "layers.%d.attn.wq_a.weight", L);
-    BIND(w->q_norm, qr, "layers.%d.attn.q_norm.weight", L);
-    BIND(w->wq_b, H * d * qr, "layers.%d.attn.wq_b.weight", L);
-    BIND(w->wkv, d * D, "layers.%d.attn.wkv.weight", L);
-    BIND(w->kv_norm, d, "layers.%d.attn.kv_norm.weight", L);
-    BIND(w->wo_a, G * o_r * (H * d / G), "layers.%d.attn.wo_a.weight", L);
-    BIND(w->wo_b, D * G * o_r, "layers.%d.attn.wo_b.weight", L);
-    BIND(w->sinks, H, "layers.%d.attn.attn_sink", L);
-    if (w->ratio > 0) {
-        size_t width = (w->attn == DSV4_ATTN_CSA ? 2 : 1) * d;
-        BIND(w->cmp_wkv, width * D, "layers.%d.attn.compressor.wkv.weight", L);
-        BIND(w->cmp_wgate, width * D, "layers.%d.attn.compressor.wgate.weight", L);
-        BIND(w->cmp_ape, (size_t)w->ratio * width, "layers.%d.attn.compressor.ape", L);
-        BIND(w->cmp_norm, d, "layers.%d.attn.compressor.norm.weight", L);
-    }
-    if (w->attn == DSV4_ATTN_CSA) {
-        BIND(w->idx_wq_b, HI * dI * qr, "layers.%d.attn.indexer.wq_b.weight", L);
-        BIND(w->idx_wproj, HI * D, "layers.%d.attn.indexer.weights_proj.weight", L);
-        BIND(w->idx_wkv, 2 * dI * D, "layers.%d.attn.indexer.compressor.wkv.weight", L);
-        BIND(w->idx_wgate, 2 * dI * D, "layers.%d.attn.indexer.compressor.wgate.weight", L);
-        BIND(w->idx_ape, (size_t)w->ratio * 2 * dI, "layers.%d.attn.indexer.compressor.ape", L);
-        BIND(w->idx_norm, dI, "layers.%d.attn.indexer.compressor.norm.weight", L);
-    }
-    BIND(w->gate_w, E * D, "layers.%d.ffn.gate.weight", L);
+#define BIND_LISTED(field, numel, cond, name)                                                                    \
+    if (cond) BIND(w->field, numel, name, L);
+    DSV4_REF_LAYER_TENSORS(BIND_LISTED)
+#undef BIND_LISTED
     if (w->mlp == DSV4_MLP_HASH_MOE) {
         size_t V = f->vocab_size;
         w->tid2eid = dsv4_ref_alloc(V * k * sizeof(int32_t), "tid2eid");
@@ -121,8 +89,6 @@ static int bind_layer(dsv4_ref_cpu *c, int L)
             if (w->tid2eid[i] < 0 || (size_t)w->tid2eid[i] >= E)
                 return dsv4_error(DSV4_ERR_FORMAT, "%s: token %zu maps to expert %d, outside [0, %zu)", name,
                                   i / k, w->tid2eid[i], E);
-    } else {
-        BIND(w->gate_bias, E, "layers.%d.ffn.gate.bias", L);
     }
     w->w1 = dsv4_ref_alloc(3 * E * sizeof(float *), "expert table");
     if (!w->w1) return DSV4_ERR_NOMEM;
@@ -133,9 +99,6 @@ static int bind_layer(dsv4_ref_cpu *c, int L)
         BIND(w->w3[e], NI * D, "layers.%d.ffn.experts.%zu.w3.weight", L, e);
         BIND(w->w2[e], D * NI, "layers.%d.ffn.experts.%zu.w2.weight", L, e);
     }
-    BIND(w->sh_w1, NI * D, "layers.%d.ffn.shared_experts.w1.weight", L);
-    BIND(w->sh_w3, NI * D, "layers.%d.ffn.shared_experts.w3.weight", L);
-    BIND(w->sh_w2, D * NI, "layers.%d.ffn.shared_experts.w2.weight", L);
     return 0;
 }
 

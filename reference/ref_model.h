@@ -40,6 +40,45 @@ void dsv4_ref_release(void *p);
 long dsv4_ref_alloc_count(void);
 
 /* ------------------------------------------------------------------------------------------- cpu */
+/* The f32 tensors of layer L that both reference paths bind, one X(field, numel, condition, name format) each, in
+ * binding order (the GPU path's arena follows it). Expanded inside a binder that defines the size names D, H, d,
+ * qr, G, o_r, HI, dI, E, n, mix and the layer's w->attn / w->mlp / w->ratio; the routed experts and tid2eid are
+ * bound by each path (their storage differs). */
+#define DSV4_REF_LAYER_TENSORS(X)                                                                                \
+    X(hc_attn.fn, mix * n * D, 1, "layers.%d.hc_attn_fn")                                                        \
+    X(hc_attn.base, mix, 1, "layers.%d.hc_attn_base")                                                            \
+    X(hc_attn.scale, 3, 1, "layers.%d.hc_attn_scale")                                                            \
+    X(hc_ffn.fn, mix * n * D, 1, "layers.%d.hc_ffn_fn")                                                          \
+    X(hc_ffn.base, mix, 1, "layers.%d.hc_ffn_base")                                                              \
+    X(hc_ffn.scale, 3, 1, "layers.%d.hc_ffn_scale")                                                              \
+    X(attn_norm, D, 1, "layers.%d.attn_norm.weight")                                                             \
+    X(ffn_norm, D, 1, "layers.%d.ffn_norm.weight")                                                               \
+    X(wq_a, qr * D, 1, "layers.%d.attn.wq_a.weight")                                                             \
+    X(q_norm, qr, 1, "layers.%d.attn.q_norm.weight")                                                             \
+    X(wq_b, H * d * qr, 1, "layers.%d.attn.wq_b.weight")                                                         \
+    X(wkv, d * D, 1, "layers.%d.attn.wkv.weight")                                                                \
+    X(kv_norm, d, 1, "layers.%d.attn.kv_norm.weight")                                                            \
+    X(wo_a, G * o_r * (H * d / G), 1, "layers.%d.attn.wo_a.weight")                                              \
+    X(wo_b, D * G * o_r, 1, "layers.%d.attn.wo_b.weight")                                                        \
+    X(sinks, H, 1, "layers.%d.attn.attn_sink")                                                                   \
+    X(cmp_wkv, DSV4_REF_CMP_WIDTH(w, d) * D, w->ratio > 0, "layers.%d.attn.compressor.wkv.weight")               \
+    X(cmp_wgate, DSV4_REF_CMP_WIDTH(w, d) * D, w->ratio > 0, "layers.%d.attn.compressor.wgate.weight")           \
+    X(cmp_ape, (size_t)w->ratio * DSV4_REF_CMP_WIDTH(w, d), w->ratio > 0, "layers.%d.attn.compressor.ape")       \
+    X(cmp_norm, d, w->ratio > 0, "layers.%d.attn.compressor.norm.weight")                                        \
+    X(idx_wq_b, HI * dI * qr, w->attn == DSV4_ATTN_CSA, "layers.%d.attn.indexer.wq_b.weight")                    \
+    X(idx_wproj, HI * D, w->attn == DSV4_ATTN_CSA, "layers.%d.attn.indexer.weights_proj.weight")                 \
+    X(idx_wkv, 2 * dI * D, w->attn == DSV4_ATTN_CSA, "layers.%d.attn.indexer.compressor.wkv.weight")             \
+    X(idx_wgate, 2 * dI * D, w->attn == DSV4_ATTN_CSA, "layers.%d.attn.indexer.compressor.wgate.weight")         \
+    X(idx_ape, (size_t)w->ratio * 2 * dI, w->attn == DSV4_ATTN_CSA, "layers.%d.attn.indexer.compressor.ape")     \
+    X(idx_norm, dI, w->attn == DSV4_ATTN_CSA, "layers.%d.attn.indexer.compressor.norm.weight")                   \
+    X(gate_w, E * D, 1, "layers.%d.ffn.gate.weight")                                                             \
+    X(gate_bias, E, w->mlp != DSV4_MLP_HASH_MOE, "layers.%d.ffn.gate.bias")                                      \
+    X(sh_w1, NI * D, 1, "layers.%d.ffn.shared_experts.w1.weight")                                                \
+    X(sh_w3, NI * D, 1, "layers.%d.ffn.shared_experts.w3.weight")                                                \
+    X(sh_w2, D * NI, 1, "layers.%d.ffn.shared_experts.w2.weight")
+/* The compressor's width: CSA pools two overlapping windows (2·d), HCA one (d). */
+#define DSV4_REF_CMP_WIDTH(w, d) ((size_t)((w)->attn == DSV4_ATTN_CSA ? 2 : 1) * (d))
+
 /* Weights of one layer, borrowed from the model (f32, dequantised once by the loader). Shapes per model-spec §2. */
 typedef struct dsv4_ref_layer_w {
     dsv4_attn_type attn;

@@ -59,6 +59,29 @@ int dsv4_ref_shard_plan(const dsv4_config *cfg, int n_shards, int n_devices, dsv
 }
 
 /* [lo, lo + n) inside [0, total), n >= min_n */
+int dsv4_ref_shard_check_blocks(const dsv4_config *cfg, int n_shards, int block)
+{
+    if (n_shards == 1) return 0;
+    int rc = dsv4_ref_shard_plan(cfg, n_shards, n_shards, NULL);
+    if (rc) return rc;
+    const int N = n_shards, d = cfg->head_dim, dI = cfg->index_head_dim, o_r = cfg->o_lora_rank;
+    const struct {
+        const char *tensor, *what;
+        int n;
+    } s[] = {{"attn.wq_b", "rows", cfg->num_attention_heads / N * d},
+             {"attn.indexer.wq_b", "rows", cfg->index_n_heads / N * dI},
+             {"attn.wo_a", "rows", cfg->o_groups / N * o_r},
+             {"attn.wo_b", "columns", cfg->o_groups / N * o_r},
+             {"ffn.shared_experts.w1 / w3", "rows", cfg->moe_intermediate_size / N},
+             {"ffn.shared_experts.w2", "columns", cfg->moe_intermediate_size / N}};
+    for (size_t i = 0; i < sizeof s / sizeof s[0]; i++)
+        if (s[i].n % block)
+            return dsv4_error(DSV4_ERR_USAGE, "--gpus %d --weights fp8: each rank's slice of layers.*.%s is %d %s, "
+                              "not a multiple of the %d-%s FP8 scale block (use --weights bf16 or another --gpus)",
+                              N, s[i].tensor, s[i].n, s[i].what, block, s[i].what[0] == 'r' ? "row" : "column");
+    return 0;
+}
+
 static int range_ok(int lo, int n, int total, int min_n) { return lo >= 0 && n >= min_n && lo + n <= total; }
 
 int dsv4_ref_shard_init(const dsv4_config *cfg, const dsv4_ref_layer_w *lw, const dsv4_ref_shard_part *part,

@@ -55,6 +55,13 @@ int dsv4_ref_shard_partition(const dsv4_config *cfg, int rank, int n_shards, dsv
 enum { DSV4_REF_SHARD_MAX = 64 };
 int dsv4_ref_shard_plan(const dsv4_config *cfg, int n_shards, int n_devices, dsv4_ref_shard_part *parts);
 
+/* The FP8 split of `--gpus N --weights fp8` (the optimized path holds each rank's block of an FP8 tensor with
+ * its block scales): every per-rank slice of an FP8 linear - rows of wq_b (nh·d), indexer wq_b (nhi·d_I), wo_a
+ * (ng·o_r) and shared w1/w3 (ni), columns of wo_b (ng·o_r) and shared w2 (ni) - must be a multiple of `block`
+ * (128) so each slice starts and ends on a scale block. N = 1: 0 (every slice is the whole tensor). A plan
+ * error first (dsv4_ref_shard_plan's, device count not checked); else DSV4_ERR_USAGE naming the tensor and N. */
+int dsv4_ref_shard_check_blocks(const dsv4_config *cfg, int n_shards, int block);
+
 /* One shard: its ranges, borrowed row views of the layer weights, owned column copies, scratch. */
 typedef struct dsv4_ref_shard {
     dsv4_config cfg;

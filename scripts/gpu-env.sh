@@ -8,8 +8,15 @@ if ! ls "$dsv4_root"/.debs/*.deb >/dev/null 2>&1; then
     return 2
 fi
 mkdir -p "$dsv4_prefix"
-for deb in "$dsv4_root"/.debs/*.deb; do dpkg -x "$deb" "$dsv4_prefix"; done
-sed -i "s|^prefix=.*|prefix=$dsv4_prefix/usr|" "$dsv4_prefix"/usr/lib/x86_64-linux-gnu/pkgconfig/*.pc
+# once per machine, under a lock: several sanitizer runs may source this at the same time
+(
+    flock 9
+    if [ ! -f "$dsv4_prefix/.unpacked" ]; then
+        for deb in "$dsv4_root"/.debs/*.deb; do dpkg -x "$deb" "$dsv4_prefix"; done
+        sed -i "s|^prefix=.*|prefix=$dsv4_prefix/usr|" "$dsv4_prefix"/usr/lib/x86_64-linux-gnu/pkgconfig/*.pc
+        touch "$dsv4_prefix/.unpacked"
+    fi
+) 9>"$dsv4_prefix/.lock"
 export PKG_CONFIG_PATH=$dsv4_prefix/usr/lib/x86_64-linux-gnu/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
 export LD_LIBRARY_PATH=$dsv4_prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PATH=/usr/local/cuda/bin:$PATH

@@ -3,6 +3,8 @@
 # binary (or the TESTs named) under compute-sanitizer memcheck, racecheck and initcheck, each run time-boxed to
 # SECONDS (default 90). TOOLS="racecheck initcheck" picks the tools.
 # Prints one line per (tool, test): clean, ERRORS (with the sanitizer's summary) or TIMEOUT (not completed).
+# Racecheck runs with DSV4_TEST_MAX_WORK=9000 (override by setting it): the kernel tests skip their few cases
+# above that size, which racecheck's ~1000x slowdown cannot finish; the smaller cases take the same code paths.
 # Exit status 1 if any run reported errors. Logs to $OUT/sanitize-<tool>-<test>.log when OUT is set.
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -20,7 +22,9 @@ status=0
 for tool in ${TOOLS:-memcheck racecheck initcheck}; do
     for t in $tests; do
         log=$out/sanitize-$tool-$t.log
-        timeout "$limit" compute-sanitizer --tool "$tool" --error-exitcode 99 "$build/$t" >"$log" 2>&1
+        max_work=${DSV4_TEST_MAX_WORK:-}
+        [ "$tool" = racecheck ] && max_work=${DSV4_TEST_MAX_WORK:-9000}
+        DSV4_TEST_MAX_WORK=$max_work timeout "$limit" compute-sanitizer --tool "$tool" --error-exitcode 99 "$build/$t" >"$log" 2>&1
         rc=$?
         summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -n 1)
         case $rc in

@@ -4,7 +4,9 @@
 # (and, reported only, against the transformers golden), for the defaults, --graph off and a staggered batch;
 # also --gpus 2 (every golden set divides by 2) with DSV4_NCCL_REPLICA_CHECK=1, against the CPU reference and
 # against the --gpus 1 run: on 2 GPUs over NCCL, on one GPU through the test-only emulation
-# (DSV4_NCCL_EMULATE_ONE_GPU=1: both ranks on GPU 0, the all-reduce a host sum).
+# (DSV4_NCCL_EMULATE_ONE_GPU=1: both ranks on GPU 0, the all-reduce a host sum). Merged with main: --gpus 1
+# and 2 with --follow (the CPU reference's dump: every rank applies the same rows), --gpus 1 --weights fp8 on
+# tiny-fp8, and --gpus 2 --weights fp8 there refused (exit 2: its FP8 slices are not whole 128 scale blocks).
 # Optional: DSV4_FLASH_MODEL=DIR (a Flash-width model, `test_ref_gpu_flash --write-model DIR`) adds a 300-token
 # greedy prompt run verified against the GPU reference's dump (the CPU one is too slow at that width).
 # The verifier's verdict, first divergence and logits lines are printed; logs go to $DSV4_E2E_LOG (default: a
@@ -54,18 +56,46 @@ for set in tiny topk512 tiny-fp8; do
     G="$SRC/golden/$set"
     [ -f "$G/forced.h5" ] || { echo "golden/$set not committed: skipped"; continue; }
     run "$set-ref" "$G" --path ref-cpu --tokens-from "$G/forced.h5" || continue
-    for v in "${variants[@]}"; do
+    # tiny-fp8 defaults to --weights fp8, whose per-rank FP8 slices must be whole 128 scale blocks: its tiny
+    # shapes are not, so its variants hold the (dequantised) weights in bf16, as before the merge, and one
+    # --gpus 1 --weights fp8 run is added
+    wb=""
+    [ "$set" = tiny-fp8 ] && wb=" --weights bf16"
+    vs=()
+    for v in "${variants[@]}"; do vs+=("$v$wb"); done
+    # decision following (the gate of docs/optimized.md): every rank applies the reference's rows
+    vs+=("gpus1-follow|--gpus 1 --follow $T/$set-ref.h5$wb")
+    gpus2=$(printf '%s\n' "${variants[@]}" | grep '^gpus2' | head -n 1)
+    vs+=("${gpus2%%|*}-follow|--gpus 2 --follow $T/$set-ref.h5$wb")
+    if [ "$set" = tiny-fp8 ]; then
+        vs+=("gpus1-fp8|--gpus 1 --weights fp8")
+        # N = 2 with FP8 weights: refused before any device work (exit 2), naming the tensor and N
+        "$BIN" run --model "$G" --path opt --gpus 2 --weights fp8 --tokens-from "$G/forced.h5" \
+            --dump "$T/refused.h5" >"$LOG/run-$set-gpus2-fp8.txt" 2>&1
+        rc=$?
+        echo "== $set-gpus2-fp8 refused (rc $rc)"
+        sed 's/^/   /' "$LOG/run-$set-gpus2-fp8.txt" | tail -n 2
+        if [ $rc -eq 2 ] && grep -q -- '--gpus 2 --weights fp8' "$LOG/run-$set-gpus2-fp8.txt"; then
+            pass=$((pass + 1))
+        else
+            fail=$((fail + 1))
+        fi
+    fi
+    for v in "${vs[@]}"; do
         name="$set-${v%%|*}"
         read -r -a args <<<"${v#*|}"
-        [[ $name == *emulated ]] && export DSV4_NCCL_EMULATE_ONE_GPU=1
+        [[ $name == *emulated* ]] && export DSV4_NCCL_EMULATE_ONE_GPU=1
         run "$name" "$G" --path opt --tokens-from "$G/forced.h5" "${args[@]}"
         ok=$?
         unset DSV4_NCCL_EMULATE_ONE_GPU
         [ $ok -eq 0 ] || continue
         verify "$name-vs-ref" 1 "$T/$set-ref.h5" "$T/$name.h5"
         verify "$name-vs-golden" 0 "$G/forced.h5" "$T/$name.h5"
-        # the split runs against the one-rank run: only fp32 regrouping separates them
-        [[ $name == *gpus2* ]] && [ -f "$T/$set-gpus1.h5" ] && verify "$name-vs-gpus1" 1 "$T/$set-gpus1.h5" "$T/$name.h5"
+        # the split runs against the one-rank run (following against following): only fp32 regrouping
+        # separates them
+        one="$T/$set-gpus1.h5"
+        [[ $name == *-follow ]] && one="$T/$set-gpus1-follow.h5"
+        [[ $name == *gpus2* ]] && [ -f "$one" ] && verify "$name-vs-gpus1" 1 "$one" "$T/$name.h5"
     done
 done
 if [ -n "${DSV4_FLASH_MODEL:-}" ] && [ -f "$DSV4_FLASH_MODEL/config.json" ]; then

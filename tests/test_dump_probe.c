@@ -163,6 +163,39 @@ START_TEST(test_topk_idx_padded_with_minus_one)
 }
 END_TEST
 
+START_TEST(test_keep_list_stores_only_the_named_probes)
+{
+    char *dir = dsv4_test_mkdtemp("probe-keep");
+    const char *path = test_dump_path(dir, "k.h5", 0);
+    dsv4_probe_sink *p = NULL;
+    dsv4_dump_writer *w = open_writer(path, stored, 3, &p);
+    ck_assert_int_eq(dsv4_probe_sink_keep(p, "topk_idx,routers"), DSV4_ERR_USAGE); /* unknown name refused */
+    ck_assert_ptr_nonnull(strstr(dsv4_last_error(), "'routers'"));
+    ck_assert_int_eq(dsv4_probe_sink_keep(p, "topk_idx,,router_ids"), DSV4_ERR_USAGE);
+    ck_assert_msg(dsv4_probe_sink_keep(p, "router_ids,norm") == 0, "%s", dsv4_last_error());
+    float row[64];
+    test_dump_fill_f32(row, 64, 7);
+    const int32_t ids[2] = {3, 6};
+    ck_assert_int_eq(dsv4_probe(p, 2, "attn_out", 5, row, 64), 0); /* dropped */
+    ck_assert_int_eq(dsv4_probe(p, -1, "norm", 5, row, 64), 0);    /* kept */
+    ck_assert_int_eq(dsv4_probe_i32(p, 0, "router_ids", 5, ids, 2), 0);
+    ck_assert_int_eq(dsv4_probe_i32(p, 1, "topk_idx", 5, ids, 2), 0); /* dropped: "router_ids" holds no "topk" */
+    dsv4_probe_sink_free(p);
+    ck_assert_int_eq(dsv4_dump_writer_commit(w), 0);
+    dsv4_dump *d = reopen(path);
+    ck_assert(dsv4_dump_has(d, "layers/0/router_ids"));
+    ck_assert(dsv4_dump_has(d, "final/norm"));
+    ck_assert(!dsv4_dump_has(d, "layers/2/attn_out"));
+    ck_assert(!dsv4_dump_has(d, "layers/1/topk_idx"));
+    int32_t got[2];
+    ck_assert_int_eq(dsv4_dump_read_rows(d, "layers/0/router_ids", 0, 1, got), 0);
+    ck_assert_mem_eq(got, ids, sizeof ids);
+    dsv4_dump_free(d);
+    test_dump_assert_no_open_handles();
+    dsv4_test_rmtree(dir);
+}
+END_TEST
+
 START_TEST(test_unknown_or_misused_probes_are_usage_errors)
 {
     char *dir = dsv4_test_mkdtemp("probe-bad");
@@ -242,6 +275,7 @@ static Suite *dump_probe_suite(void)
     tcase_add_test(tc, test_indexer_scores_padded_with_minus_inf_to_last_position_entries);
     tcase_add_test(tc, test_prefill_scores_wider_than_the_row_must_be_minus_inf_there);
     tcase_add_test(tc, test_topk_idx_padded_with_minus_one);
+    tcase_add_test(tc, test_keep_list_stores_only_the_named_probes);
     tcase_add_test(tc, test_unknown_or_misused_probes_are_usage_errors);
     tcase_add_test(tc, test_null_sink_is_a_no_op_and_positions_must_match_the_writer);
     suite_add_tcase(s, tc);

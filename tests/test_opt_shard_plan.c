@@ -4,7 +4,9 @@
  *   and the ranks' ranges tile every split quantity exactly (disjoint, in rank order, heads = whole groups);
  * - golden/tiny (6 heads, 2 groups, 16 indexer heads, 8 experts, width 32): N = 1, 2 plan, N = 3 does not;
  * - an N that does not divide is DSV4_ERR_USAGE naming each quantity it does not divide and only those;
- * - fewer devices than N is DSV4_ERR_USAGE naming both numbers; N outside 1..64 is DSV4_ERR_USAGE.
+ * - fewer devices than N is DSV4_ERR_USAGE naming both numbers; N outside 1..64 is DSV4_ERR_USAGE;
+ * - --weights fp8 (dsv4_ref_shard_check_blocks): Flash's FP8 slices lie on 128 scale blocks for N = 1, 2, 4, 8;
+ *   golden/tiny's do at N = 1 only (N = 2 is refused naming the tensor and N); an indivisible N is the plan's error.
  */
 #include <stdio.h>
 #include <string.h>
@@ -18,6 +20,7 @@ static dsv4_config flash_counts(void)
     memset(&c, 0, sizeof c);
     c.num_attention_heads = 64, c.o_groups = 8, c.index_n_heads = 64, c.n_routed_experts = 256;
     c.moe_intermediate_size = 2048;
+    c.head_dim = 512, c.index_head_dim = 128, c.o_lora_rank = 1024;
     return c;
 }
 
@@ -122,6 +125,32 @@ START_TEST(test_golden_tiny)
 }
 END_TEST
 
+START_TEST(test_fp8_blocks)
+{
+    dsv4_config c = flash_counts();
+    for (int N = 1; N <= 8; N *= 2)
+        ck_assert_msg(dsv4_ref_shard_check_blocks(&c, N, 128) == 0, "Flash N %d: %s", N, dsv4_last_error());
+    /* per rank at N = 8: wq_b 4096 rows, indexer wq_b 1024, wo_a / wo_b 1024, shared 256: all whole blocks */
+    ck_assert_int_eq(dsv4_ref_shard_check_blocks(&c, 3, 128), DSV4_ERR_USAGE); /* the plan's message */
+    ck_assert_msg(strstr(dsv4_last_error(), "does not divide"), "%s", dsv4_last_error());
+    c.moe_intermediate_size = 2048 + 64 * 8; /* 2560 / 8 = 320 shared columns per rank: not on a 128 block */
+    ck_assert_int_eq(dsv4_ref_shard_check_blocks(&c, 8, 128), DSV4_ERR_USAGE);
+    ck_assert_msg(strstr(dsv4_last_error(), "--gpus 8 --weights fp8") &&
+                      strstr(dsv4_last_error(), "shared_experts.w1") && strstr(dsv4_last_error(), "320 rows"),
+                  "%s", dsv4_last_error());
+    ck_assert_int_eq(dsv4_ref_shard_check_blocks(&c, 2, 128), 0); /* 1280 per rank */
+    ck_assert_int_eq(dsv4_ref_shard_check_blocks(&c, 1, 128), 0); /* N = 1: every slice is the whole tensor */
+
+    dsv4_model *m = NULL;
+    ck_assert_msg(dsv4_model_open(dsv4_test_source_path("golden/tiny"), &m) == 0, "%s", dsv4_last_error());
+    ck_assert_int_eq(dsv4_ref_shard_check_blocks(dsv4_model_config(m), 1, 128), 0);
+    ck_assert_int_eq(dsv4_ref_shard_check_blocks(dsv4_model_config(m), 2, 128), DSV4_ERR_USAGE);
+    ck_assert_msg(strstr(dsv4_last_error(), "--gpus 2 --weights fp8") && strstr(dsv4_last_error(), "layers.*.attn."),
+                  "%s", dsv4_last_error());
+    dsv4_model_free(m);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("opt_shard_plan");
@@ -130,6 +159,7 @@ int main(void)
     tcase_add_test(tc, test_indivisible);
     tcase_add_test(tc, test_devices_and_range);
     tcase_add_test(tc, test_golden_tiny);
+    tcase_add_test(tc, test_fp8_blocks);
     suite_add_tcase(s, tc);
     return dsv4_test_main(s);
 }

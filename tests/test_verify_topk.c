@@ -165,6 +165,16 @@ START_TEST(router_and_dense_by_hand)
     dsv4_verify_row_clear(&row, 0, -1);
     dsv4_verify_router_weights(gw, cw, g, perm, 3, &row);
     ck_assert_double_eq(row.v[DSV4_METRIC_MAX_ABS], 0);
+    /* one expert swapped (g {5, 1, 7}, c {7, 5, 2}): the common 5 and 7 are compared as shares of their sum; the
+     * candidate normalised over its own set, so its raw weights are scaled but their ratio is the golden one */
+    const float cw_swap[3] = {0.25f, 0.625f, 0.125f}; /* 7: 0.25, 5: 0.625 -> shares 2/7, 5/7 as golden 0.2, 0.5 */
+    dsv4_verify_row_clear(&row, 0, -1);
+    dsv4_verify_router_weights(gw, cw_swap, g, one, 3, &row);
+    ck_assert_double_eq_tol(row.v[DSV4_METRIC_REL_L2], 0, 1e-7);
+    const float cw_off[3] = {0.5f, 0.5f, 0.0f}; /* 7 and 5 equal: shares 1/2, 1/2 against 2/7, 5/7 */
+    dsv4_verify_row_clear(&row, 0, -1);
+    dsv4_verify_router_weights(gw, cw_off, g, one, 3, &row);
+    ck_assert_double_gt(row.v[DSV4_METRIC_REL_L2], 0.2);
     /* dense: g = (3, 4), c = (3, 4.5): ||d|| = 0.5, ||g|| = 5 */
     const float a[2] = {3, 4}, b[2] = {3, 4.5f};
     dsv4_verify_row_clear(&row, 0, -1);

@@ -251,6 +251,22 @@ float dsv4_e4m3_to_f32(uint8_t b);  /* F8_E4M3 (fn: no inf, 0x7f/0xff = NaN) */
 float dsv4_e8m0_to_f32(uint8_t b);  /* 2^(b-127); 0xff = NaN */
 float dsv4_e2m1_to_f32(uint8_t nibble); /* FP4 code 0..15 */
 
+/* ---------------------------------------------------------------------------------------------------------
+ * Quantisers (model/quant.c): a bf16/f32 model quantised at load into the checkpoint's formats (model-spec §2,
+ * with §3's rounding: power-of-two scales 2^ceil(log2(amax/max_code))). Dequantising the output with
+ * dsv4_e4m3_to_f32 / dsv4_e2m1_to_f32 times dsv4_e8m0_to_f32 gives the values the paths multiply.
+ */
+uint8_t dsv4_f32_to_e4m3(float f); /* round to nearest even, saturating at +-448; sign kept (-tiny -> 0x80) */
+uint8_t dsv4_f32_to_e2m1(float f); /* nearest code, ties to the even code, saturating at +-6; 0 -> code 0 */
+/* w [rows, cols] f32 -> q [rows, cols] e4m3 and scale [ceil(rows/128), ceil(cols/128)] e8m0: per 128x128 block
+ * (edge blocks partial) s = 2^ceil(log2(max(amax, 1e-4) / 448)), q = e4m3(w / s). DSV4_ERR_FORMAT naming `what`
+ * on a non-finite weight. */
+int dsv4_quant_fp8_block(const float *w, int64_t rows, int64_t cols, uint8_t *q, uint8_t *scale, const char *what);
+/* w [rows, cols] f32, cols even -> q [rows, cols/2] (two e2m1 codes per byte, LOW nibble = EVEN column) and
+ * scale [rows, ceil(cols/32)] e8m0: per 32 columns of a row s = 2^ceil(log2(max(amax, 6*2^-126) / 6)),
+ * q = e2m1(w / s). DSV4_ERR_FORMAT naming `what` on a non-finite weight. */
+int dsv4_quant_fp4(const float *w, int64_t rows, int64_t cols, uint8_t *q, uint8_t *scale, const char *what);
+
 #ifdef __cplusplus
 }
 #endif

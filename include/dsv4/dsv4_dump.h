@@ -96,6 +96,10 @@ typedef struct dsv4_probe_sink dsv4_probe_sink;
 int dsv4_probe_sink_init(dsv4_dump_writer *w, const dsv4_config *cfg, const int32_t *positions,
                          int n_positions, int n_tokens, dsv4_probe_sink **out);
 void dsv4_probe_sink_free(dsv4_probe_sink *p);
+/* Store only the probes named in `names` (comma separated, e.g. "topk_idx,router_ids"; NULL or "" = all):
+ * the others are dropped silently. DSV4_ERR_USAGE naming an unknown probe. A dump of all positions but few probes
+ * stays small, e.g. the selections that `dsv4 run --follow` needs of a long prompt. */
+int dsv4_probe_sink_keep(dsv4_probe_sink *p, const char *names);
 /* Non-zero if position `pos` is stored (so a path can skip computing costly probes). NULL sink: 0. */
 int dsv4_probe_wants(const dsv4_probe_sink *p, int pos);
 

@@ -8,7 +8,8 @@
  * pool); the step allocates nothing (dsv4_opt_device_alloc_count proves it) and is bitwise deterministic.
  * Weights live on the GPU in bf16 (dequantised by the shared loader), in fp32 where model-spec keeps fp32 (mHC
  * parameters, sinks, router bias, compressor position bias, norm weights). Linears are cuBLAS bf16 GEMMs with
- * fp32 accumulation.
+ * fp32 accumulation. With weights = fp8 the checkpoint's FP8 linears and FP4 experts stay in their formats on
+ * the GPU and run on kernels/qweight.cuh (bf16 activations, fp32 accumulation: the same products).
  *
  * Every named optimization has its switch; the second value of each enum is the naive variant ("the original").
  * Probes: one chosen sequence (dump_seq) of the batch is dumped with the reference's probe names and semantics.
@@ -28,6 +29,17 @@ typedef enum dsv4_opt_indexer { DSV4_OPT_INDEXER_BF16, DSV4_OPT_INDEXER_FP32 } d
 typedef enum dsv4_opt_mhc { DSV4_OPT_MHC_CASTFREE, DSV4_OPT_MHC_ROUNDTRIP } dsv4_opt_mhc;
 typedef enum dsv4_opt_index_context { DSV4_OPT_INDEX_LIVE, DSV4_OPT_INDEX_MAX } dsv4_opt_index_context;
 typedef enum dsv4_opt_kv { DSV4_OPT_KV_BF16, DSV4_OPT_KV_FP8 } dsv4_opt_kv;
+/* How the linears and experts are held on the GPU (issue 11). auto: the checkpoint's own format (fp8 when its
+ * linears are F8_E4M3 or its routed experts FP4; bf16 otherwise and for the random bench model unless quantize).
+ * bf16: everything dequantised to bf16 by the loader. fp8: the linears the checkpoint keeps in FP8 (wq_a, wq_b,
+ * wkv, wo_a, wo_b, indexer wq_b, shared-expert w1/w2/w3) stay e4m3 with their 128x128 block scales, the routed
+ * experts packed e2m1 with e8m0 scales per 32 (kernels/qweight.cuh); the rest as in bf16 mode. */
+typedef enum dsv4_opt_weights { DSV4_OPT_WEIGHTS_AUTO, DSV4_OPT_WEIGHTS_BF16, DSV4_OPT_WEIGHTS_FP8 } dsv4_opt_weights;
+/* fp8: a tensor of the quantised set that is not FP8/FP4 on disk is quantised at load (model/quant.c, model-spec
+ * §3 rounding); in bf16 mode its quantised values are dequantised to bf16 (the same weight values as fp8 mode). */
+typedef enum dsv4_opt_quantize { DSV4_OPT_QUANTIZE_NONE, DSV4_OPT_QUANTIZE_FP8 } dsv4_opt_quantize;
+
+typedef struct dsv4_opt_follow dsv4_opt_follow; /* opaque: the discrete choices of a dump (below) */
 
 typedef struct dsv4_opt_options {
     int n_seq;                /* C: sequences decoded together, >= 1 */
@@ -42,7 +54,12 @@ typedef struct dsv4_opt_options {
     int device;               /* CUDA device ordinal (0 with n_gpus >= 1) */
     int n_gpus;               /* 0: one GPU, no NCCL. N >= 1: N ranks on GPUs 0..N-1, tensor + expert parallel
                                  over NCCL (docs/multigpu.md); N must divide the heads, output groups, indexer
-                                 heads, routed experts and expert width. N = 1 runs the whole NCCL path. */
+                                 heads, routed experts and expert width; with weights fp8 and N > 1 every rank's
+                                 FP8 slice must also lie on 128 scale blocks. N = 1 runs the whole NCCL path. */
+    dsv4_opt_weights weights; /* default auto */
+    dsv4_opt_quantize quantize; /* default none */
+    const dsv4_opt_follow *follow; /* NULL: off; else dump_seq follows its choices (borrowed while o lives; with
+                                      n_gpus every rank applies the same rows) */
 } dsv4_opt_options;
 
 /* The defaults: every optimization on, C = 1, max_context 4096, graphs on, dump sequence 0, device 0, no NCCL. */
@@ -53,8 +70,10 @@ const char *dsv4_opt_indexer_name(dsv4_opt_indexer v);
 const char *dsv4_opt_mhc_name(dsv4_opt_mhc v);
 const char *dsv4_opt_index_context_name(dsv4_opt_index_context v);
 const char *dsv4_opt_kv_name(dsv4_opt_kv v);
-/* Parse one switch by its command-line name ("attn", "indexer", "mhc", "index-context", "kv") and value into o.
- * DSV4_ERR_USAGE with the allowed values on a bad name or value. */
+const char *dsv4_opt_weights_name(dsv4_opt_weights v);   /* "auto", "bf16", "fp8" */
+const char *dsv4_opt_quantize_name(dsv4_opt_quantize v); /* "none", "fp8" */
+/* Parse one switch by its command-line name ("attn", "indexer", "mhc", "index-context", "kv", "weights",
+ * "quantize") and value into o. DSV4_ERR_USAGE with the allowed values on a bad name or value. */
 int dsv4_opt_options_set(dsv4_opt_options *o, const char *name, const char *value);
 
 typedef struct dsv4_opt dsv4_opt; /* opaque */
@@ -77,7 +96,8 @@ int dsv4_opt_position(const dsv4_opt *o, int seq);
 int dsv4_opt_reset(dsv4_opt *o, int seq);
 /* Write dump_seq's per-entry probes (compressed_kv, indexer_kv) to the sink; once, at the end of a run. */
 int dsv4_opt_dump_entries(dsv4_opt *o, dsv4_probe_sink *probe);
-/* "dsv4 0.1 optimized cuda bf16 sm_90 attn=mma indexer=bf16 mhc=castfree index_context=live kv=bf16" */
+/* "dsv4 0.1 optimized cuda bf16 sm_90 attn=mma indexer=bf16 mhc=castfree index_context=live kv=bf16 weights=bf16"
+ * (+ " quantize=fp8" when set) */
 const char *dsv4_opt_producer(const dsv4_opt *o);
 /* Device allocations made by the optimized path since the process started (every cudaMalloc it does). */
 long dsv4_opt_device_alloc_count(void);
@@ -89,7 +109,50 @@ void dsv4_opt_memory(const dsv4_opt *o, size_t *weights, size_t *state, size_t *
  * collectives per step and the timed steps. DSV4_ERR_USAGE without ranks. */
 int dsv4_opt_nccl_timing(dsv4_opt *o, int on);
 int dsv4_opt_nccl_time(const dsv4_opt *o, double *us, int *calls_per_step, int *steps);
+/* The weights mode o runs in (auto resolved: bf16 or fp8). */
+dsv4_opt_weights dsv4_opt_weights_mode(const dsv4_opt *o);
+/* Weight bytes of decoder layer `layer` on the device (with n_gpus >= 1: rank 0's shard); layer -1: the rest
+ * (embedding, head, final norm, hc_head, RoPE tables). The layers and the rest sum to dsv4_opt_memory's weights.
+ * 0 for a layer out of range. */
+size_t dsv4_opt_layer_weight_bytes(const dsv4_opt *o, int layer);
 
+/* ---- Decision following (optimized/opt_follow.c: host-only, also in a build without CUDA) -----------------
+ * Teacher-forcing of the discrete choices, as --tokens-from forces tokens: a reference dump's topk_idx (CSA
+ * layers) and router_ids (MoE layers) rows. With options.follow set, at each step of dump_seq at position p and
+ * each layer L where the dump holds a row, the path first computes ITS OWN selection (that is what its probes
+ * record, so the verifier still measures selection agreement), then runs the rest of the step on the dump's
+ * selection: attention gathers the dump's entries; the MoE runs the dump's experts, weighted from the path's own
+ * router scores for those ids as the route weights its own picks (s_id / Σ s_id · routed_scale). Ids the two
+ * selections share keep their slots, so a step whose selections agree is bitwise the free-running one. No row
+ * (position not stored, layer absent, a row of -1 padding only): the path's own selection. Other sequences of
+ * the batch are unaffected. Following stops at the first position of dump_seq whose fed token differs from the
+ * dump's /tokens (its choices are then about another text). */
+typedef enum dsv4_opt_follow_kind { DSV4_OPT_FOLLOW_TOPK, DSV4_OPT_FOLLOW_ROUTER } dsv4_opt_follow_kind;
+
+/* Reads every topk_idx and router_ids row of the dump at `path` into a compact table, checked against cfg (the
+ * model that will follow it): layer count, attention and MLP types, index_topk, experts per token, expert count
+ * and compression ratios must be the dump's; router rows hold k distinct experts in [0, E) (or only -1); top-k
+ * ids lie in [-1, (p+1) div ratio). DSV4_ERR_SHAPE / DSV4_ERR_FORMAT naming the file and dataset otherwise. */
+int dsv4_opt_follow_load(const char *path, const dsv4_config *cfg, dsv4_opt_follow **out);
+void dsv4_opt_follow_free(dsv4_opt_follow *f);
+const char *dsv4_opt_follow_path(const dsv4_opt_follow *f);
+/* The dump's /tokens (owned by f). */
+const int32_t *dsv4_opt_follow_tokens(const dsv4_opt_follow *f, int *n);
+/* Row width: index_topk (TOPK) or num_experts_per_tok (ROUTER). */
+int dsv4_opt_follow_width(const dsv4_opt_follow *f, dsv4_opt_follow_kind kind);
+/* The dump's row of `layer` at position `pos` (width ids, owned by f), or NULL when the path uses its own. */
+const int32_t *dsv4_opt_follow_row(const dsv4_opt_follow *f, dsv4_opt_follow_kind kind, int layer, int pos);
+/* Rows of that kind the table holds (over all layers). */
+long dsv4_opt_follow_rows(const dsv4_opt_follow *f, dsv4_opt_follow_kind kind);
+
+/* What following did so far on o: rows of the dump used, of them the rows where the dump's selection differed
+ * from the path's own (so the step ran on the dump's), and the position where following stopped (-1: never). */
+typedef struct dsv4_opt_follow_stats {
+    long topk_rows, topk_changed;
+    long router_rows, router_changed;
+    int stopped_at;
+} dsv4_opt_follow_stats;
+int dsv4_opt_follow_stats_get(dsv4_opt *o, dsv4_opt_follow_stats *s);
 
 /* ---- Benchmarking (optimized/opt_random.cu, optimized/opt_bench.c; used by `dsv4 bench`) ----------------- */
 /* Like dsv4_opt_init, but from a config alone: every weight is generated on the GPU from `seed` (no files, no

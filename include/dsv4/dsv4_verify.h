@@ -239,7 +239,8 @@ int dsv4_verify_topk_threshold(const int32_t *g, int k, const float *gscores, in
 /* router_ids rows [k] i32 as sets: mismatch, recall, jaccard. */
 void dsv4_verify_router_ids(const int32_t *g, const int32_t *c, int k, dsv4_verify_row *row);
 /* router_weights rows [k] paired by expert id (gid/cid: the router_ids rows, NULL = pair by position):
- * dense metrics over the matched pairs. */
+ * dense metrics over the matched pairs. When the sets differ, each side is renormalised over the common experts
+ * first (each path normalised over its own set, so the raw weights differ by the swapped expert's share). */
 void dsv4_verify_router_weights(const float *gw, const float *cw, const int32_t *gid, const int32_t *cid, int k,
                                 dsv4_verify_row *row);
 /* Logits rows [V]: dense metrics + argmax (tie-aware), top-5 overlap, KL(softmax g || softmax c). */

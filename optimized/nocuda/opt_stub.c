@@ -18,12 +18,24 @@ const char *dsv4_opt_indexer_name(dsv4_opt_indexer v) { return name2(v, "bf16", 
 const char *dsv4_opt_mhc_name(dsv4_opt_mhc v) { return name2(v, "castfree", "roundtrip"); }
 const char *dsv4_opt_index_context_name(dsv4_opt_index_context v) { return name2(v, "live", "max"); }
 const char *dsv4_opt_kv_name(dsv4_opt_kv v) { return name2(v, "bf16", "fp8"); }
+const char *dsv4_opt_weights_name(dsv4_opt_weights v) { return v == 0 ? "auto" : name2(v - 1, "bf16", "fp8"); }
+const char *dsv4_opt_quantize_name(dsv4_opt_quantize v) { return name2(v, "none", "fp8"); }
 
 int dsv4_opt_options_set(dsv4_opt_options *o, const char *name, const char *value)
 {
     static const char *const names[5][3] = {{"attn", "mma", "simt"},       {"indexer", "bf16", "fp32"},
                                             {"mhc", "castfree", "roundtrip"}, {"index-context", "live", "max"},
                                             {"kv", "bf16", "fp8"}};
+    if (!strcmp(name, "weights") || !strcmp(name, "quantize")) {
+        const int w = name[0] == 'w';
+        const char *a = w ? "bf16" : "none", *b = "fp8";
+        if (w && !strcmp(value, "auto")) o->weights = DSV4_OPT_WEIGHTS_AUTO;
+        else if (!strcmp(value, a) || !strcmp(value, b)) {
+            if (w) o->weights = !strcmp(value, a) ? DSV4_OPT_WEIGHTS_BF16 : DSV4_OPT_WEIGHTS_FP8;
+            else o->quantize = !strcmp(value, a) ? DSV4_OPT_QUANTIZE_NONE : DSV4_OPT_QUANTIZE_FP8;
+        } else return dsv4_error(DSV4_ERR_USAGE, "--%s '%s': want %s or %s", name, value, a, b);
+        return 0;
+    }
     for (int i = 0; i < 5; i++) {
         if (strcmp(name, names[i][0])) continue;
         int v = !strcmp(value, names[i][1]) ? 0 : !strcmp(value, names[i][2]) ? 1 : -1;
@@ -36,7 +48,7 @@ int dsv4_opt_options_set(dsv4_opt_options *o, const char *name, const char *valu
         else o->kv = (dsv4_opt_kv)v;
         return 0;
     }
-    return dsv4_error(DSV4_ERR_USAGE, "unknown switch '%s' (attn, indexer, mhc, index-context, kv)", name);
+    return dsv4_error(DSV4_ERR_USAGE, "unknown switch '%s' (attn, indexer, mhc, index-context, kv, weights, quantize)", name);
 }
 
 int dsv4_opt_init(dsv4_model *m, const dsv4_opt_options *o, dsv4_opt **out)
@@ -73,4 +85,19 @@ void dsv4_opt_memory(const dsv4_opt *o, size_t *weights, size_t *state, size_t *
     if (weights) *weights = 0;
     if (state) *state = 0;
     if (scratch) *scratch = 0;
+}
+dsv4_opt_weights dsv4_opt_weights_mode(const dsv4_opt *o)
+{
+    (void)o;
+    return DSV4_OPT_WEIGHTS_AUTO;
+}
+size_t dsv4_opt_layer_weight_bytes(const dsv4_opt *o, int layer)
+{
+    (void)o, (void)layer;
+    return 0;
+}
+int dsv4_opt_follow_stats_get(dsv4_opt *o, dsv4_opt_follow_stats *s)
+{
+    if (s) memset(s, 0, sizeof *s);
+    return dsv4_error(DSV4_ERR_UNSUPPORTED, "optimized path: this build has no CUDA");
 }

@@ -10,9 +10,14 @@
  *   ranges against N = 1 (replica check at every step, fewer bytes a rank, early logits within rel-L2 1e-2);
  * - the expert-parallel MoE kernel (moe_experts with an expert range): a rank's partial of a token whose experts
  *   are all its own is bitwise the unsplit result, a token with none of them gets exactly 0 (no shared part on
- *   that rank), and the two halves sum to the unsplit output;
+ *   that rank), and the two halves sum to the unsplit output; the same for the FP4 experts (fp4_experts.cu);
  * - errors before any allocation: N not dividing the heads/groups/experts (golden/tiny at N = 3), more GPUs than
  *   the machine has (N = devices + 1), both DSV4_ERR_USAGE naming the numbers, and the CLI exits 2 with them;
+ * - with the main-branch features: --gpus 1 --weights fp8 on golden/tiny-fp8 (FP8 linears, FP4 experts kept) is
+ *   bitwise the plain fp8 path; --gpus 2 --weights fp8 there is refused before any allocation (its FP8 slices
+ *   would not lie on 128 scale blocks) naming the tensor and N; --follow (golden/tiny's forced dump) at --gpus 1
+ *   is bitwise the plain following run with the same follow counts, and at N = 2 (emulated) every rank follows
+ *   the same rows: the same counts as N = 1, the replica check at every step, early logits within rel-L2 1e-2;
  * - the deadline: a stalled stream (DSV4_NCCL_INJECT_STALL=1) under DSV4_NCCL_TIMEOUT_S=2 ends the step with
  *   DSV4_ERR_CUDA "timed out on rank 0" within seconds, later calls are refused, the free does not hang.
  *   Runs last: the communicator is aborted.
@@ -27,6 +32,7 @@
 #include <time.h>
 
 #include "../../kernels/moe.cuh"
+#include "../../kernels/qweight.cuh"
 #include "dsv4/dsv4.h"
 #include "dsv4/dsv4_dump.h"
 #include "dsv4/dsv4_opt.h"
@@ -411,6 +417,67 @@ START_TEST(test_moe_expert_range)
 END_TEST
 
 /* ------------------------------------------------------------------------------------ errors */
+/* The same contract for the FP4 experts of --weights fp8 (kernels/fp4_experts.cu takes the expert range too). */
+START_TEST(test_fp4_expert_range)
+{
+    enum { C = 4, K = 3, D = 64, I = 32, E = 8 };
+    const int32_t ids[C * K] = {0, 3, 1, 7, 4, 6, 2, 5, 0, 6, 3, 4};
+    float wts[C * K], sh[C * D];
+    unsigned seed = 4321;
+    const size_t n13 = (size_t)E * 2 * I * D, n2 = (size_t)E * D * I;
+    uint16_t *x = malloc(C * D * 2);
+    uint8_t *q13 = malloc(n13 / 2), *s13 = malloc(n13 / 32), *q2 = malloc(n2 / 2), *s2 = malloc(n2 / 32);
+    for (int i = 0; i < C * K; i++) wts[i] = 0.5f + 0.4f * urand(&seed);
+    for (int i = 0; i < C * D; i++) x[i] = dsv4_f32_to_bf16(2 * urand(&seed)), sh[i] = urand(&seed);
+    for (size_t i = 0; i < n13 / 2; i++) seed = seed * 1664525u + 1013904223u, q13[i] = (uint8_t)(seed >> 24);
+    for (size_t i = 0; i < n2 / 2; i++) seed = seed * 1664525u + 1013904223u, q2[i] = (uint8_t)(seed >> 24);
+    for (size_t i = 0; i < n13 / 32; i++) s13[i] = (uint8_t)(122 + i % 3); /* 2^-5 .. 2^-3 */
+    for (size_t i = 0; i < n2 / 32; i++) s2[i] = (uint8_t)(121 + i % 3);
+    dsv4_fp4_experts_params q;
+    memset(&q, 0, sizeof q);
+    q.n_tok = C, q.k = K, q.dim = D, q.inter = I, q.limit = 2.5f;
+    q.x = dev_copy(x, C * D * 2), q.ids = dev_copy(ids, sizeof ids), q.weights = dev_copy(wts, sizeof wts);
+    uint8_t *dq13 = dev_copy(q13, n13 / 2), *ds13 = dev_copy(s13, n13 / 32);
+    uint8_t *dq2 = dev_copy(q2, n2 / 2), *ds2 = dev_copy(s2, n2 / 32);
+    float *dsh = dev_copy(sh, sizeof sh);
+    q.h = dev_copy(NULL, C * K * I * 2), q.shared_stride = D;
+    float full[C * D], part[2][C * D];
+    float *dout = dev_copy(NULL, C * D * 4);
+    q.out = dout;
+    q.w13 = dq13, q.s13 = ds13, q.w2 = dq2, q.s2 = ds2, q.shared = dsh;
+    ck_assert_msg(dsv4_opt_fp4_experts(&q) == 0, "%s", dsv4_last_error());
+    ck_assert(cudaMemcpy(full, dout, sizeof full, cudaMemcpyDeviceToHost) == cudaSuccess);
+    for (int r = 0; r < 2; r++) { /* rank r holds experts [4r, 4r + 4) only; the shared output on rank 0 */
+        const size_t e0 = (size_t)4 * r;
+        q.w13 = dq13 + e0 * 2 * I * D / 2, q.s13 = ds13 + e0 * 2 * I * D / 32;
+        q.w2 = dq2 + e0 * D * I / 2, q.s2 = ds2 + e0 * D * I / 32;
+        q.e_begin = 4 * r, q.e_end = 4 * r + 4, q.shared = r == 0 ? dsh : NULL;
+        dsv4_test_poison_f32(part[r], C * D);
+        ck_assert(cudaMemcpy(dout, part[r], sizeof full, cudaMemcpyHostToDevice) == cudaSuccess);
+        ck_assert_msg(dsv4_opt_fp4_experts(&q) == 0, "%s", dsv4_last_error());
+        ck_assert(cudaMemcpy(part[r], dout, sizeof full, cudaMemcpyDeviceToHost) == cudaSuccess);
+    }
+    double amax = 0, worst = 0;
+    for (int i = 0; i < C * D; i++) amax = fmax(amax, fabs(full[i]));
+    ck_assert_msg(amax > 0.1, "degenerate output, max |out| %g", amax);
+    for (int i = 0; i < D; i++) {
+        ck_assert_msg(!memcmp(&part[0][i], &full[i], 4), "fp4 token 0 row %d: rank 0 %.9g, unsplit %.9g", i,
+                      part[0][i], full[i]);
+        ck_assert_msg(part[1][i] == 0.0f, "fp4 token 0 row %d: rank 1 gave %g", i, part[1][i]);
+        ck_assert_msg(part[0][D + i] == sh[D + i], "fp4 token 1 row %d: rank 0 %.9g, want the shared %.9g", i,
+                      part[0][D + i], sh[D + i]);
+    }
+    for (int i = 0; i < C * D; i++) worst = fmax(worst, fabs((double)part[0][i] + part[1][i] - full[i]));
+    ck_assert_msg(worst <= 1e-5 * amax, "fp4 partials sum to the unsplit output within %g, want <= %g", worst,
+                  1e-5 * amax);
+    q.e_begin = 5, q.e_end = 3;
+    ck_assert_int_eq(dsv4_opt_fp4_experts(&q), DSV4_ERR_USAGE);
+    cudaFree((void *)q.x), cudaFree((void *)q.ids), cudaFree((void *)q.weights), cudaFree(dq13), cudaFree(ds13);
+    cudaFree(dq2), cudaFree(ds2), cudaFree(dsh), cudaFree(q.h), cudaFree(dout);
+    free(x), free(q13), free(s13), free(q2), free(s2);
+}
+END_TEST
+
 START_TEST(test_errors_before_allocation)
 {
     dsv4_model *m = open_set("tiny");
@@ -461,6 +528,129 @@ static double now_s(void)
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
+/* Steps a and b (b may be NULL) over the golden tokens of `set`; returns the worst logits rel-L2 of b vs a over the
+ * first 8 steps, asserting bitwise equality when `bitwise`. */
+static double step_pair(dsv4_opt *a, dsv4_opt *b, const char *set, int bitwise, const char *what)
+{
+    int T;
+    int32_t *tok = golden_tokens(set, &T);
+    dsv4_model *m = open_set(set);
+    const int nv = dsv4_model_config(m)->vocab_size;
+    dsv4_model_free(m);
+    float *la = malloc((size_t)nv * 4), *lb = malloc((size_t)nv * 4);
+    double worst = 0;
+    for (int st = 0; st < T; st++) {
+        int32_t na = -1, nb = -2;
+        ck_assert_msg(dsv4_opt_step(a, &tok[st], NULL, NULL, la, &na) == 0, "%s: %s", what, dsv4_last_error());
+        ck_assert_msg(dsv4_opt_step(b, &tok[st], NULL, NULL, lb, &nb) == 0, "%s step %d: %s", what, st,
+                      dsv4_last_error());
+        if (bitwise) {
+            long d = first_diff(la, lb, (size_t)nv);
+            ck_assert_msg(d < 0 && na == nb, "%s step %d: logits differ at %ld (picks %d, %d)", what, st, d, na, nb);
+        }
+        double num = 0, den = 0;
+        for (int i = 0; i < nv; i++) {
+            const double e = (double)lb[i] - la[i];
+            num += e * e, den += (double)la[i] * la[i];
+        }
+        const double rel = sqrt(num / (den > 0 ? den : 1));
+        ck_assert_msg(isfinite(rel), "%s step %d: non-finite logits", what, st);
+        if (st < 8 && rel > worst) worst = rel;
+    }
+    free(la), free(lb), free(tok);
+    return worst;
+}
+
+START_TEST(test_fp8_ranks)
+{
+    dsv4_model *m = open_set("tiny-fp8");
+    dsv4_opt_options o;
+    dsv4_opt_options_default(&o);
+    int T;
+    free(golden_tokens("tiny-fp8", &T));
+    o.max_context = T, o.weights = DSV4_OPT_WEIGHTS_FP8;
+    dsv4_opt *plain = NULL, *one = NULL, *h = (dsv4_opt *)&o;
+    ck_assert_msg(dsv4_opt_init(m, &o, &plain) == 0, "%s", dsv4_last_error());
+    o.n_gpus = 1;
+    ck_assert_msg(dsv4_opt_init(m, &o, &one) == 0, "%s", dsv4_last_error());
+    ck_assert_int_eq(dsv4_opt_weights_mode(one), DSV4_OPT_WEIGHTS_FP8);
+    size_t w0, w1;
+    dsv4_opt_memory(plain, &w0, NULL, NULL);
+    dsv4_opt_memory(one, &w1, NULL, NULL);
+    ck_assert_msg(w0 == w1, "--gpus 1 fp8 holds %zu weight bytes, plain %zu", w1, w0);
+    for (int L = -1; L < dsv4_model_config(m)->num_hidden_layers; L++)
+        ck_assert(dsv4_opt_layer_weight_bytes(plain, L) == dsv4_opt_layer_weight_bytes(one, L));
+    step_pair(plain, one, "tiny-fp8", 1, "tiny-fp8 --gpus 1 --weights fp8");
+    dsv4_opt_free(plain);
+    dsv4_opt_free(one);
+    /* N = 2: tiny-fp8's slices (wq_b 96 rows a rank, ...) are not whole 128 blocks: refused before allocating */
+    long before = dsv4_opt_device_alloc_count();
+    o.n_gpus = 2;
+    ck_assert_int_eq(dsv4_opt_init(m, &o, &h), DSV4_ERR_USAGE);
+    ck_assert_ptr_null(h);
+    ck_assert_msg(strstr(dsv4_last_error(), "--gpus 2 --weights fp8") && strstr(dsv4_last_error(), "layers.*.attn."),
+                  "%s", dsv4_last_error());
+    printf("--gpus 2 --weights fp8 on tiny-fp8: %s\n", dsv4_last_error());
+    o.weights = DSV4_OPT_WEIGHTS_AUTO; /* auto resolves to fp8 for this checkpoint, then the same refusal */
+    ck_assert_int_eq(dsv4_opt_init(m, &o, &h), DSV4_ERR_USAGE);
+    ck_assert_int_eq(dsv4_opt_init_random(dsv4_model_config(m), 1, &(dsv4_opt_options){.n_seq = 1, .max_context = 8,
+                         .cuda_graph = 1, .n_gpus = 2, .quantize = DSV4_OPT_QUANTIZE_FP8}, &h), DSV4_ERR_USAGE);
+    ck_assert_msg(dsv4_opt_device_alloc_count() == before, "a refused init allocated");
+    dsv4_model_free(m);
+}
+END_TEST
+
+START_TEST(test_follow_ranks)
+{
+    dsv4_model *m = open_set("tiny");
+    const dsv4_config *cfg = dsv4_model_config(m);
+    dsv4_opt_follow *f = NULL;
+    ck_assert_msg(dsv4_opt_follow_load(dsv4_test_source_path("golden/tiny/forced.h5"), cfg, &f) == 0, "%s",
+                  dsv4_last_error());
+    int T;
+    free(golden_tokens("tiny", &T));
+    dsv4_opt_options o;
+    dsv4_opt_options_default(&o);
+    o.max_context = T, o.follow = f;
+    dsv4_opt *plain = NULL, *one = NULL, *two = NULL;
+    ck_assert_msg(dsv4_opt_init(m, &o, &plain) == 0, "%s", dsv4_last_error());
+    o.n_gpus = 1;
+    ck_assert_msg(dsv4_opt_init(m, &o, &one) == 0, "%s", dsv4_last_error());
+    step_pair(plain, one, "tiny", 1, "tiny --gpus 1 --follow");
+    dsv4_opt_follow_stats sp, s1, s2;
+    ck_assert_msg(dsv4_opt_follow_stats_get(plain, &sp) == 0, "%s", dsv4_last_error());
+    ck_assert_msg(dsv4_opt_follow_stats_get(one, &s1) == 0, "%s", dsv4_last_error());
+    ck_assert_msg(sp.topk_rows == s1.topk_rows && sp.router_rows == s1.router_rows &&
+                      sp.topk_changed == s1.topk_changed && sp.router_changed == s1.router_changed &&
+                      sp.stopped_at == s1.stopped_at, "--gpus 1 followed differently from the plain path");
+    ck_assert_msg(sp.router_rows > 0, "nothing was followed");
+    /* N = 2 emulated against N = 1 (fresh): the same rows followed on every rank */
+    ck_assert_msg(dsv4_opt_reset(one, 0) == 0, "%s", dsv4_last_error());
+    dsv4_opt_free(one);
+    ck_assert_msg(dsv4_opt_init(m, &o, &one) == 0, "%s", dsv4_last_error());
+    setenv("DSV4_NCCL_EMULATE_ONE_GPU", "1", 1);
+    setenv("DSV4_NCCL_REPLICA_CHECK", "1", 1);
+    o.n_gpus = 2;
+    int rc = dsv4_opt_init(m, &o, &two);
+    unsetenv("DSV4_NCCL_EMULATE_ONE_GPU");
+    unsetenv("DSV4_NCCL_REPLICA_CHECK");
+    ck_assert_msg(rc == 0, "%s", dsv4_last_error());
+    const double early = step_pair(one, two, "tiny", 0, "tiny --gpus 2 (emulated) --follow");
+    ck_assert_msg(dsv4_opt_follow_stats_get(two, &s2) == 0, "%s", dsv4_last_error());
+    printf("tiny --follow: N = 2 vs N = 1 first 8 steps rel-L2 %.3g; rows %ld/%ld, changed %ld/%ld vs %ld/%ld\n",
+           early, s2.topk_rows, s2.router_rows, s2.topk_changed, s2.router_changed, s1.topk_changed,
+           s1.router_changed);
+    ck_assert_msg(s2.topk_rows == s1.topk_rows && s2.router_rows == s1.router_rows && s2.stopped_at == s1.stopped_at,
+                  "N = 2 followed other rows than N = 1");
+    ck_assert_msg(early <= 1e-2, "the first 8 following steps differ from N = 1 by rel-L2 %.3g", early);
+    dsv4_opt_free(plain);
+    dsv4_opt_free(one);
+    dsv4_opt_free(two);
+    dsv4_opt_follow_free(f);
+    dsv4_model_free(m);
+}
+END_TEST
+
 START_TEST(test_stall_times_out)
 {
     dsv4_model *m = open_set("tiny");
@@ -502,6 +692,7 @@ int main(void)
     tcase_set_timeout(tc, 1200);
     tcase_add_test(tc, test_errors_before_allocation);
     tcase_add_test(tc, test_moe_expert_range);
+    tcase_add_test(tc, test_fp4_expert_range);
     tcase_add_test(tc, test_n1_bitwise_plain_tiny);
     tcase_add_test(tc, test_n1_bitwise_plain_topk512);
     tcase_add_test(tc, test_n1_dumps);
@@ -509,6 +700,8 @@ int main(void)
     tcase_add_test(tc, test_n2_replicas_agree);
     tcase_add_test(tc, test_emulated_n2_tiny);
     tcase_add_test(tc, test_emulated_n2_topk512);
+    tcase_add_test(tc, test_fp8_ranks);
+    tcase_add_test(tc, test_follow_ranks);
     tcase_add_test(tc, test_stall_times_out); /* last: it aborts a communicator */
     suite_add_tcase(s, tc);
     return dsv4_test_main(s);

@@ -96,6 +96,13 @@ void dsv4_test_require_gpu(void)
 #endif
 }
 
+long dsv4_test_max_work(void)
+{
+    const char *v = getenv("DSV4_TEST_MAX_WORK");
+    long n = v && *v ? strtol(v, NULL, 10) : 0;
+    return n > 0 ? n : (1L << 62);
+}
+
 int dsv4_test_main(Suite *s)
 {
     SRunner *sr = srunner_create(s);

@@ -23,6 +23,10 @@ int dsv4_test_run(const char *cmd, char **output);
 void dsv4_test_poison_f32(float *p, size_t n);
 /* Exits 77 (ctest: skipped) when no CUDA device is present; otherwise the suite runs unforked (CUDA and fork do not mix). */
 void dsv4_test_require_gpu(void);
+/* $DSV4_TEST_MAX_WORK, or a huge number when unset: GPU kernel tests skip the cases whose work size exceeds it.
+ * scripts/gpu-sanitize.sh sets it for racecheck, which is ~1000x slower than the kernels; the small cases take the
+ * same code paths (multi-block, tails), only the largest ones are left to the unsanitized run. */
+long dsv4_test_max_work(void);
 /* Run a suite in CK_NOFORK-aware normal mode; returns the process exit status (0 = all passed). */
 int dsv4_test_main(Suite *s);
 

@@ -1,0 +1,267 @@
+/* fp8_linear.cu - y = x · dequant(W)ᵀ for the FP8 e4m3 linears with one scale per 128x128 block (model-spec §2,
+ * §3), for decode-sized S: the weight bytes stream from HBM once, the tokens ride along.
+ *
+ * Layout: a block is 4 warps, each owning 16 output rows (the mma M side = weights) and up to 64 tokens (the N side,
+ * 8 per n-tile, zero-padded). Per 128-column k-block a lane loads 2 x 16 bytes of each of its two rows (rows g and
+ * g+8, columns 16t.. of each 64-column half), converts them to bf16 in registers and runs 8 mma.sync m16n8k16 per
+ * n-tile into a k-block partial, which is then scaled by the block's scale and added to the accumulator (so an f32
+ * scale is applied exactly, not rounded into bf16 weights). The next k-block's weights are loaded before the
+ * current batch is multiplied (a batch is 2 k-blocks for S <= 16, else 1). Activations come through L1 (all warps
+ * of a block share them).
+ *
+ * Split-K: when rows x token chunks give fewer than F8_TARGET_BLOCKS blocks, the k-blocks are cut into `splits`
+ * contiguous ranges (a function of the shape only); each writes f32 partials to the workspace and a combine
+ * kernel sums them in split order. No atomics: bitwise identical run to run.
+ *
+ * Quiet traps: rows past n_out and columns past n_in load as zeros (both operands, so garbage never meets a zero);
+ * a 16-row warp tile never straddles a 128-row scale block (16 divides 128); the fast path needs n_in % 16 == 0
+ * and 16-byte aligned rows of W and x, else a byte-wise path (tiny models only) runs the same math.
+ */
+#include "opt_common.cuh"
+#include "qweight.cuh"
+#include "qweight_dev.cuh"
+
+enum { F8_WARPS = 4, F8_BLOCK_ROWS = 16 * F8_WARPS, F8_KB = 128, F8_TOK = 64, F8_TARGET_BLOCKS = 528 };
+
+typedef struct f8_plan {
+    int row_blocks, tok_chunks, kblocks, splits, kb_per_split;
+} f8_plan;
+
+static f8_plan f8_make_plan(int n_tok, int n_out, int n_in)
+{
+    f8_plan pl;
+    pl.row_blocks = dsv4_ceil_div(n_out, F8_BLOCK_ROWS);
+    pl.tok_chunks = dsv4_ceil_div(n_tok, F8_TOK);
+    pl.kblocks = dsv4_ceil_div(n_in, F8_KB);
+    const int64_t base = (int64_t)pl.row_blocks * pl.tok_chunks;
+    int splits = base >= F8_TARGET_BLOCKS ? 1 : dsv4_ceil_div(F8_TARGET_BLOCKS, base);
+    const int max_splits = pl.kblocks / 2 > 1 ? pl.kblocks / 2 : 1; /* at least 2 k-blocks per split */
+    if (splits > max_splits) splits = max_splits;
+    pl.kb_per_split = dsv4_ceil_div(pl.kblocks, splits);
+    pl.splits = dsv4_ceil_div(pl.kblocks, pl.kb_per_split); /* no empty split */
+    return pl;
+}
+
+typedef struct f8_args {
+    dsv4_fp8_linear_params p;
+    int kblocks, splits, kb_per_split;
+} f8_args;
+
+static __device__ __forceinline__ float f8_e8m0_f32(uint8_t b)
+{
+    return b == 0 ? __uint_as_float(0x00400000u) : b == 255 ? __uint_as_float(0x7fc00000u) : __uint_as_float((uint32_t)b << 23);
+}
+
+/* 16 e4m3 bytes of row `row` from column `col`; zeros past the matrix. */
+template <bool AL>
+static __device__ __forceinline__ uint4 f8_load_w(const uint8_t *w, int n_out, int n_in, int row, int col)
+{
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (row >= n_out || col >= n_in) return v;
+    const uint8_t *src = w + (size_t)row * n_in + col;
+    if constexpr (AL) {
+        return qw_ld_stream(src); /* n_in % 16 == 0: the whole 16 bytes are inside */
+    } else {
+        uint32_t b[4] = {0, 0, 0, 0};
+#pragma unroll
+        for (int i = 0; i < 16; i++)
+            if (col + i < n_in) b[i >> 2] |= (uint32_t)src[i] << (8 * (i & 3));
+        return make_uint4(b[0], b[1], b[2], b[3]);
+    }
+}
+
+/* 16 bf16 activations of token `tok` from column `col` as 8 words (lo = even column); zeros past the matrix. */
+template <bool AL>
+static __device__ __forceinline__ void f8_load_x(uint32_t X[8], const dsv4_fp8_linear_params &p, int tok, int col)
+{
+    if (tok >= p.n_tok || col >= p.n_in) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) X[i] = 0;
+        return;
+    }
+    const uint16_t *src = p.x + (size_t)tok * p.ldx + col;
+    if constexpr (AL) {
+        const uint4 a = __ldg(reinterpret_cast<const uint4 *>(src)), b = __ldg(reinterpret_cast<const uint4 *>(src) + 1);
+        X[0] = a.x, X[1] = a.y, X[2] = a.z, X[3] = a.w, X[4] = b.x, X[5] = b.y, X[6] = b.z, X[7] = b.w;
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            uint32_t lo = col + 2 * i < p.n_in ? src[2 * i] : 0u, hi = col + 2 * i + 1 < p.n_in ? src[2 * i + 1] : 0u;
+            X[i] = lo | (hi << 16);
+        }
+    }
+}
+
+/* grid (row_blocks, splits, tok_chunks), F8_WARPS warps. KD k-blocks per weight batch, double-buffered: 2 for the
+ * few-token variants (memory-bound: more bytes in flight per warp), 1 where registers go to the accumulators. */
+template <int NT, bool AL, int KD = (NT <= 2 ? 2 : 1)>
+__global__ void __launch_bounds__(F8_WARPS * 32) fp8_linear_kernel(const __grid_constant__ f8_args a)
+{
+    const dsv4_fp8_linear_params &p = a.p;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int row0 = blockIdx.x * F8_BLOCK_ROWS + warp * 16, split = blockIdx.y, tok0 = blockIdx.z * F8_TOK;
+    if (row0 >= p.n_out) return; /* no block-wide sync below */
+    const int kb_begin = split * a.kb_per_split;
+    const int kb_end = kb_begin + a.kb_per_split < a.kblocks ? kb_begin + a.kb_per_split : a.kblocks;
+    const int left = (p.n_tok - tok0 + 7) / 8, n_tiles = left < NT ? left : NT;
+
+    float acc[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+
+    uint4 nxt[KD][2][2]; /* [k-block of the batch][64-column half][row g, g+8] */
+    auto load = [&](int kb0) {
+#pragma unroll
+        for (int d = 0; d < KD; d++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int col = (kb0 + d) * F8_KB + h * 64 + 16 * t;
+                const bool in = kb0 + d < kb_end; /* never read past the split */
+                nxt[d][h][0] = in ? f8_load_w<AL>(p.w, p.n_out, p.n_in, row0 + g, col) : make_uint4(0, 0, 0, 0);
+                nxt[d][h][1] = in ? f8_load_w<AL>(p.w, p.n_out, p.n_in, row0 + g + 8, col) : make_uint4(0, 0, 0, 0);
+            }
+    };
+    load(kb_begin);
+    for (int kb0 = kb_begin; kb0 < kb_end; kb0 += KD) {
+        uint4 cur[KD][2][2];
+#pragma unroll
+        for (int d = 0; d < KD; d++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) cur[d][h][0] = nxt[d][h][0], cur[d][h][1] = nxt[d][h][1];
+        if (kb0 + KD < kb_end) load(kb0 + KD);
+#pragma unroll
+        for (int d = 0; d < KD; d++) {
+            const int kb = kb0 + d;
+            if (kb >= kb_end) break;
+            float tmp[NT][4];
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) tmp[nt][0] = tmp[nt][1] = tmp[nt][2] = tmp[nt][3] = 0.0f;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                uint32_t A[4][4];
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    const uint32_t w0 = qw_word(cur[d][h][0], q), w1 = qw_word(cur[d][h][1], q);
+                    A[q][0] = qw_bf16x2_mul(qw_e4m3_pair_raw<0>(w0), QW_BF16X2_2POW120);
+                    A[q][1] = qw_bf16x2_mul(qw_e4m3_pair_raw<0>(w1), QW_BF16X2_2POW120);
+                    A[q][2] = qw_bf16x2_mul(qw_e4m3_pair_raw<1>(w0), QW_BF16X2_2POW120);
+                    A[q][3] = qw_bf16x2_mul(qw_e4m3_pair_raw<1>(w1), QW_BF16X2_2POW120);
+                }
+                const int col = kb * F8_KB + h * 64 + 16 * t;
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) {
+                    if (nt >= n_tiles) break;
+                    uint32_t X[8];
+                    f8_load_x<AL>(X, p, tok0 + nt * 8 + g, col);
+#pragma unroll
+                    for (int q = 0; q < 4; q++) {
+                        const uint32_t b[2] = {__byte_perm(X[2 * q], X[2 * q + 1], 0x5410),
+                                               __byte_perm(X[2 * q], X[2 * q + 1], 0x7632)};
+                        dsv4_mma_bf16_16816(tmp[nt], A[q], b);
+                    }
+                }
+            }
+            const int si = (row0 / F8_KB) * a.kblocks + kb;
+            const float s = p.scale_kind == DSV4_QSCALE_F32 ? static_cast<const float *>(p.scale)[si]
+                                                            : f8_e8m0_f32(static_cast<const uint8_t *>(p.scale)[si]);
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) acc[nt][i] = fmaf(s, tmp[nt][i], acc[nt][i]);
+        }
+    }
+
+    /* acc[nt][i]: row row0 + g (+8 for i >= 2), token tok0 + 8nt + 2t (+1 for odd i) */
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        if (nt >= n_tiles) break;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int row = row0 + g + (i >= 2 ? 8 : 0), tok = tok0 + nt * 8 + 2 * t + (i & 1);
+            if (row >= p.n_out || tok >= p.n_tok) continue;
+            if (a.splits > 1) {
+                static_cast<float *>(p.workspace)[((size_t)split * p.n_tok + tok) * p.n_out + row] = acc[nt][i];
+            } else if (p.y_f32) {
+                static_cast<float *>(p.y)[(size_t)tok * p.ldy + row] = acc[nt][i];
+            } else {
+                static_cast<uint16_t *>(p.y)[(size_t)tok * p.ldy + row] = dsv4_f32_to_bf16_bits(acc[nt][i]);
+            }
+        }
+    }
+}
+
+/* y[tok, row] = Σ_split part[split, tok, row], splits in order. */
+__global__ void fp8_linear_combine_kernel(const __grid_constant__ f8_args a)
+{
+    const dsv4_fp8_linear_params &p = a.p;
+    const int64_t n = (int64_t)p.n_tok * p.n_out;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const float *part = static_cast<const float *>(p.workspace);
+        float s = 0.0f;
+        for (int sp = 0; sp < a.splits; sp++) s += part[sp * n + i];
+        const int64_t tok = i / p.n_out, row = i % p.n_out;
+        if (p.y_f32)
+            static_cast<float *>(p.y)[tok * p.ldy + row] = s;
+        else
+            static_cast<uint16_t *>(p.y)[tok * p.ldy + row] = dsv4_f32_to_bf16_bits(s);
+    }
+}
+
+size_t dsv4_opt_fp8_linear_workspace_bytes(int n_tok, int n_out, int n_in)
+{
+    if (n_tok < 1 || n_out < 1 || n_in < 1) return 0;
+    const f8_plan pl = f8_make_plan(n_tok, n_out, n_in);
+    return pl.splits > 1 ? (size_t)pl.splits * n_tok * n_out * sizeof(float) : 0;
+}
+
+template <int NT> static void f8_launch(const f8_args &a, dim3 grid, bool al, cudaStream_t st)
+{
+    if (al)
+        fp8_linear_kernel<NT, true><<<grid, F8_WARPS * 32, 0, st>>>(a);
+    else
+        fp8_linear_kernel<NT, false><<<grid, F8_WARPS * 32, 0, st>>>(a);
+}
+
+int dsv4_opt_fp8_linear(const dsv4_fp8_linear_params *p)
+{
+    DSV4_CHECK(p != NULL, "fp8_linear: params is NULL");
+    DSV4_CHECK(p->n_tok >= 1 && p->n_out >= 1 && p->n_in >= 2 && p->n_in % 2 == 0,
+               "fp8_linear: n_tok %d, n_out %d, n_in %d (all >= 1, n_in even)", p->n_tok, p->n_out, p->n_in);
+    DSV4_CHECK(p->x && p->w && p->scale && p->y, "fp8_linear: NULL x, w, scale or y");
+    DSV4_CHECK(p->ldx >= p->n_in && p->ldy >= p->n_out, "fp8_linear: ldx %lld < n_in %d or ldy %lld < n_out %d",
+               (long long)p->ldx, p->n_in, (long long)p->ldy, p->n_out);
+    DSV4_CHECK(p->scale_kind == DSV4_QSCALE_E8M0 || p->scale_kind == DSV4_QSCALE_F32,
+               "fp8_linear: scale_kind %d unknown", (int)p->scale_kind);
+    const f8_plan pl = f8_make_plan(p->n_tok, p->n_out, p->n_in);
+    const size_t need = dsv4_opt_fp8_linear_workspace_bytes(p->n_tok, p->n_out, p->n_in);
+    if (need && (!p->workspace || p->workspace_bytes < need))
+        return dsv4_error(DSV4_ERR_USAGE, "fp8_linear: workspace %zu bytes (%s), need %zu for S %d, %dx%d",
+                          p->workspace_bytes, p->workspace ? "set" : "NULL", need, p->n_tok, p->n_out, p->n_in);
+    if (pl.tok_chunks > 65535)
+        return dsv4_error(DSV4_ERR_UNSUPPORTED, "fp8_linear: n_tok %d too large", p->n_tok);
+
+    f8_args a;
+    a.p = *p;
+    a.kblocks = pl.kblocks;
+    a.splits = pl.splits;
+    a.kb_per_split = pl.kb_per_split;
+    const bool al = p->n_in % 16 == 0 && p->ldx % 8 == 0 && dsv4_aligned16(p->w) && dsv4_aligned16(p->x);
+    const dim3 grid(pl.row_blocks, pl.splits, pl.tok_chunks);
+    const int tiles = dsv4_ceil_div(p->n_tok < F8_TOK ? p->n_tok : F8_TOK, 8);
+    if (tiles <= 1)
+        f8_launch<1>(a, grid, al, p->stream);
+    else if (tiles <= 2)
+        f8_launch<2>(a, grid, al, p->stream);
+    else if (tiles <= 4)
+        f8_launch<4>(a, grid, al, p->stream);
+    else
+        f8_launch<8>(a, grid, al, p->stream);
+    DSV4_LAUNCH_CHECK("fp8_linear_kernel");
+    if (pl.splits > 1) {
+        const int64_t n = (int64_t)p->n_tok * p->n_out;
+        const int blocks = (int)(dsv4_ceil_div(n, 256) < 4096 ? dsv4_ceil_div(n, 256) : 4096);
+        fp8_linear_combine_kernel<<<blocks, 256, 0, p->stream>>>(a);
+        DSV4_LAUNCH_CHECK("fp8_linear_combine_kernel");
+    }
+    return 0;
+}

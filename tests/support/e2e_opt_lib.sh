@@ -1,0 +1,88 @@
+# shellcheck shell=bash
+# e2e_opt_lib.sh - the shell helpers of the optimized path's end-to-end gates (tests/e2e_opt_gpu.sh,
+# tests/e2e_opt_flash_gpu.sh), sourced, not run. Expects BIN (the dsv4 command), T (a scratch folder for dumps),
+# LOG (where logs go) and the counters pass, fail, reported (0) to be set by the script.
+#   run NAME MODEL PATH ARGS...      `dsv4 run` into $T/NAME.h5, its summary and follow lines; a failed run counts
+#                                    as a failure, gated or not (a crash is never chaos)
+#   verify NAME GATED GOLDEN CAND    `dsv4 verify --profile bf16`, the VERDICT, top-k, router, logits lines;
+#                                    GATED=1: counts to pass/fail, and beyond the verifier's exit status needs the
+#                                    issue's numbers: per CSA layer strict top-k recall (mean) >= 0.99 and no strict
+#                                    miss, router_ids rows identical >= 99% (all MoE layers), logits argmax equal or
+#                                    tie-accepted >= 99% of positions. GATED=0: reported only.
+
+# router agreement from the verifier's JSON: prints "ROWS DIFFERING", over every router_ids row compared
+router_rows() {
+    awk '/"dataset":/ {inr = 0; inrows = 0}
+         /"kind": "router_ids"/ {inr = 1}
+         inr && /"rows": \[/ {inrows = 1; next}
+         inrows && /"mismatch":/ {gsub(/[",]/, ""); n++; if ($2 + 0 != 0) bad++}
+         END {printf "%d %d\n", n, bad}' "$1" 2>/dev/null || echo "0 0"
+}
+
+# verify NAME GATED GOLDEN CANDIDATE: one verifier run, its summary lines; a gated one counts towards the result
+verify() {
+    local name=$1 gated=$2 g=$3 c=$4 log="$LOG/verify-$1.txt" js="$LOG/verify-$1.json"
+    rm -f "$js"
+    "$BIN" verify --profile bf16 --no-color --json "$js" "$g" "$c" >"$log" 2>&1
+    local rc=$? ok=1 why=""
+    [ $rc -eq 0 ] || { ok=0; why="verifier exit $rc"; }
+    grep -E '^VERDICT|^first divergence|^tokens ' "$log" | sed 's/^/   /'
+    # top-k table rows: L rows recall(min/mean) jaccard(min/mean) rows!=G accepted strict
+    local topk
+    topk=$(awk '/^top-k per CSA layer/ {f = 1; next} f && NF == 0 {f = 0} f && $1 ~ /^[0-9]+$/ {print}' "$log")
+    if [ -n "$topk" ]; then
+        while read -r L rows rec _ _ acc strict _; do
+            echo "   topk L$L: $rows rows, strict recall mean ${rec#*/} (min ${rec%/*}), tie-accepted picks $acc, strict misses $strict"
+        done <<<"$topk"
+        local bad
+        bad=$(awk '{split($3, a, "/"); if (a[2] + 0 < 0.99 || $7 + 0 != 0) printf "L%s ", $1}' <<<"$topk")
+        [ -z "$bad" ] || { ok=0; why="$why; top-k recall < 0.99 or strict misses in $bad"; }
+    fi
+    local n nbad
+    read -r n nbad <<<"$(router_rows "$js")"
+    if [ "$n" -gt 0 ]; then
+        echo "   router: $((n - nbad))/$n rows the same experts ($(awk -v a=$((n - nbad)) -v b="$n" 'BEGIN {printf "%.2f", 100 * a / b}')%)"
+        awk -v a=$((n - nbad)) -v b="$n" 'BEGIN {exit !(a >= 0.99 * b)}' || { ok=0; why="$why; router agreement < 99%"; }
+    else
+        echo "   router: no router_ids rows compared"
+        ok=0
+        why="$why; no router rows"
+    fi
+    local lg
+    lg=$(grep -E '^logits \(' "$log")
+    if [ -n "$lg" ]; then
+        echo "   $lg"
+        awk '{for (i = 1; i <= NF; i++) {if ($i == "equal") {split($(i + 1), q, "/"); e = q[1]; r = q[2]}
+                                         if ($i == "tie-accepted") t = $(i + 1) + 0}}
+             END {exit !(r > 0 && e + t >= 0.99 * r)}' <<<"$lg" || { ok=0; why="$why; argmax agreement < 99%"; }
+    else
+        ok=0
+        why="$why; no logits line"
+    fi
+    if [ "$gated" = 1 ]; then
+        if [ $ok = 1 ]; then
+            pass=$((pass + 1))
+            echo "== $name: PASS"
+        else
+            fail=$((fail + 1))
+            echo "== $name: FAIL (${why#; })"
+        fi
+    else
+        reported=$((reported + 1))
+        echo "== $name: $([ $ok = 1 ] && echo within || echo NOT within) the gates (reported only${why:+: ${why#; }})"
+    fi
+}
+# run NAME MODEL PATH ARGS...: a dsv4 run into $T/NAME.h5; a run that fails is a failure whether gated or not
+run() {
+    local name=$1 model=$2 path=$3
+    shift 3
+    echo "-- $name"
+    if ! "$BIN" run --model "$model" --path "$path" "$@" --dump "$T/$name.h5" >"$LOG/run-$name.txt" 2>&1; then
+        echo "== $name: dsv4 run FAILED"
+        tail -n 5 "$LOG/run-$name.txt" | sed 's/^/   /'
+        fail=$((fail + 1))
+        return 1
+    fi
+    grep -E '^dsv4 run:|^follow:' "$LOG/run-$name.txt" | sed 's/^/   /'
+}
+
