@@ -36,7 +36,7 @@ static void bench_usage(FILE *f)
             "usage: dsv4 bench [--layers N|auto] [--batch LIST] [--context LIST] [--max-context N]\n"
             "                  [--variants LIST] [--warmup N] [--reps N] [--kernel-reps N] [--scaling LIST|none]\n"
             "                  [--scaling-batch LIST] [--no-baseline] [--seed N] [--json OUT.json]\n"
-            "                  [--weights bf16|fp8] [--quantize fp8]\n\n"
+            "                  [--weights bf16|fp8] [--quantize fp8] [--gpus N] [--nccl-time]\n\n"
             "Decode throughput of the optimized path on a DeepSeek-V4-Flash-shaped model (D 4096, 64 heads x 512,\n"
             "q rank 1024, 64 indexer heads x 128, 256 experts of 2048 top-6 + shared, vocab 129280, window 128,\n"
             "index_topk 512) with random weights generated on the GPU from --seed; layers follow the Flash schedule\n"
@@ -57,7 +57,11 @@ static void bench_usage(FILE *f)
             "  --weights bf16|fp8  how the weights are held (default bf16): fp8 = the checkpoint's formats, FP8\n"
             "                      e4m3 linears with 128x128 block scales and FP4 e2m1 experts, drawn as codes on\n"
             "                      the GPU (no bf16 copy); --quantize fp8 means the same for the random model\n"
-            "  --json OUT.json     write every number (rewritten after each C, so a cut-short run keeps what ran)\n\n"
+            "  --json OUT.json     write every number (rewritten after each C, so a cut-short run keeps what ran)\n"
+            "  --gpus N            N ranks over NCCL on GPUs 0..N-1 (docs/multigpu.md; default: one GPU, no NCCL);\n"
+            "                      the kernel timings are rank 0's. With N > 1 (or --nccl-time) every context adds\n"
+            "                      --reps eager steps timed with CUDA events around each all-reduce\n"
+            "  --nccl-time         the collective timing at N = 1 too\n\n"
             "Progress goes to stderr, the tables to stdout. Exit status: 0 ok, 1 a run failed, 2 bad usage.\n");
 }
 
@@ -95,6 +99,8 @@ typedef struct bench_args {
     unsigned long long seed;
     const char *json;
     dsv4_opt_weights weights; /* resolved: bf16 or fp8 */
+    int gpus;      /* 0: one GPU, no NCCL */
+    int nccl_time; /* time the collectives at N = 1 too */
 } bench_args;
 
 static double now_s(void)
@@ -160,6 +166,8 @@ static int parse_args(int argc, char **argv, bench_args *a)
             exit(0);
         } else if (!strcmp(k, "--no-baseline")) {
             a->baseline = 0, takes = 0;
+        } else if (!strcmp(k, "--nccl-time")) {
+            a->nccl_time = 1, takes = 0;
         } else if (!v) {
             fprintf(stderr, "dsv4 bench: %s needs a value\n", k);
             return -1;
@@ -205,6 +213,14 @@ static int parse_args(int argc, char **argv, bench_args *a)
             if (parse_list(v, a->sbatch, &a->n_sbatch, "--scaling-batch")) return -1;
         } else if (!strcmp(k, "--seed")) {
             a->seed = strtoull(v, NULL, 10);
+        } else if (!strcmp(k, "--gpus")) {
+            char *end;
+            long n = strtol(v, &end, 10);
+            if (*end || n < 1 || n > 64) {
+                fprintf(stderr, "dsv4 bench: --gpus '%s': want a count 1..64\n", v);
+                return -1;
+            }
+            a->gpus = (int)n;
         } else if (!strcmp(k, "--json")) {
             a->json = v;
         } else if (!strcmp(k, "--weights") || !strcmp(k, "--quantize")) {
@@ -225,6 +241,10 @@ static int parse_args(int argc, char **argv, bench_args *a)
         i += takes;
     }
     if (a->n_sbatch < 0) memcpy(a->sbatch, a->batch, sizeof a->batch), a->n_sbatch = a->n_batch;
+    if (a->nccl_time && a->gpus < 1) {
+        fprintf(stderr, "dsv4 bench: --nccl-time needs --gpus N\n");
+        return -1;
+    }
     if (a->warmup < 1 || a->reps < 1 || a->warmup + a->reps > 128 || a->kernel_reps < 0) {
         fprintf(stderr, "dsv4 bench: want --warmup >= 1, --reps >= 1, warmup + reps <= 128, --kernel-reps >= 0\n");
         return -1;
@@ -394,11 +414,12 @@ done:
 #undef BCUDA
 
 /* ------------------------------------------------------------------------------------ one variant */
-static void variant_options(int v, int C, int max_ctx, dsv4_opt_weights weights, dsv4_opt_options *o)
+static void variant_options(int v, int C, int max_ctx, dsv4_opt_weights weights, int gpus, dsv4_opt_options *o)
 {
     dsv4_opt_options_default(o);
     o->weights = weights;
     o->n_seq = C;
+    o->n_gpus = gpus;
     o->max_context = max_ctx;
     if (v == 1 || v == 5) o->attn = DSV4_OPT_ATTN_SIMT;
     if (v == 2 || v == 5) o->indexer = DSV4_OPT_INDEXER_FP32;
@@ -613,7 +634,7 @@ int dsv4_cmd_bench(int argc, char **argv)
         for (int vi = 0; vi < a.n_variant && !rc; vi++) {
             const int v = a.variant[vi];
             dsv4_opt_options oo;
-            variant_options(v, C, a.max_context, a.weights, &oo);
+            variant_options(v, C, a.max_context, a.weights, a.gpus, &oo);
             dsv4_opt *o = NULL;
             double t0 = now_s();
             progress("[%d/%d] C=%d %s: building (random weights on the GPU, caches for %d positions)", ++n_done,
@@ -650,10 +671,32 @@ int dsv4_cmd_bench(int argc, char **argv)
                 json_object_set_new(r, "fraction_of_floor", json_real(floor_ms / st.med_ms));
                 json_object_set_new(r, "producer", json_string(dsv4_opt_producer(o)));
                 json_object_set_new(r, "weights", json_string(dsv4_opt_weights_name(dsv4_opt_weights_mode(o))));
-                json_t *lw = json_array();
+                json_t *lw = json_array(); /* with --gpus N: rank 0's shard */
                 for (int L = -1; L < layers; L++)
                     json_array_append_new(lw, json_integer((json_int_t)dsv4_opt_layer_weight_bytes(o, L)));
                 json_object_set_new(r, "weight_bytes_rest_then_layers", lw);
+                if ((a.gpus > 1 || a.nccl_time) && pos0 + st.steps + 1 + a.reps > a.max_context) {
+                    progress("  ctx %d: no NCCL timing (the timed steps would pass --max-context)", ctx);
+                } else if (a.gpus > 1 || a.nccl_time) {
+                    /* eager steps with events around every all-reduce (graphs and timing events are not mixed) */
+                    step_stats se;
+                    double nccl_us = 0;
+                    int calls = 0, steps = 0;
+                    if ((rc = dsv4_opt_nccl_timing(o, 1)) ||
+                        (rc = run_steps(o, C, pos0 + st.steps, 1, a.reps, a.seed + 99 + (unsigned)ci, &se)) ||
+                        (rc = dsv4_opt_nccl_time(o, &nccl_us, &calls, &steps)) || (rc = dsv4_opt_nccl_timing(o, 0))) {
+                        json_decref(r);
+                        break;
+                    }
+                    const double per = steps > 0 ? nccl_us / steps : 0;
+                    json_object_set_new(r, "nccl", json_pack("{s:i, s:f, s:i, s:i, s:f, s:s}", "gpus", a.gpus,
+                                                             "us_per_step", per, "collectives_per_step", calls,
+                                                             "timed_steps", steps, "eager_ms_median", se.med_ms,
+                                                             "method", "CUDA events around each all-reduce, "
+                                                             "eager steps, the slowest rank per step"));
+                    progress("  ctx %d: NCCL %.1f us/step in %d all-reduces (eager step %.3f ms)", ctx, per, calls,
+                             se.med_ms);
+                }
                 progress("  ctx %d: %.3f ms/step (min %.3f, max %.3f), %.1f tokens/s, floor %.3f ms (%.0f%%)", ctx,
                          st.med_ms, st.min_ms, st.max_ms, 1e3 * C / st.med_ms, floor_ms, 100 * floor_ms / st.med_ms);
                 if (a.kernel_reps > 0) {
@@ -716,7 +759,7 @@ int dsv4_cmd_bench(int argc, char **argv)
                 const int ctx = a.ctx[ci], pos0 = ctx - 128;
                 if (ctx != 4096 && a.n_ctx > 1) continue; /* the target is stated at 4K */
                 dsv4_opt_options oo;
-                variant_options(0, C, ctx, a.weights, &oo);
+                variant_options(0, C, ctx, a.weights, a.gpus, &oo);
                 dsv4_opt *o = NULL;
                 progress("C=%d all-on, max context %d (= live): the index-context baseline", C, ctx);
                 step_stats st;

@@ -33,7 +33,7 @@ static void run_usage(FILE *f)
             "                [--dump-positions LIST|all|decode] [--dump OUT.h5]\n"
             "                [--attn mma|simt] [--indexer bf16|fp32] [--mhc castfree|roundtrip]\n"
             "                [--index-context live|max] [--kv bf16|fp8] [--max-context N] [--batch C]\n"
-            "                [--dump-seq I] [--graph on|off] [--weights bf16|fp8] [--quantize fp8]\n"
+            "                [--dump-seq I] [--graph on|off] [--gpus N] [--weights bf16|fp8] [--quantize fp8]\n"
             "                [--follow DUMP.h5] [--probes NAMES] [--emulate none|bf16]\n\n"
             "Runs the model over a prompt (one prefill) and N one-token decode steps, and writes every probe of\n"
             "dump-format.md for the chosen positions to OUT.h5.\n\n"
@@ -73,6 +73,9 @@ static void run_usage(FILE *f)
             "  --batch C              decode C copies together, copy c starting c steps later (default 1)\n"
             "  --dump-seq I           the copy whose probes are dumped (default 0)\n"
             "  --graph on|off         replay the decode step as a CUDA graph (default on)\n"
+            "  --gpus N               N ranks on GPUs 0..N-1 over NCCL, heads and experts split (docs/multigpu.md);\n"
+            "                         N = 1 runs the NCCL path on one GPU (default: one GPU without NCCL); with\n"
+            "                         --weights fp8 each rank holds its slices of the FP8 tensors with their scales\n"
             "  --weights bf16|fp8     how linears and experts are held on the GPU (default: the checkpoint's own\n"
             "                         format): fp8 keeps the FP8 e4m3 linears with their 128x128 block scales and\n"
             "                         the FP4 e2m1 routed experts as on disk (nothing expanded to bf16); bf16\n"
@@ -269,6 +272,12 @@ static int parse_args(int argc, char **argv, run_args *a)
                 return dsv4_error(DSV4_ERR_USAGE, "--graph: want on or off");
             a->opt.cuda_graph = !strcmp(v, "on");
             i++;
+        } else if (!strcmp(o, "--gpus")) {
+            char *end;
+            long n = v ? strtol(v, &end, 10) : 0;
+            if (!v || *end || n < 1 || n > 64) return dsv4_error(DSV4_ERR_USAGE, "--gpus: want a count 1..64");
+            a->opt.n_gpus = (int)n;
+            i++;
         } else if (!strcmp(o, "--max-context") || !strcmp(o, "--batch") || !strcmp(o, "--dump-seq")) {
             char *end;
             if (!v) return dsv4_error(DSV4_ERR_USAGE, "%s needs a value", o);
@@ -297,6 +306,8 @@ static int parse_args(int argc, char **argv, run_args *a)
     if (a->greedy && a->forced) return dsv4_error(DSV4_ERR_USAGE, "--greedy and --forced exclude each other");
     if (strcmp(a->path, "ref-cpu") && strcmp(a->path, "ref-gpu") && strcmp(a->path, "opt"))
         return dsv4_error(DSV4_ERR_USAGE, "--path '%s': want ref-cpu, ref-gpu or opt", a->path);
+    if (a->opt.n_gpus > 0 && strcmp(a->path, "opt"))
+        return dsv4_error(DSV4_ERR_USAGE, "--gpus is for --path opt (the references run on one device)");
     if (a->follow && strcmp(a->path, "opt") && strcmp(a->path, "ref-cpu"))
         return dsv4_error(DSV4_ERR_USAGE, "--follow is an option of --path opt and ref-cpu (not of %s)", a->path);
     if (a->ref.emulate != DSV4_REF_EMULATE_NONE && strcmp(a->path, "ref-cpu"))
@@ -502,6 +513,7 @@ int dsv4_cmd_run(int argc, char **argv)
         for (int L = 0; L < cfg->num_hidden_layers; L++)
             printf(" %zu", dsv4_opt_layer_weight_bytes(op, L));
         printf(" bytes; rest (embed, head, ...) %zu bytes\n", dsv4_opt_layer_weight_bytes(op, -1));
+        if (a.opt.n_gpus > 0) printf("dsv4 run: opt memory above is rank 0's shard of %d ranks\n", a.opt.n_gpus);
     }
 
     if (a.positions) rc = parse_positions(a.positions, pl.T, pl.P, &positions, &n_pos);

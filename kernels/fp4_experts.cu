@@ -19,7 +19,8 @@
  * and one exact bf16x2 multiply by 2^126·scale (qweight_dev.cuh), so the mma sees the dequantised weight exactly
  * (as the f32 dequantisation of the shared loader, unless the product is subnormal) times the bf16 activation.
  * Quiet traps: expert ids must lie in [0, 1024) (others are skipped and their pairs contribute 0); a token with the
- * same expert twice has two pairs, both computed.
+ * same expert twice has two pairs, both computed. Expert parallel (e_end > 0, --gpus N): only experts
+ * [e_begin, e_end) are held (at index e - e_begin); pairs of other experts are skipped and add 0, as in moe.cu.
  */
 #include "opt_common.cuh"
 #include "qweight.cuh"
@@ -45,17 +46,26 @@ enum {
 #endif
 
 /* Copies the ids of pairs [pair0, pair0 + n_pairs) into sids (shared: the pair scans below read them many times)
- * and builds the bitmap of the touched experts into bits[F4_MAX_E / 32]. All threads; ends with a __syncthreads. */
-static __device__ void f4_touched_bitmap(uint32_t *bits, int32_t *sids, const int32_t *ids, int pair0, int n_pairs)
+ * and builds the bitmap of the experts in [e_lo, e_hi) (within [0, F4_MAX_E)) they touch into bits[F4_MAX_E / 32].
+ * All threads; ends with a __syncthreads. */
+static __device__ void f4_touched_bitmap(uint32_t *bits, int32_t *sids, const int32_t *ids, int pair0, int n_pairs,
+                                         int e_lo, int e_hi)
 {
     for (int i = threadIdx.x; i < F4_MAX_E / 32; i += blockDim.x) bits[i] = 0;
     __syncthreads();
     for (int i = threadIdx.x; i < n_pairs; i += blockDim.x) {
         const int e = ids[pair0 + i];
         sids[i] = e;
-        if (e >= 0 && e < F4_MAX_E) atomicOr(&bits[e >> 5], 1u << (e & 31));
+        if (e >= e_lo && e < e_hi) atomicOr(&bits[e >> 5], 1u << (e & 31));
     }
     __syncthreads();
+}
+
+/* The experts this call holds (expert parallel: [e_begin, e_end), stored at index e - e_begin; e_end 0: all). */
+static __device__ int f4_e_lo(const dsv4_fp4_experts_params &p) { return p.e_end ? p.e_begin : 0; }
+static __device__ int f4_e_hi(const dsv4_fp4_experts_params &p)
+{
+    return p.e_end && p.e_end < F4_MAX_E ? p.e_end : F4_MAX_E;
 }
 
 /* One warp: the local indices (ascending) of the pairs of expert e among the n_pairs of sids; returns the count. */
@@ -190,7 +200,7 @@ __global__ void __launch_bounds__(F4_UP_WARPS * 32, 3) fp4_up_kernel(const __gri
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int tok0 = blockIdx.z * F4_TOK, ntok = p.n_tok - tok0 < F4_TOK ? p.n_tok - tok0 : F4_TOK;
     const int pair0 = tok0 * p.k, n_pairs = ntok * p.k, D = p.dim, I = p.inter, m0 = blockIdx.x * 16;
-    f4_touched_bitmap(bits, sids, p.ids, pair0, n_pairs);
+    f4_touched_bitmap(bits, sids, p.ids, pair0, n_pairs, f4_e_lo(p), f4_e_hi(p));
     for (int slot = blockIdx.y;; slot += gridDim.y) {
         if (warp == 0) {
             const uint32_t word = bits[lane];
@@ -220,7 +230,8 @@ __global__ void __launch_bounds__(F4_UP_WARPS * 32, 3) fp4_up_kernel(const __gri
         __syncthreads();
         const int e = s_e, cnt = s_cnt;
         if (e < 0) return; /* uniform: every thread read the same s_e */
-        const uint8_t *w13 = p.w13 + (size_t)e * 2 * I * (D / 2), *s13 = p.s13 + (size_t)e * 2 * I * (D / 32);
+        const size_t el = (size_t)(e - f4_e_lo(p)); /* the held expert's index */
+        const uint8_t *w13 = p.w13 + el * 2 * I * (D / 2), *s13 = p.s13 + el * 2 * I * (D / 32);
         const uint8_t *wrow[2][2], *srow[2][2];
 #pragma unroll
         for (int m = 0; m < 2; m++)
@@ -272,7 +283,7 @@ __global__ void __launch_bounds__(F4_DOWN_WARPS * 32, 2)
     const int pair0 = tok0 * p.k, n_pairs = ntok * p.k, D = p.dim, I = p.inter, row0 = blockIdx.x * 16;
     int16_t *mylist = reinterpret_cast<int16_t *>(part + (size_t)n_pairs * 16) + (size_t)warp * n_pairs;
     for (int i = threadIdx.x; i < n_pairs * 16; i += blockDim.x) part[i] = 0.0f;
-    f4_touched_bitmap(bits, sids, p.ids, pair0, n_pairs);
+    f4_touched_bitmap(bits, sids, p.ids, pair0, n_pairs, f4_e_lo(p), f4_e_hi(p));
     if (warp == 0) {
         uint32_t word = bits[lane];
         const int c = __popc(word);
@@ -291,7 +302,7 @@ __global__ void __launch_bounds__(F4_DOWN_WARPS * 32, 2)
         const uint8_t *wrow[1][2], *srow[1][2];
 #pragma unroll
         for (int r = 0; r < 2; r++) {
-            const size_t row = (size_t)e * D + row0 + g + 8 * r;
+            const size_t row = (size_t)(e - f4_e_lo(p)) * D + row0 + g + 8 * r;
             wrow[0][r] = p.w2 + row * (I / 2);
             srow[0][r] = p.s2 + row * (I / 32);
         }
@@ -333,6 +344,8 @@ int dsv4_opt_fp4_experts(const dsv4_fp4_experts_params *p)
                "fp4_experts: dim %d, inter %d (multiples of 32)", p->dim, p->inter);
     DSV4_CHECK(p->x && p->ids && p->weights && p->w13 && p->s13 && p->w2 && p->s2 && p->h && p->out,
                "fp4_experts: NULL buffer");
+    DSV4_CHECK(p->e_end == 0 || (p->e_begin >= 0 && p->e_end > p->e_begin), "fp4_experts: expert range [%d, %d)",
+               p->e_begin, p->e_end);
     DSV4_CHECK(!p->shared || p->shared_stride >= p->dim, "fp4_experts: shared_stride %lld < dim %d",
                (long long)p->shared_stride, p->dim);
     DSV4_CHECK(dsv4_aligned16(p->x) && dsv4_aligned16(p->w13) && dsv4_aligned16(p->w2) && dsv4_aligned16(p->h),

@@ -97,7 +97,11 @@ __global__ void __launch_bounds__(MOE_WARPS * 32) moe_up_kernel(dsv4_moe_experts
     __syncthreads();
     const int m = blockIdx.x * MOE_WARPS + (threadIdx.x >> 5);
     if (m >= I) return;
-    const int e = p.ids[pair];
+    int e = p.ids[pair];
+    if (p.e_end) {
+        if (e < p.e_begin || e >= p.e_end) return; /* another rank's expert: moe_down skips the pair too */
+        e -= p.e_begin;
+    }
     const uint16_t *w = p.w13 + (size_t)e * 2 * I * D;
     float g = moe_warp_dot(w + (size_t)m * D, xs, D);
     float u = moe_warp_dot(w + (size_t)(I + m) * D, xs, D);
@@ -119,7 +123,11 @@ __global__ void __launch_bounds__(MOE_WARPS * 32) moe_down_kernel(dsv4_moe_exper
     if (row >= D) return;
     float acc = 0.0f;
     for (int j = 0; j < k; j++) {
-        const int e = p.ids[(size_t)c * k + j];
+        int e = p.ids[(size_t)c * k + j];
+        if (p.e_end) {
+            if (e < p.e_begin || e >= p.e_end) continue;
+            e -= p.e_begin;
+        }
         acc += moe_warp_dot(p.w2 + ((size_t)e * D + row) * I, hs + (size_t)j * I, I);
     }
     if ((threadIdx.x & 31) != 0) return;
@@ -156,6 +164,8 @@ int dsv4_opt_moe_experts(const dsv4_moe_experts_params *p)
     DSV4_CHECK(p->n_tok >= 1 && p->k >= 1 && p->dim >= 2 && p->inter >= 2 && p->dim % 2 == 0 && p->inter % 2 == 0,
                "moe_experts: n_tok %d, k %d, dim %d, inter %d (dim and inter even)", p->n_tok, p->k, p->dim, p->inter);
     DSV4_CHECK(p->x && p->ids && p->weights && p->w13 && p->w2 && p->h && p->out, "moe_experts: NULL buffer");
+    DSV4_CHECK(p->e_end == 0 || (p->e_begin >= 0 && p->e_end > p->e_begin), "moe_experts: expert range [%d, %d)",
+               p->e_begin, p->e_end);
     const size_t up_smem = (size_t)p->dim * sizeof(float), down_smem = (size_t)p->k * p->inter * sizeof(float);
     if (up_smem > 48 * 1024 || down_smem > 96 * 1024)
         return dsv4_error(DSV4_ERR_UNSUPPORTED, "moe_experts: dim %d / k·inter %d too large for shared memory",

@@ -45,6 +45,9 @@ typedef struct dsv4_moe_experts_params {
     const float *weights;   /* [C, k]; device */
     const uint16_t *w13;    /* [E][2I, D] bf16: rows 0..I-1 = W1 (gate), I..2I-1 = W3 (up); device */
     const uint16_t *w2;     /* [E][D, I] bf16; device */
+    int e_begin, e_end;     /* expert parallel: w13/w2 hold only experts [e_begin, e_end) (expert e at index
+                               e - e_begin) and pairs of other experts add nothing (a rank's partial sum);
+                               e_end = 0: w13/w2 hold every expert */
     uint16_t *h;            /* [C, k, I] bf16 workspace; device */
     const float *shared;    /* [C, shared_stride] f32 shared-expert output added last, or NULL; device */
     int64_t shared_stride;

@@ -62,6 +62,8 @@ typedef struct dsv4_fp4_experts_params {
     const uint8_t *s13;     /* [E][2I, D/32] e8m0; device */
     const uint8_t *w2;      /* [E][D, I/2]; device */
     const uint8_t *s2;      /* [E][D, I/32] e8m0; device */
+    int e_begin, e_end;     /* expert parallel: the weights hold only experts [e_begin, e_end) (expert e at index
+                               e - e_begin), pairs of other experts add nothing; e_end = 0: every expert */
     uint16_t *h;            /* [C, k, I] bf16 workspace; device */
     const float *shared;    /* [C, shared_stride] f32 shared-expert output added last, or NULL; device */
     int64_t shared_stride;

@@ -195,13 +195,13 @@ static int k_gemm_o(dsv4_opt *o, const void *vc)
 static int k_gemm_ffn(dsv4_opt *o, const void *vc)
 {
     const opt_layer *ly = &o->layers[((const kctx *)vc)->L];
-    const int nf = o->E + 2 * o->NI;
+    const int nf = o->E + 2 * o->NI_sh; /* the rank's shared-expert columns */
     return opt_proj_apply(o, &ly->f, o->fproj, nf, o->xn, o->D, o->C);
 }
 
 static int k_experts(dsv4_opt *o, const void *vc)
 {
-    return opt_experts(o, &o->layers[((const kctx *)vc)->L]);
+    return opt_experts(o, &o->layers[((const kctx *)vc)->L]); /* the rank's expert range */
 }
 
 static int k_head(dsv4_opt *o, const void *vc)
@@ -221,7 +221,7 @@ static int distinct_experts(dsv4_opt *o, int *n)
         rc = dsv4_error(DSV4_ERR_CUDA, "opt_bench: reading the router picks failed");
     *n = 0;
     for (int i = 0; !rc && i < nk; i++)
-        if (ids[i] >= 0 && ids[i] < o->E && !seen[ids[i]]) seen[ids[i]] = 1, ++*n;
+        if (ids[i] >= o->e0 && ids[i] < o->e0 + o->E_loc && !seen[ids[i]]) seen[ids[i]] = 1, ++*n; /* the rank's */
     free(ids);
     free(seen);
     return rc;
@@ -292,8 +292,8 @@ int dsv4_opt_time_kernels(dsv4_opt *o, int reps, dsv4_opt_kernel_time *out, int 
     KADD("gemm_wo", L0, k_gemm_o, k0,
          opt_linear_bytes(&l0->wo_a) + opt_linear_bytes(&l0->wo_b) + C * H * d * 2 + C * D * 4,
          2 * C * (H * d * o->o_r + D * o->G * o->o_r), 0);
-    KADD("gemm_ffn", L0, k_gemm_ffn, k0, wf + C * D * 2 + C * (o->E + 2 * NI) * 4,
-         2 * C * (o->E + 2 * NI) * D, 0);
+    const double NS = o->NI_sh; /* the rank's shared-expert columns */
+    KADD("gemm_ffn", L0, k_gemm_ffn, k0, wf + C * D * 2 + C * (o->E + 2 * NS) * 4, 2 * C * (o->E + 2 * NS) * D, 0);
     KADD("moe_experts", L0, k_experts, k0, n_exp * w_expert + C * D * 2 + C * D * 8, 2 * C * K * 3 * NI * D, 0);
     KADD("head", -1, k_head, k0, (double)o->V * D * 2 + C * D * 2 + C * o->V * 4, 2 * C * o->V * D, 0);
 #undef KADD

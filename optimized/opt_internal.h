@@ -18,6 +18,9 @@
  *   scale encodings agree (opt_proj: up to 3 parts, each writing its columns at its offset).
  * - fp8 mode: wo_a's groups are row slices of one FP8 tensor; a group's scale rows are its slice of the scale
  *   tensor, valid only when the group starts on a 128-row block or sits inside one (checked at layout).
+ * - --gpus N: a rank's views are its blocks of the file tensors (docs/multigpu.md §2); in fp8 mode a block of an
+ *   FP8 tensor carries its own scale rows/columns, so at N > 1 it must start and end on 128 scale blocks
+ *   (opt_check_config refuses the split otherwise, before anything is allocated). Routed experts are whole.
  * - Host positions are the truth: the device pos[] is uploaded from them at every step (also inside a graph,
  *   through a pinned staging buffer the graph's copy node reads when it runs).
  */
@@ -83,17 +86,18 @@ typedef struct opt_layer {
     /* linears (bf16, or fp8 where the checkpoint keeps FP8) */
     opt_proj x;                      /* [n_x, D] x-projection */
     int n_x, off_qa, off_kv, off_ckv, off_cg, off_ikv, off_ig, off_iw;
-    opt_linear wq_b;                 /* [H·d, q_r] */
-    opt_linear idx_wq_b;             /* [H_I·d_I, q_r] */
-    opt_linear wo_a;                 /* [G·o_r, H·d/G]: G groups of o_r rows */
-    opt_linear wo_b;                 /* [D, G·o_r] */
-    opt_proj f;                      /* [E + 2I, D] ffn projection: gate | sh_w1 | sh_w3 */
-    opt_linear sh_w2;                /* [D, I] */
-    /* routed experts: bf16, or (fp8 mode) packed e2m1 with e8m0 scales per 32 input columns */
-    uint16_t *w13;                   /* [E][2I, D] bf16 or NULL */
-    uint16_t *w2;                    /* [E][D, I] bf16 or NULL */
-    uint8_t *q13, *s13;              /* [E][2I, D/2], [E][2I, D/32] or NULL */
-    uint8_t *q2, *s2;                /* [E][D, I/2], [E][D, I/32] or NULL */
+    opt_linear wq_b;                 /* [H·d, q_r]: the rank's heads */
+    opt_linear idx_wq_b;             /* [H_I·d_I, q_r]: the rank's indexer heads */
+    opt_linear wo_a;                 /* [G·o_r, H·d/G]: the rank's G groups of o_r rows */
+    opt_linear wo_b;                 /* [D, G·o_r]: the rank's groups' columns */
+    opt_proj f;                      /* [E + 2·NI_sh, D] ffn projection: gate | sh_w1 | sh_w3 (the rank's rows) */
+    opt_linear sh_w2;                /* [D, NI_sh]: the rank's columns of the shared w2 */
+    /* routed experts, the rank's ids e0..e0+E_loc at index e - e0: bf16, or (fp8 mode) packed e2m1 with e8m0
+     * scales per 32 input columns */
+    uint16_t *w13;                   /* [E_loc][2I, D] bf16 or NULL */
+    uint16_t *w2;                    /* [E_loc][D, I] bf16 or NULL */
+    uint8_t *q13, *s13;              /* [E_loc][2I, D/2], [E_loc][2I, D/32] or NULL */
+    uint8_t *q2, *s2;                /* [E_loc][D, I/2], [E_loc][D, I/32] or NULL */
     size_t w_bytes;                  /* this layer's bytes of the weights arena */
     /* state (per sequence, C of each) */
     uint16_t *kvc;                   /* [C][W + pool_cap, d] */
@@ -113,6 +117,15 @@ struct dsv4_opt {
     dsv4_opt_options opt;
     dsv4_config cfg;
     int C, D, n, V, H, d, qr, HI, dI, E, K, NI, W, G, o_r, np, topk;
+    /* The rank's shard (docs/multigpu.md §2, the ranges of dsv4_ref_shard_partition); the plain path is rank 0
+     * of 1, every range whole. H, HI, G above are the RANK's heads, indexer heads, groups; E is every expert
+     * (every rank routes) and NI the routed experts' width (not split). */
+    int rank, n_ranks;
+    int h0, g0, hi0, e0, i0;         /* the first query head, group, indexer head, routed expert, shared column */
+    int H_all, HI_all, G_all;        /* the model's counts (sinks are sliced from H_all; the indexer scale) */
+    int E_loc, NI_sh;                /* routed experts held (ids e0..e0+E_loc), shared-expert columns held */
+    struct opt_rank *rk;             /* this rank's NCCL context (opt_ranks.c); NULL: the plain path */
+    struct opt_ranks *group;         /* set on the public handle of --gpus N only: it owns every rank */
     int fp8;                         /* weights mode fp8 (opt.weights resolved) */
     char producer[320];
     opt_layer *layers;               /* [L] host array of views */
@@ -149,10 +162,10 @@ struct dsv4_opt {
     uint16_t *o;                     /* [C, H·d] */
     uint16_t *z;                     /* [C, G·o_r] */
     float *aout, *fout;              /* [C, D] */
-    float *fproj;                    /* [C, E + 2I] */
+    float *fproj;                    /* [C, E + 2·NI_sh] */
     int32_t *rids;                   /* [C, k] */
     float *rw;                       /* [C, k] */
-    uint16_t *h_sh, *h_r;            /* [C, I], [C, k, I] */
+    uint16_t *h_sh, *h_r;            /* [C, NI_sh], [C, k, I] */
     float *y_sh;                     /* [C, D] */
     float *logits;                   /* [C, V] */
     int32_t *next;                   /* [C] */
@@ -221,19 +234,56 @@ struct opt_weight_src {
                      size_t fan_in);
     int (*bf16_part)(opt_weight_src *s, const dsv4_opt *o, uint16_t *dst, size_t numel, const char *name);
     int (*tid2eid)(opt_weight_src *s, const dsv4_opt *o, int32_t *dst, const char *name);
+    /* A rank's block [r0, r0 + nr) x [c0, c0 + nc) of file tensor `name` [rows, cols] (esz 2: bf16, 4: f32) at
+     * dst, row stride nc. Called only for a split tensor at N > 1. NULL for the generator: it draws the view. */
+    int (*slice)(opt_weight_src *s, const dsv4_opt *o, void *dst, int esz, const char *name, size_t rows,
+                 size_t cols, size_t r0, size_t nr, size_t c0, size_t nc);
     /* fp8 mode: */
     /* the scale encoding file tensor `name` (an FP8 linear) gets on the device; asked on BOTH passes, since the
      * arena's size depends on it (the generator: e8m0) */
     dsv4_qscale (*qscale)(opt_weight_src *s, const dsv4_opt *o, const char *name);
-    /* FP8 linear `name` [rows, cols]: e4m3 codes at q [rows, cols], scales at scale [ceil(rows/128),
-     * ceil(cols/128)] in the encoding qscale answered */
+    /* The block [r0, r0 + nr) x [c0, c0 + nc) of FP8 linear `name` [rows, cols] (the whole tensor at N = 1; a
+     * rank's slice at N > 1, r0 and c0 then multiples of 128, nr and nc too or reaching the tensor's end):
+     * e4m3 codes at q [nr, nc], the block's scales at scale [ceil(nr/128), ceil(nc/128)] in the encoding qscale
+     * answered. The generator draws [nr, nc]. */
     int (*fp8)(opt_weight_src *s, const dsv4_opt *o, uint8_t *q, void *scale, dsv4_qscale kind, int rows,
-               int cols, size_t fan_in, const char *name);
-    /* FP4 expert matrix `name` [rows, cols]: packed codes at q [rows, cols/2], e8m0 scales at scale
-     * [rows, cols/32] */
+               int cols, int r0, int nr, int c0, int nc, size_t fan_in, const char *name);
+    /* FP4 expert matrix `name` [rows, cols] (experts are split by id, so always whole): packed codes at q
+     * [rows, cols/2], e8m0 scales at scale [rows, cols/32] */
     int (*fp4)(opt_weight_src *s, const dsv4_opt *o, uint8_t *q, uint8_t *scale, int rows, int cols,
                size_t fan_in, const char *name);
 };
+
+/* ---- Ranks (opt_ranks.c; docs/multigpu.md) ----------------------------------------------------------------- */
+/* Build one rank's object on op->device: rank `rank` of n_ranks (n_ranks 0: the plain path, no NCCL). ctx: the
+ * constructor's argument (the model, or the config and seed). */
+typedef int (*opt_build_fn)(void *ctx, const dsv4_opt_options *op, int rank, int n_ranks, dsv4_opt **out);
+/* --gpus N: plan (before any device work), one NCCL communicator per GPU, every rank built by `build` on its own
+ * thread; *out is the public handle (rank 0's object, owning the others). */
+int opt_ranks_init(const dsv4_config *cfg, const dsv4_opt_options *op, opt_build_fn build, void *ctx,
+                   dsv4_opt **out);
+int opt_ranks_step(struct opt_ranks *g, const int32_t *tokens, const uint8_t *active, dsv4_probe_sink *probe,
+                   float *logits, int32_t *next);
+/* Refuses (DSV4_ERR_CUDA) once a collective failed or timed out: the communicators are aborted. */
+int opt_ranks_usable(const struct opt_ranks *g);
+void opt_ranks_free(struct opt_ranks *g);
+/* fn on every rank's object in rank order on the calling thread, each on its GPU (calls without collectives:
+ * reset, random state); the first error, prefixed with its rank. */
+int opt_ranks_each(struct opt_ranks *g, int (*fn)(dsv4_opt *o, void *arg), void *arg);
+/* The rank's step body (opt_step.c), the argument checks every rank would make alike (run once, first). */
+int opt_step_rank(dsv4_opt *o, const int32_t *tokens, const uint8_t *active, dsv4_probe_sink *probe,
+                  float *logits, int32_t *next);
+int opt_step_check(const dsv4_opt *o, const int32_t *tokens, const uint8_t *active);
+/* Free one rank's object (not the group). */
+void opt_free_one(dsv4_opt *o);
+/* Sum buf [n] f32 over the ranks in place on o->stream (ncclAllReduce, ncclFloat32, ncclSum); nothing on the
+ * plain path. `what`/L name it in errors. */
+int opt_allreduce(dsv4_opt *o, float *buf, size_t n, int L, const char *what);
+/* Wait for o->stream: cudaStreamSynchronize on the plain path; with ranks a poll of the stream and the
+ * communicator under the NCCL deadline (a hung peer becomes an error, never a hang). */
+int opt_wait(dsv4_opt *o, const char *what);
+/* 1: this step must run eagerly (NCCL timing events are recorded around the collectives). */
+int opt_ranks_eager(const dsv4_opt *o);
 
 /* The checks of the options and the config both constructors make before anything is allocated. */
 int opt_check_config(const dsv4_config *f, const dsv4_opt_options *op);

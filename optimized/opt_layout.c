@@ -32,6 +32,7 @@
 #include "kernels/sparse_attn.cuh"
 #include "kernels/topk.cuh"
 #include "opt_internal.h"
+#include "reference/ref_shard.h"
 
 void *opt_carve(opt_carver *cv, size_t bytes)
 {
@@ -55,6 +56,18 @@ static int fill_f32(opt_weight_src *s, const dsv4_opt *o, float *dst, size_t num
     return s->f32(s, o, dst, numel, kind, fan_in, name);
 }
 
+/* One file tensor into dst: the whole tensor (rows x cols) through the ordinary calls (so the plain path and N = 1
+ * load and draw exactly as before), or a rank's block [r0, +nr) x [c0, +nc) through the loader's slice; the
+ * generator (slice NULL) draws an f32 block / has drawn the bf16 view already. esz 4: f32, 2: bf16. */
+static int fill_block(opt_weight_src *s, const dsv4_opt *o, void *dst, int esz, opt_wkind kind, size_t fan_in,
+                      size_t rows, size_t cols, size_t r0, size_t nr, size_t c0, size_t nc, const char *name)
+{
+    if (nr == rows && nc == cols)
+        return esz == 4 ? s->f32(s, o, dst, rows * cols, kind, fan_in, name)
+                        : s->bf16_part(s, o, dst, rows * cols, name);
+    if (s->slice) return s->slice(s, o, dst, esz, name, rows, cols, r0, nr, c0, nc);
+    return esz == 4 ? s->f32(s, o, dst, nr * nc, kind, fan_in, name) : 0;
+}
 /* An f32 view of one file tensor. */
 #define WF(dst, numel, kind, fan_in, ...)                                                                        \
     do {                                                                                                         \
@@ -62,10 +75,12 @@ static int fill_f32(opt_weight_src *s, const dsv4_opt *o, float *dst, size_t num
         if (cv->base) DSV4_OPT_TRY(fill_f32(src, o, (dst), (size_t)(numel), (kind), (size_t)(fan_in), __VA_ARGS__)); \
     } while (0)
 
-/* One file tensor of a linear: its name and rows. */
+/* One file tensor of a linear: its name, the rows the linear holds, and where they lie in the file tensor: a
+ * rank's block rows [r0, r0 + rows) of f_rows, columns [c0, c0 + n_in) of f_cols (f_rows / f_cols 0: whole). */
 typedef struct lin_part {
     char name[128];
     int rows;
+    int f_rows, r0, f_cols, c0;
 } lin_part;
 
 static lin_part part(int rows, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -79,8 +94,17 @@ static lin_part part(int rows, const char *fmt, ...)
     return p;
 }
 
+/* p as the block rows [r0, +p.rows) of f_rows (0: all), columns [c0, +n_in) of f_cols (0: all). */
+static lin_part block(lin_part p, int f_rows, int r0, int f_cols, int c0)
+{
+    p.f_rows = f_rows, p.r0 = r0, p.f_cols = f_cols, p.c0 = c0;
+    return p;
+}
+
 /* One linear of the parts stacked by rows: bf16 (one view, the parts inside it), or fp8 (the caller stacks only
- * parts that fusable() accepts, so every scale row belongs to one part). */
+ * parts that fusable() accepts, so every scale row belongs to one part). A rank's block of an FP8 tensor carries
+ * its scale rows/columns, so it must start on a 128 scale block (opt_check_config refused the split otherwise;
+ * checked again here, on the counting pass, before any arena exists). */
 static int linear(dsv4_opt *o, opt_weight_src *src, opt_carver *cv, opt_linear *w, int fp8, int n_in,
                   const lin_part *p, int np)
 {
@@ -88,23 +112,38 @@ static int linear(dsv4_opt *o, opt_weight_src *src, opt_carver *cv, opt_linear *
     for (int i = 0; i < np; i++) n_out += p[i].rows;
     memset(w, 0, sizeof *w);
     w->n_out = n_out, w->n_in = n_in;
-    const size_t in = (size_t)n_in;
+    const size_t in = (size_t)n_in, fan_in = (size_t)(p[0].f_cols ? p[0].f_cols : n_in); /* the file's */
     if (!fp8) {
         w->bf16 = opt_carve(cv, (size_t)n_out * in * 2);
         if (!cv->base) return 0;
-        DSV4_OPT_TRY(src->bf16_view(src, o, w->bf16, (size_t)n_out * in, OPT_W_LINEAR, in));
-        for (int i = 0, r = 0; i < np; r += p[i++].rows)
-            DSV4_OPT_TRY(src->bf16_part(src, o, w->bf16 + (size_t)r * in, (size_t)p[i].rows * in, p[i].name));
+        DSV4_OPT_TRY(src->bf16_view(src, o, w->bf16, (size_t)n_out * in, OPT_W_LINEAR, fan_in));
+        for (int i = 0, r = 0; i < np; r += p[i++].rows) {
+            const size_t fr = (size_t)(p[i].f_rows ? p[i].f_rows : p[i].rows);
+            const size_t fc = p[i].f_cols ? (size_t)p[i].f_cols : in;
+            DSV4_OPT_TRY(fill_block(src, o, w->bf16 + (size_t)r * in, 2, OPT_W_LINEAR, fan_in, fr, fc,
+                                    (size_t)p[i].r0, (size_t)p[i].rows, (size_t)p[i].c0, in, p[i].name));
+        }
         return 0;
+    }
+    for (int i = 0; i < np; i++) {
+        const int fr = p[i].f_rows ? p[i].f_rows : p[i].rows, fc = p[i].f_cols ? p[i].f_cols : n_in;
+        const int sliced = fr != p[i].rows || fc != n_in;
+        if (sliced && (p[i].r0 % 128 || p[i].c0 % 128 || (p[i].r0 + p[i].rows < fr && p[i].rows % 128) ||
+                       (p[i].c0 + n_in < fc && n_in % 128)))
+            return dsv4_error(DSV4_ERR_USAGE, "optimized --gpus %d --weights fp8: rank %d's block rows [%d, %d) x "
+                              "columns [%d, %d) of %s [%d, %d] does not lie on 128x128 scale blocks", o->n_ranks,
+                              o->rank, p[i].r0, p[i].r0 + p[i].rows, p[i].c0, p[i].c0 + n_in, p[i].name, fr, fc);
     }
     w->scale_kind = src->qscale(src, o, p[0].name);
     const size_t sc = (in + 127) / 128, sb = w->scale_kind == DSV4_QSCALE_F32 ? 4 : 1;
     w->fp8 = opt_carve(cv, (size_t)n_out * in);
     w->scale = opt_carve(cv, (size_t)((n_out + 127) / 128) * sc * sb);
     if (!cv->base) return 0;
-    for (int i = 0, r = 0; i < np; r += p[i++].rows)
+    for (int i = 0, r = 0; i < np; r += p[i++].rows) {
+        const int fr = p[i].f_rows ? p[i].f_rows : p[i].rows, fc = p[i].f_cols ? p[i].f_cols : n_in;
         DSV4_OPT_TRY(src->fp8(src, o, w->fp8 + (size_t)r * in, (char *)w->scale + (size_t)(r / 128) * sc * sb,
-                              w->scale_kind, p[i].rows, n_in, in, p[i].name));
+                              w->scale_kind, fr, fc, p[i].r0, p[i].rows, p[i].c0, n_in, fan_in, p[i].name));
+    }
     return 0;
 }
 
@@ -150,28 +189,30 @@ static int projection(dsv4_opt *o, opt_weight_src *src, opt_carver *cv, opt_proj
     return 0;
 }
 
-/* A linear of one file tensor the checkpoint keeps in FP8: fp8 in fp8 mode, else bf16. */
+/* A linear of one file tensor (or the rank's block p of it) the checkpoint keeps in FP8: fp8 in fp8 mode, else
+ * bf16. */
 static int linear1(dsv4_opt *o, opt_weight_src *src, opt_carver *cv, opt_linear *w, int n_out, int n_in, lin_part p)
 {
     p.rows = n_out;
     return linear(o, src, cv, w, o->fp8, n_in, &p, 1);
 }
 
-/* The routed experts: bf16 w13 [E][w1; w3] and w2 [E], or (fp8 mode) the same as packed FP4 + e8m0 scales. */
+/* The rank's routed experts, ids e0..e0+E_loc at local index e - e0 (whole experts: split by id): bf16
+ * w13 [E_loc][w1; w3] and w2 [E_loc], or (fp8 mode) the same as packed FP4 + e8m0 scales. */
 static int experts(dsv4_opt *o, opt_weight_src *src, opt_carver *cv, opt_layer *ly, int L)
 {
-    const size_t E = o->E, NI = o->NI, D = o->D;
+    const size_t EL = o->E_loc, e0 = o->e0, NI = o->NI, D = o->D;
     char name[128];
     if (!o->fp8) {
-        ly->w13 = opt_carve(cv, E * 2 * NI * D * 2);
-        ly->w2 = opt_carve(cv, E * D * NI * 2);
+        ly->w13 = opt_carve(cv, EL * 2 * NI * D * 2);
+        ly->w2 = opt_carve(cv, EL * D * NI * 2);
         if (!cv->base) return 0;
-        DSV4_OPT_TRY(src->bf16_view(src, o, ly->w13, E * 2 * NI * D, OPT_W_LINEAR, D));
-        DSV4_OPT_TRY(src->bf16_view(src, o, ly->w2, E * D * NI, OPT_W_LINEAR, NI));
-        for (size_t e = 0; e < E; e++) {
+        DSV4_OPT_TRY(src->bf16_view(src, o, ly->w13, EL * 2 * NI * D, OPT_W_LINEAR, D));
+        DSV4_OPT_TRY(src->bf16_view(src, o, ly->w2, EL * D * NI, OPT_W_LINEAR, NI));
+        for (size_t e = 0; e < EL; e++) {
             static const char *const w[3] = {"w1", "w3", "w2"};
             for (int k = 0; k < 3; k++) {
-                snprintf(name, sizeof name, "layers.%d.ffn.experts.%zu.%s.weight", L, e, w[k]);
+                snprintf(name, sizeof name, "layers.%d.ffn.experts.%zu.%s.weight", L, e0 + e, w[k]);
                 uint16_t *dst = k < 2 ? ly->w13 + (e * 2 + (size_t)k) * NI * D : ly->w2 + e * D * NI;
                 DSV4_OPT_TRY(src->bf16_part(src, o, dst, NI * D, name));
             }
@@ -181,17 +222,17 @@ static int experts(dsv4_opt *o, opt_weight_src *src, opt_carver *cv, opt_layer *
     if (D % 32 || NI % 32)
         return dsv4_error(DSV4_ERR_UNSUPPORTED, "optimized --weights fp8: hidden_size %zu and moe_intermediate_size "
                           "%zu must be multiples of 32 (FP4 scale groups)", D, NI);
-    ly->q13 = opt_carve(cv, E * 2 * NI * D / 2);
-    ly->s13 = opt_carve(cv, E * 2 * NI * D / 32);
-    ly->q2 = opt_carve(cv, E * D * NI / 2);
-    ly->s2 = opt_carve(cv, E * D * NI / 32);
-    for (size_t e = 0; e < E && cv->base; e++) {
+    ly->q13 = opt_carve(cv, EL * 2 * NI * D / 2);
+    ly->s13 = opt_carve(cv, EL * 2 * NI * D / 32);
+    ly->q2 = opt_carve(cv, EL * D * NI / 2);
+    ly->s2 = opt_carve(cv, EL * D * NI / 32);
+    for (size_t e = 0; e < EL && cv->base; e++) {
         for (int k = 0; k < 2; k++) {
-            snprintf(name, sizeof name, "layers.%d.ffn.experts.%zu.%s.weight", L, e, k ? "w3" : "w1");
+            snprintf(name, sizeof name, "layers.%d.ffn.experts.%zu.%s.weight", L, e0 + e, k ? "w3" : "w1");
             size_t row0 = (e * 2 + (size_t)k) * NI;
             DSV4_OPT_TRY(src->fp4(src, o, ly->q13 + row0 * D / 2, ly->s13 + row0 * D / 32, (int)NI, (int)D, D, name));
         }
-        snprintf(name, sizeof name, "layers.%d.ffn.experts.%zu.w2.weight", L, e);
+        snprintf(name, sizeof name, "layers.%d.ffn.experts.%zu.w2.weight", L, e0 + e);
         DSV4_OPT_TRY(src->fp4(src, o, ly->q2 + e * D * NI / 2, ly->s2 + e * D * NI / 32, (int)D, (int)NI, NI, name));
     }
     return 0;
@@ -214,8 +255,15 @@ static int layer_weights(dsv4_opt *o, opt_weight_src *src, opt_carver *cv, int L
     WF(ly->ffn_norm, D, OPT_W_NORM, 0, "layers.%d.ffn_norm.weight", L);
     WF(ly->q_norm, o->qr, OPT_W_NORM, 0, "layers.%d.attn.q_norm.weight", L);
     WF(ly->kv_norm, d, OPT_W_NORM, 0, "layers.%d.attn.kv_norm.weight", L);
-    WF(ly->sinks, o->H, OPT_W_SINK, 0, "layers.%d.attn.attn_sink", L);
-    /* the x-projection: FP8 wq_a | wkv, then the bf16 compressor and indexer parts */
+    ly->sinks = opt_carve(cv, (size_t)o->H * 4); /* the rank's heads' sinks */
+    if (cv->base) {
+        char sn[96];
+        snprintf(sn, sizeof sn, "layers.%d.attn.attn_sink", L);
+        DSV4_OPT_TRY(fill_block(src, o, ly->sinks, 4, OPT_W_SINK, 0, (size_t)o->H_all, 1, (size_t)o->h0,
+                                (size_t)o->H, 0, 1, sn));
+    }
+    /* the x-projection: FP8 wq_a | wkv, then the bf16 compressor and indexer parts (the rank's rows of
+     * weights_proj) */
     int r = 0;
     ly->off_qa = r, r += o->qr;
     ly->off_kv = r, r += (int)d;
@@ -237,7 +285,7 @@ static int layer_weights(dsv4_opt *o, opt_weight_src *src, opt_carver *cv, int L
     if (csa) {
         xb[nb++] = part(2 * (int)dI, "layers.%d.attn.indexer.compressor.wkv.weight", L);
         xb[nb++] = part(2 * (int)dI, "layers.%d.attn.indexer.compressor.wgate.weight", L);
-        xb[nb++] = part(o->HI, "layers.%d.attn.indexer.weights_proj.weight", L);
+        xb[nb++] = block(part(o->HI, "layers.%d.attn.indexer.weights_proj.weight", L), o->HI_all, o->hi0, 0, 0);
     }
     DSV4_OPT_TRY(projection(o, src, cv, &ly->x, (int)D, xq, xq_off, 2, xb, ly->off_ckv, nb, 1));
     if (ly->ratio > 0) {
@@ -248,26 +296,33 @@ static int layer_weights(dsv4_opt *o, opt_weight_src *src, opt_carver *cv, int L
         WF(ly->idx_ape, (size_t)ly->ratio * 2 * dI, OPT_W_APE, 0, "layers.%d.attn.indexer.compressor.ape", L);
         WF(ly->idx_norm, dI, OPT_W_NORM, 0, "layers.%d.attn.indexer.compressor.norm.weight", L);
         DSV4_OPT_TRY(linear1(o, src, cv, &ly->idx_wq_b, o->HI * (int)dI, o->qr,
-                             part(0, "layers.%d.attn.indexer.wq_b.weight", L)));
+                             block(part(0, "layers.%d.attn.indexer.wq_b.weight", L), o->HI_all * (int)dI,
+                                   o->hi0 * (int)dI, 0, 0)));
     }
-    DSV4_OPT_TRY(linear1(o, src, cv, &ly->wq_b, o->H * (int)d, o->qr, part(0, "layers.%d.attn.wq_b.weight", L)));
-    DSV4_OPT_TRY(linear1(o, src, cv, &ly->wo_a, o->G * o->o_r, o->H * (int)d / o->G,
-                         part(0, "layers.%d.attn.wo_a.weight", L)));
+    /* the rank's heads: rows of wq_b, its groups' rows of wo_a and their columns of wo_b */
+    const int Gr = o->G * o->o_r, Gr_all = o->G_all * o->o_r, gr0 = o->g0 * o->o_r;
+    DSV4_OPT_TRY(linear1(o, src, cv, &ly->wq_b, o->H * (int)d, o->qr,
+                         block(part(0, "layers.%d.attn.wq_b.weight", L), o->H_all * (int)d, o->h0 * (int)d, 0, 0)));
+    DSV4_OPT_TRY(linear1(o, src, cv, &ly->wo_a, Gr, o->H * (int)d / o->G,
+                         block(part(0, "layers.%d.attn.wo_a.weight", L), Gr_all, gr0, 0, 0)));
     for (int g = 0; o->fp8 && g < o->G; g++) { /* a group's scale rows must be its own slice (opt_internal.h) */
         const int off = g * o->o_r;
         if (off % 128 && off % 128 + o->o_r > 128)
             return dsv4_error(DSV4_ERR_UNSUPPORTED, "optimized --weights fp8: wo_a group %d (rows %d..%d) straddles "
-                              "a 128-row scale block", g, off, off + o->o_r - 1);
+                              "a 128-row scale block", o->g0 + g, gr0 + off, gr0 + off + o->o_r - 1);
     }
-    DSV4_OPT_TRY(linear1(o, src, cv, &ly->wo_b, (int)D, o->G * o->o_r, part(0, "layers.%d.attn.wo_b.weight", L)));
-    /* the ffn projection: router gate (bf16) | shared w1 | shared w3 (FP8) */
-    lin_part fq[2] = {part((int)NI, "layers.%d.ffn.shared_experts.w1.weight", L),
-                      part((int)NI, "layers.%d.ffn.shared_experts.w3.weight", L)};
-    const int fq_off[2] = {(int)E, (int)(E + NI)};
+    DSV4_OPT_TRY(linear1(o, src, cv, &ly->wo_b, (int)D, Gr,
+                         block(part(0, "layers.%d.attn.wo_b.weight", L), 0, 0, Gr_all, gr0)));
+    /* the ffn projection: router gate (bf16, every expert: every rank routes) | shared w1 | shared w3 (FP8; the
+     * rank's intermediate columns = rows of w1/w3, columns of w2) */
+    const int NS = o->NI_sh, i0 = o->i0;
+    lin_part fq[2] = {block(part(NS, "layers.%d.ffn.shared_experts.w1.weight", L), (int)NI, i0, 0, 0),
+                      block(part(NS, "layers.%d.ffn.shared_experts.w3.weight", L), (int)NI, i0, 0, 0)};
+    const int fq_off[2] = {(int)E, (int)E + NS};
     lin_part fb = part((int)E, "layers.%d.ffn.gate.weight", L);
     DSV4_OPT_TRY(projection(o, src, cv, &ly->f, (int)D, fq, fq_off, 2, &fb, 0, 1, 0));
-    DSV4_OPT_TRY(linear1(o, src, cv, &ly->sh_w2, (int)D, (int)NI,
-                         part(0, "layers.%d.ffn.shared_experts.w2.weight", L)));
+    DSV4_OPT_TRY(linear1(o, src, cv, &ly->sh_w2, (int)D, NS,
+                         block(part(0, "layers.%d.ffn.shared_experts.w2.weight", L), 0, 0, (int)NI, i0)));
     if (ly->mlp == DSV4_MLP_HASH_MOE) {
         ly->tid2eid = opt_carve(cv, (size_t)o->V * o->K * 4);
         if (cv->base) {
@@ -293,7 +348,7 @@ static int weights_layout(dsv4_opt *o, opt_weight_src *src, opt_carver *cv)
     if (o->cfg.tie_word_embeddings) o->head = o->embed;
     else {
         opt_linear h;
-        DSV4_OPT_TRY(linear(o, src, cv, &h, 0, (int)D, &(lin_part){"head.weight", (int)V}, 1));
+        DSV4_OPT_TRY(linear(o, src, cv, &h, 0, (int)D, &(lin_part){.name = "head.weight", .rows = (int)V}, 1));
         o->head = h.bf16;
     }
     WF(o->norm, D, OPT_W_NORM, 0, "norm.weight");
@@ -317,6 +372,7 @@ static int weights_layout(dsv4_opt *o, opt_weight_src *src, opt_carver *cv)
     return 0;
 }
 #undef WF
+
 
 /* ------------------------------------------------------------------------------------ caches */
 static void state_layout(dsv4_opt *o, opt_carver *cv)
@@ -436,10 +492,10 @@ static void scratch_layout(dsv4_opt *o, opt_carver *cv)
     o->z = opt_carve(cv, C * o->G * o->o_r * 2);
     o->aout = opt_carve(cv, C * D * 4);
     o->fout = opt_carve(cv, C * D * 4);
-    o->fproj = opt_carve(cv, C * (o->E + 2 * NI) * 4);
+    o->fproj = opt_carve(cv, C * (o->E + 2 * (size_t)o->NI_sh) * 4);
     o->rids = opt_carve(cv, C * K * 4);
     o->rw = opt_carve(cv, C * K * 4);
-    o->h_sh = opt_carve(cv, C * NI * 2);
+    o->h_sh = opt_carve(cv, C * o->NI_sh * 2);
     o->h_r = opt_carve(cv, C * K * NI * 2);
     o->y_sh = opt_carve(cv, C * D * 4);
     o->logits = opt_carve(cv, C * o->V * 4);
@@ -466,6 +522,8 @@ int opt_check_config(const dsv4_config *f, const dsv4_opt_options *op)
     DSV4_CHECK(op->n_seq >= 1 && op->n_seq <= 4096, "optimized: n_seq %d outside [1, 4096]", op->n_seq);
     DSV4_CHECK(op->max_context >= 1 && op->max_context <= (1 << 20), "optimized: max_context %d outside [1, 2^20]",
                op->max_context);
+    DSV4_CHECK(op->n_gpus >= 0 && op->n_gpus <= DSV4_REF_SHARD_MAX, "optimized: --gpus %d outside [1, %d]",
+               op->n_gpus, DSV4_REF_SHARD_MAX);
     DSV4_CHECK(op->dump_seq >= 0 && op->dump_seq < op->n_seq, "optimized: dump_seq %d outside [0, %d)", op->dump_seq,
                op->n_seq);
     if (f->num_key_value_heads != 1 || f->hc_mult < 1 || f->hc_mult > 4 || f->qk_rope_head_dim % 2 ||
@@ -477,6 +535,9 @@ int opt_check_config(const dsv4_config *f, const dsv4_opt_options *op)
     if (f->hidden_size % 2 || f->moe_intermediate_size % 2)
         return dsv4_error(DSV4_ERR_UNSUPPORTED, "optimized: hidden_size %d and moe_intermediate_size %d must be even",
                           f->hidden_size, f->moe_intermediate_size);
+    /* --gpus N > 1 --weights fp8 (weights resolved by the constructor): the ranks' FP8 slices on scale blocks */
+    if (op->n_gpus > 1 && op->weights == DSV4_OPT_WEIGHTS_FP8)
+        DSV4_OPT_TRY(dsv4_ref_shard_check_blocks(f, op->n_gpus, 128));
     return 0;
 }
 
@@ -507,6 +568,13 @@ int opt_init_common(dsv4_opt *o, opt_weight_src *src)
     o->E = f->n_routed_experts, o->K = f->num_experts_per_tok, o->NI = f->moe_intermediate_size;
     o->W = f->sliding_window, o->G = f->o_groups, o->o_r = f->o_lora_rank, o->np = f->qk_rope_head_dim / 2;
     o->topk = f->index_topk > 0 ? f->index_topk : 1;
+    /* the rank's shard; the plain path is rank 0 of 1 */
+    if (o->n_ranks < 1) o->rank = 0, o->n_ranks = 1;
+    dsv4_ref_shard_part part;
+    DSV4_OPT_TRY(dsv4_ref_shard_partition(f, o->rank, o->n_ranks, &part));
+    o->H_all = o->H, o->HI_all = o->HI, o->G_all = o->G;
+    o->H = part.nh, o->h0 = part.h0, o->HI = part.nhi, o->hi0 = part.hi0, o->G = part.ng, o->g0 = part.g0;
+    o->E_loc = part.ne, o->e0 = part.e0, o->NI_sh = part.ni, o->i0 = part.i0;
     o->follow = o->opt.follow;
     o->follow_stride = 2 + o->topk + o->K;
     o->follow_stop = -1;

@@ -14,6 +14,7 @@
  *   the same weights; a tensor already FP8/FP4 on disk is never requantised.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -100,6 +101,16 @@ int opt_dev_alloc(void **p, size_t bytes, const char *what)
 long dsv4_opt_device_alloc_count(void) { return __atomic_load_n(&opt_allocs, __ATOMIC_RELAXED); }
 
 /* ------------------------------------------------------------------------------------ the loader's source */
+/* With --gpus N the ranks' threads load at once; the model's readers are not promised to be thread-safe. */
+static pthread_mutex_t load_lock = PTHREAD_MUTEX_INITIALIZER;
+static int read_locked(const dsv4_model *m, const char *name, void *dst, size_t numel, int esz)
+{
+    pthread_mutex_lock(&load_lock);
+    int rc = esz == 4 ? dsv4_model_read_f32(m, name, dst, numel) : dsv4_model_read_bf16(m, name, dst, numel);
+    pthread_mutex_unlock(&load_lock);
+    return rc;
+}
+
 typedef struct loader_src {
     opt_weight_src base;
     dsv4_model *m;
@@ -123,7 +134,7 @@ static int load_f32(opt_weight_src *s, const dsv4_opt *o, float *dst, size_t num
     loader_src *u = (loader_src *)s;
     (void)o, (void)kind, (void)fan_in;
     DSV4_OPT_TRY(stage(u, numel * 4));
-    DSV4_OPT_TRY(dsv4_model_read_f32(u->m, name, u->host, numel));
+    DSV4_OPT_TRY(read_locked(u->m, name, u->host, numel, 4));
     DSV4_OPT_CUDA(cudaMemcpy(dst, u->host, numel * 4, cudaMemcpyHostToDevice));
     return 0;
 }
@@ -170,14 +181,14 @@ static int quantise_host(loader_src *u, const char *name, int set, int rows, int
                     : dsv4_quant_fp4(w, rows, cols, *q, *scale, name);
 }
 
-static int load_bf16_part(opt_weight_src *s, const dsv4_opt *o, uint16_t *dst, size_t numel, const char *name)
+/* File tensor `name` of numel elements as bf16 in host staging (*out = u->host): read by the shared loader, or in
+ * bf16 mode with --quantize the quantised values, dequantised (the weights fp8 mode multiplies). */
+static int host_bf16(loader_src *u, const dsv4_opt *o, const char *name, size_t numel, uint16_t **out)
 {
-    loader_src *u = (loader_src *)s;
     const dsv4_tensor *t;
     const int set = o->opt.quantize == DSV4_OPT_QUANTIZE_FP8 ? quant_set(name) : 0;
     if (set && !dsv4_model_tensor(u->m, name, &t) && t->ndim == 2 &&
         !(set == 8 ? t->dtype == DSV4_DTYPE_F8_E4M3 : is_fp4(t))) {
-        /* bf16 mode with --quantize: the quantised values, dequantised (the weights fp8 mode multiplies) */
         int64_t sh[2] = {t->shape[0], t->shape[1]};
         if ((size_t)(sh[0] * sh[1]) != numel)
             return dsv4_error(DSV4_ERR_SHAPE, "%s: %lld x %lld elements, the layout wants %zu", name,
@@ -193,12 +204,20 @@ static int load_bf16_part(opt_weight_src *s, const dsv4_opt *o, uint16_t *dst, s
                 set == 8 ? dsv4_e4m3_to_f32(q[i]) : dsv4_e2m1_to_f32((q[i / 2] >> (i % 2 ? 4 : 0)) & 0xf);
             b[i] = dsv4_f32_to_bf16(code * dsv4_e8m0_to_f32(sc[si]));
         }
-        DSV4_OPT_CUDA(cudaMemcpy(dst, b, numel * 2, cudaMemcpyHostToDevice));
+        *out = b;
         return 0;
     }
     DSV4_OPT_TRY(stage(u, numel * 2));
-    DSV4_OPT_TRY(dsv4_model_read_bf16(u->m, name, u->host, numel));
-    DSV4_OPT_CUDA(cudaMemcpy(dst, u->host, numel * 2, cudaMemcpyHostToDevice));
+    DSV4_OPT_TRY(read_locked(u->m, name, u->host, numel, 2));
+    *out = u->host;
+    return 0;
+}
+
+static int load_bf16_part(opt_weight_src *s, const dsv4_opt *o, uint16_t *dst, size_t numel, const char *name)
+{
+    uint16_t *b;
+    DSV4_OPT_TRY(host_bf16((loader_src *)s, o, name, numel, &b));
+    DSV4_OPT_CUDA(cudaMemcpy(dst, b, numel * 2, cudaMemcpyHostToDevice));
     return 0;
 }
 
@@ -239,26 +258,40 @@ static int disk_quant(loader_src *u, const dsv4_opt *o, const char *name, int se
     return 0;
 }
 
+/* Copies the block [r0, +nr) x [c0, +nc) of a host matrix [., cols] of esz-byte elements to dst [nr, nc]. */
+static int upload_block(void *dst, const void *src, size_t esz, size_t cols, size_t r0, size_t nr, size_t c0,
+                        size_t nc)
+{
+    DSV4_OPT_CUDA(cudaMemcpy2D(dst, nc * esz, (const char *)src + (r0 * cols + c0) * esz, cols * esz, nc * esz, nr,
+                               cudaMemcpyHostToDevice));
+    return 0;
+}
+
+/* The block of FP8 linear `name` [rows, cols] (the whole tensor, or a rank's slice on 128x128 scale blocks): its
+ * codes and the matching block scales, from disk or quantised at load (the whole tensor: the same codes). */
 static int load_fp8(opt_weight_src *s, const dsv4_opt *o, uint8_t *q, void *scale, dsv4_qscale kind, int rows,
-                    int cols, size_t fan_in, const char *name)
+                    int cols, int r0, int nr, int c0, int nc, size_t fan_in, const char *name)
 {
     loader_src *u = (loader_src *)s;
     const dsv4_tensor *t;
     (void)fan_in;
-    const size_t n = (size_t)rows * cols, ns = (size_t)((rows + 127) / 128) * ((cols + 127) / 128);
+    const int sliced = nr != rows || nc != cols;
+    if (r0 < 0 || c0 < 0 || r0 + nr > rows || c0 + nc > cols || (sliced && (r0 % 128 || c0 % 128)))
+        return dsv4_error(DSV4_ERR_USAGE, "%s: block [%d, +%d) x [%d, +%d) of [%d, %d] is not on its scale blocks",
+                          name, r0, nr, c0, nc, rows, cols);
+    const size_t scols = (size_t)(cols + 127) / 128, sr0 = (size_t)r0 / 128, snr = (size_t)(nr + 127) / 128;
+    const size_t sc0 = (size_t)c0 / 128, snc = (size_t)(nc + 127) / 128;
     DSV4_OPT_TRY(disk_quant(u, o, name, 8, rows, cols, &t));
     if (t) { /* as on disk: the codes and the scale encoding qscale chose from this tensor */
-        DSV4_OPT_CUDA(cudaMemcpy(q, t->data, n, cudaMemcpyHostToDevice));
+        DSV4_OPT_TRY(upload_block(q, t->data, 1, (size_t)cols, (size_t)r0, (size_t)nr, (size_t)c0, (size_t)nc));
         const size_t sb = kind == DSV4_QSCALE_F32 ? 4 : 1;
-        DSV4_OPT_CUDA(cudaMemcpy(scale, t->scale->data, ns * sb, cudaMemcpyHostToDevice));
-        return 0;
+        return upload_block(scale, t->scale->data, sb, scols, sr0, snr, sc0, snc);
     }
     uint8_t *hq, *hs;
     DSV4_OPT_TRY(quantise_host(u, name, 8, rows, cols, &hq, &hs));
     DSV4_CHECK(kind == DSV4_QSCALE_E8M0, "%s: quantised at load, but the layout chose f32 scales", name);
-    DSV4_OPT_CUDA(cudaMemcpy(q, hq, n, cudaMemcpyHostToDevice));
-    DSV4_OPT_CUDA(cudaMemcpy(scale, hs, ns, cudaMemcpyHostToDevice));
-    return 0;
+    DSV4_OPT_TRY(upload_block(q, hq, 1, (size_t)cols, (size_t)r0, (size_t)nr, (size_t)c0, (size_t)nc));
+    return upload_block(scale, hs, 1, scols, sr0, snr, sc0, snc);
 }
 
 static int load_fp4(opt_weight_src *s, const dsv4_opt *o, uint8_t *q, uint8_t *scale, int rows, int cols,
@@ -303,7 +336,10 @@ static int load_tid2eid(opt_weight_src *s, const dsv4_opt *o, int32_t *dst, cons
     const size_t n = (size_t)o->V * o->K;
     DSV4_OPT_TRY(stage(u, n * 4));
     int32_t *t = u->host;
-    DSV4_OPT_TRY(dsv4_model_read_i32(u->m, name, t, n));
+    pthread_mutex_lock(&load_lock);
+    int rc = dsv4_model_read_i32(u->m, name, t, n);
+    pthread_mutex_unlock(&load_lock);
+    DSV4_OPT_TRY(rc);
     for (size_t i = 0; i < n; i++)
         if (t[i] < 0 || t[i] >= o->E)
             return dsv4_error(DSV4_ERR_FORMAT, "%s: token %zu maps to expert %d, outside [0, %d)", name, i / o->K,
@@ -312,29 +348,44 @@ static int load_tid2eid(opt_weight_src *s, const dsv4_opt *o, int32_t *dst, cons
     return 0;
 }
 
-/* ------------------------------------------------------------------------------------ init / free */
-int dsv4_opt_init(dsv4_model *m, const dsv4_opt_options *op, dsv4_opt **out)
+/* The block of a split tensor: the whole tensor is read (the shared loader reads tensors whole), the block
+ * uploaded with one strided copy. */
+static int load_slice(opt_weight_src *s, const dsv4_opt *o, void *dst, int esz, const char *name, size_t rows,
+                      size_t cols, size_t r0, size_t nr, size_t c0, size_t nc)
 {
-    DSV4_CHECK(m && op && out, "dsv4_opt_init: NULL argument");
+    loader_src *u = (loader_src *)s;
+    if (r0 + nr > rows || c0 + nc > cols)
+        return dsv4_error(DSV4_ERR_USAGE, "%s: block [%zu, +%zu) x [%zu, +%zu) outside [%zu, %zu]", name, r0, nr,
+                          c0, nc, rows, cols);
+    void *h = NULL;
+    if (esz == 2) { /* with --quantize fp8 in bf16 mode: the dequantised codes of the whole tensor */
+        uint16_t *b;
+        DSV4_OPT_TRY(host_bf16(u, o, name, rows * cols, &b));
+        h = b;
+    } else {
+        DSV4_OPT_TRY(stage(u, rows * cols * 4));
+        DSV4_OPT_TRY(read_locked(u->m, name, u->host, rows * cols, 4));
+        h = u->host;
+    }
+    return upload_block(dst, h, (size_t)esz, cols, r0, nr, c0, nc);
+}
+
+/* ------------------------------------------------------------------------------------ init / free */
+static int build_from_model(void *ctx, const dsv4_opt_options *op, int rank, int n_ranks, dsv4_opt **out)
+{
+    dsv4_model *m = ctx;
     *out = NULL;
-    const dsv4_config *f = dsv4_model_config(m);
-    DSV4_OPT_TRY(opt_check_config(f, op));
     dsv4_opt *o = calloc(1, sizeof *o);
     if (!o) return dsv4_error(DSV4_ERR_NOMEM, "optimized: out of host memory");
     o->opt = *op;
-    o->cfg = *f;
-    if (o->opt.weights == DSV4_OPT_WEIGHTS_AUTO) { /* the checkpoint's own format */
-        const dsv4_tensor *t;
-        int q8 = o->opt.quantize == DSV4_OPT_QUANTIZE_FP8;
-        if (!q8 && !dsv4_model_tensor(m, "layers.0.attn.wq_a.weight", &t)) q8 = t->dtype == DSV4_DTYPE_F8_E4M3;
-        if (!q8 && !dsv4_model_tensor(m, "layers.0.ffn.experts.0.w1.weight", &t)) q8 = is_fp4(t);
-        o->opt.weights = q8 ? DSV4_OPT_WEIGHTS_FP8 : DSV4_OPT_WEIGHTS_BF16;
-    }
+    o->cfg = *dsv4_model_config(m);
+    o->rank = rank, o->n_ranks = n_ranks; /* op->weights was resolved by dsv4_opt_init */
     loader_src u = {.base = {.what = "optimized",
                              .f32 = load_f32,
                              .bf16_view = load_bf16_view,
                              .bf16_part = load_bf16_part,
                              .tid2eid = load_tid2eid,
+                             .slice = load_slice,
                              .qscale = load_qscale,
                              .fp8 = load_fp8,
                              .fp4 = load_fp4},
@@ -342,14 +393,38 @@ int dsv4_opt_init(dsv4_model *m, const dsv4_opt_options *op, dsv4_opt **out)
     int rc = opt_init_common(o, &u.base);
     free(u.host);
     if (rc) {
-        dsv4_opt_free(o);
+        opt_free_one(o);
         return rc;
     }
     *out = o;
     return 0;
 }
 
+int dsv4_opt_init(dsv4_model *m, const dsv4_opt_options *op, dsv4_opt **out)
+{
+    DSV4_CHECK(m && op && out, "dsv4_opt_init: NULL argument");
+    *out = NULL;
+    dsv4_opt_options r = *op;
+    if (r.weights == DSV4_OPT_WEIGHTS_AUTO) { /* the checkpoint's own format */
+        const dsv4_tensor *t;
+        int q8 = r.quantize == DSV4_OPT_QUANTIZE_FP8;
+        if (!q8 && !dsv4_model_tensor(m, "layers.0.attn.wq_a.weight", &t)) q8 = t->dtype == DSV4_DTYPE_F8_E4M3;
+        if (!q8 && !dsv4_model_tensor(m, "layers.0.ffn.experts.0.w1.weight", &t)) q8 = is_fp4(t);
+        r.weights = q8 ? DSV4_OPT_WEIGHTS_FP8 : DSV4_OPT_WEIGHTS_BF16;
+    }
+    /* resolved before the ranks exist: with --gpus N --weights fp8 the scale-block split is checked here */
+    DSV4_OPT_TRY(opt_check_config(dsv4_model_config(m), &r));
+    if (r.n_gpus > 0) return opt_ranks_init(dsv4_model_config(m), &r, build_from_model, m, out);
+    return build_from_model(m, &r, 0, 0, out);
+}
+
 void dsv4_opt_free(dsv4_opt *o)
+{
+    if (o && o->group) opt_ranks_free(o->group); /* every rank, this one included */
+    else opt_free_one(o);
+}
+
+void opt_free_one(dsv4_opt *o)
 {
     if (!o) return;
     if (o->stream) cudaStreamSynchronize(o->stream);
@@ -369,12 +444,19 @@ void dsv4_opt_free(dsv4_opt *o)
 
 int dsv4_opt_position(const dsv4_opt *o, int seq) { return o && seq >= 0 && seq < o->C ? o->pos[seq] : 0; }
 
-int dsv4_opt_reset(dsv4_opt *o, int seq)
+static int reset_one(dsv4_opt *o, void *arg)
 {
-    DSV4_CHECK(o && seq >= 0 && seq < o->C, "dsv4_opt_reset: sequence %d outside [0, %d)", seq, o ? o->C : 0);
+    const int seq = *(const int *)arg;
     o->pos[seq] = 0;
     if (seq == o->opt.dump_seq) o->follow_stop = -1; /* a fresh start follows from position 0 again */
     return opt_state_reset(o, seq);
+}
+
+int dsv4_opt_reset(dsv4_opt *o, int seq)
+{
+    DSV4_CHECK(o && seq >= 0 && seq < o->C, "dsv4_opt_reset: sequence %d outside [0, %d)", seq, o ? o->C : 0);
+    if (o->group) return opt_ranks_each(o->group, reset_one, &seq);
+    return reset_one(o, &seq);
 }
 
 int dsv4_opt_follow_stats_get(dsv4_opt *o, dsv4_opt_follow_stats *s)
@@ -383,6 +465,10 @@ int dsv4_opt_follow_stats_get(dsv4_opt *o, dsv4_opt_follow_stats *s)
     memset(s, 0, sizeof *s);
     s->stopped_at = o->follow_stop;
     if (!o->follow) return 0;
+    if (o->group) { /* every rank followed the same rows: rank 0's (this object's) counts stand for all */
+        DSV4_OPT_TRY(opt_ranks_usable(o->group));
+        DSV4_OPT_CUDA(cudaSetDevice(o->opt.device));
+    }
     int32_t changed[2];
     DSV4_OPT_CUDA(cudaStreamSynchronize(o->stream));
     DSV4_OPT_CUDA(cudaMemcpy(changed, o->d_follow_changed, sizeof changed, cudaMemcpyDeviceToHost));

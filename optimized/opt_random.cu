@@ -190,12 +190,13 @@ static int gen_sexp(float amp, float top)
     return (int)ceil(log2((double)amp / top));
 }
 
+/* Draws the block [nr, nc] (a rank's slice is drawn at its own size, like the bf16 views). */
 static int gen_fp8(opt_weight_src *s, const dsv4_opt *o, uint8_t *q, void *scale, dsv4_qscale kind, int rows,
-                   int cols, size_t fan_in, const char *name)
+                   int cols, int r0, int nr, int c0, int nc, size_t fan_in, const char *name)
 {
     gen_src *g = (gen_src *)s;
-    (void)kind, (void)name;
-    const size_t n = (size_t)rows * cols, ns = (size_t)((rows + 127) / 128) * ((cols + 127) / 128);
+    (void)kind, (void)name, (void)rows, (void)cols, (void)r0, (void)c0;
+    const size_t n = (size_t)nr * nc, ns = (size_t)((nr + 127) / 128) * ((nc + 127) / 128);
     const float amp = lin_amp(fan_in);
     rnd_fp8_kernel<<<1056, 256, 0, o->stream>>>(q, n, (uint8_t *)scale, ns, stream_seed(g->seed, g->id++), amp,
                                                 gen_sexp(amp, 448.0f));
@@ -222,24 +223,23 @@ static int gen_tid2eid(opt_weight_src *s, const dsv4_opt *o, int32_t *dst, const
 }
 
 /* ------------------------------------------------------------------------------------ init */
-extern "C" int dsv4_opt_init_random(const dsv4_config *cfg, uint64_t seed, const dsv4_opt_options *op,
-                                    dsv4_opt **out)
+typedef struct gen_ctx {
+    const dsv4_config *cfg;
+    uint64_t seed;
+} gen_ctx;
+
+/* One rank's object. Every rank draws its views from the same seed in the same carve order, so replicated
+ * weights agree across ranks; the split views are drawn at the rank's size (throughput runs only). */
+static int build_random(void *ctx, const dsv4_opt_options *op, int rank, int n_ranks, dsv4_opt **out)
 {
-    DSV4_CHECK(cfg && op && out, "dsv4_opt_init_random: NULL argument");
+    const gen_ctx *x = (const gen_ctx *)ctx;
+    const uint64_t seed = x->seed;
     *out = NULL;
-    DSV4_OPT_TRY(opt_check_config(cfg, op));
     dsv4_opt *o = (dsv4_opt *)calloc(1, sizeof *o);
     if (!o) return dsv4_error(DSV4_ERR_NOMEM, "optimized: out of host memory");
     o->opt = *op;
-    o->cfg = *cfg;
-    /* no checkpoint: bf16 unless quantised; bf16 weights are drawn as bf16, never quantised */
-    if (o->opt.weights == DSV4_OPT_WEIGHTS_AUTO)
-        o->opt.weights = o->opt.quantize == DSV4_OPT_QUANTIZE_FP8 ? DSV4_OPT_WEIGHTS_FP8 : DSV4_OPT_WEIGHTS_BF16;
-    if (o->opt.weights == DSV4_OPT_WEIGHTS_BF16 && o->opt.quantize == DSV4_OPT_QUANTIZE_FP8) {
-        free(o);
-        return dsv4_error(DSV4_ERR_USAGE, "optimized (random): --weights bf16 with --quantize fp8: the random "
-                          "model's bf16 weights are drawn as bf16 (use --weights fp8)");
-    }
+    o->cfg = *x->cfg;
+    o->rank = rank, o->n_ranks = n_ranks;
     gen_src g;
     memset(&g, 0, sizeof g);
     g.base.what = "optimized (random)";
@@ -253,7 +253,7 @@ extern "C" int dsv4_opt_init_random(const dsv4_config *cfg, uint64_t seed, const
     g.seed = seed;
     int rc = opt_init_common(o, &g.base);
     if (rc) {
-        dsv4_opt_free(o);
+        opt_free_one(o);
         return rc;
     }
     size_t n = strlen(o->producer);
@@ -262,12 +262,46 @@ extern "C" int dsv4_opt_init_random(const dsv4_config *cfg, uint64_t seed, const
     return 0;
 }
 
+extern "C" int dsv4_opt_init_random(const dsv4_config *cfg, uint64_t seed, const dsv4_opt_options *op,
+                                    dsv4_opt **out)
+{
+    DSV4_CHECK(cfg && op && out, "dsv4_opt_init_random: NULL argument");
+    *out = NULL;
+    dsv4_opt_options r = *op;
+    /* no checkpoint: bf16 unless quantised; bf16 weights are drawn as bf16, never quantised */
+    if (r.weights == DSV4_OPT_WEIGHTS_AUTO)
+        r.weights = r.quantize == DSV4_OPT_QUANTIZE_FP8 ? DSV4_OPT_WEIGHTS_FP8 : DSV4_OPT_WEIGHTS_BF16;
+    if (r.weights == DSV4_OPT_WEIGHTS_BF16 && r.quantize == DSV4_OPT_QUANTIZE_FP8)
+        return dsv4_error(DSV4_ERR_USAGE, "optimized (random): --weights bf16 with --quantize fp8: the random "
+                          "model's bf16 weights are drawn as bf16 (use --weights fp8)");
+    DSV4_OPT_TRY(opt_check_config(cfg, &r)); /* with --gpus N --weights fp8 also the scale-block split */
+    gen_ctx x = {cfg, seed};
+    if (r.n_gpus > 0) return opt_ranks_init(cfg, &r, build_random, &x, out);
+    return build_random(&x, &r, 0, 0, out);
+}
+
 /* ------------------------------------------------------------------------------------ random state */
+typedef struct state_args {
+    int position;
+    uint64_t seed;
+} state_args;
+static int random_state_one(dsv4_opt *o, void *arg);
+
 extern "C" int dsv4_opt_random_state(dsv4_opt *o, int position, uint64_t seed)
 {
     DSV4_CHECK(o, "dsv4_opt_random_state: NULL argument");
     DSV4_CHECK(position >= 0 && position < o->opt.max_context, "dsv4_opt_random_state: position %d outside [0, %d)",
                position, o->opt.max_context);
+    state_args a = {position, seed};
+    /* every rank draws the same state from the same seed: the replicated caches agree */
+    if (o->group) return opt_ranks_each(o->group, random_state_one, &a);
+    return random_state_one(o, &a);
+}
+
+static int random_state_one(dsv4_opt *o, void *arg)
+{
+    const int position = ((const state_args *)arg)->position;
+    const uint64_t seed = ((const state_args *)arg)->seed;
     const float amp = sqrtf(3.0f); /* U[-√3, √3): RMS 1, like a normed row */
     const size_t d = o->d, dI = o->dI, W = o->W;
     for (int L = 0; L < o->cfg.num_hidden_layers; L++) {

@@ -39,7 +39,7 @@ static int probe_row(dsv4_opt *o, int L, const char *name, const void *dev, size
     const int p = o->pos[o->opt.dump_seq];
     size_t bytes = n * (kind == PR_BF16 ? 2 : 4);
     DSV4_OPT_CUDA(cudaMemcpyAsync(o->h_probe, dev, bytes, cudaMemcpyDeviceToHost, o->stream));
-    DSV4_OPT_CUDA(cudaStreamSynchronize(o->stream));
+    DSV4_OPT_TRY(opt_wait(o, name));
     if (kind == PR_I32) return dsv4_probe_i32(o->probe, L, name, p, (const int32_t *)o->h_probe, n);
     if (kind == PR_BF16) {
         const uint16_t *b = (const uint16_t *)o->h_probe;
@@ -119,7 +119,8 @@ static int indexer(dsv4_opt *o, int L, const opt_layer *ly, int n_csa)
                            (int64_t)HI * dI));
     dsv4_norm_rope_params wp = {.n_tok = C, .heads = 1, .dim = HI, .x = o->proj + ly->off_iw,
                                 .x_tok_stride = ly->n_x, .out = NULL, .out_f32 = o->wI,
-                                .post_scale = 1.0f / sqrtf((float)dI) / sqrtf((float)HI), .stream = o->stream};
+                                .post_scale = 1.0f / sqrtf((float)dI) / sqrtf((float)o->HI_all),
+                                .stream = o->stream};
     DSV4_OPT_TRY(dsv4_opt_norm_rope(&wp));
     const int max_ctx = o->opt.index_context == DSV4_OPT_INDEX_MAX;
     const int n_work = max_ctx ? ly->pool_cap : (n_csa > 0 ? n_csa : 1);
@@ -132,6 +133,10 @@ static int indexer(dsv4_opt *o, int L, const opt_layer *ly, int n_csa)
                               .scratch_bytes = o->opt.indexer == DSV4_OPT_INDEXER_FP32 ? o->ws_bytes : 0,
                               .stream = o->stream};
     DSV4_OPT_TRY(dsv4_opt_indexer_scores(&ip));
+    /* the ranks' head partials meet BEFORE the top-k, so every rank selects from the same sums; the live
+     * columns of rows 0..C-1 are one contiguous run at the score stride */
+    DSV4_OPT_TRY(opt_allreduce(o, o->iscore, (size_t)(C - 1) * o->pool_cap_csa + (size_t)n_work, L,
+                               "indexer_scores"));
     if (o->probe) {
         int n_vis = (o->pos[s] + 1) / ly->ratio;
         PROBE("indexer_scores", o->iscore + (size_t)s * o->pool_cap_csa, (size_t)n_vis, PR_F32);
@@ -195,6 +200,7 @@ static int attention(dsv4_opt *o, int L, int n_csa, int n_hca)
     const int G = o->G, o_r = o->o_r;
     DSV4_OPT_TRY(opt_linear_apply_grouped(o, &ly->wo_a, G, o->z, G * o_r, o->o, H * d, C));
     DSV4_OPT_TRY(opt_linear_apply(o, &ly->wo_b, o->aout, 1, D, o->z, G * o_r, C));
+    DSV4_OPT_TRY(opt_allreduce(o, o->aout, (size_t)C * D, L, "attn_out"));
     PROBE("attn_out", o->aout + (size_t)s * D, D, PR_F32);
     return 0;
 }
@@ -202,25 +208,29 @@ static int attention(dsv4_opt *o, int L, int n_csa, int n_hca)
 int opt_experts(dsv4_opt *o, const opt_layer *ly)
 {
     const int C = o->C, D = o->D, NI = o->NI, K = o->K;
+    /* the rank's experts e0..e0+E_loc (whole experts); e_end 0 when it holds every one */
+    const int e_begin = o->e0, e_end = o->E_loc < o->E ? o->e0 + o->E_loc : 0;
     if (o->fp8) {
         dsv4_fp4_experts_params fp = {.n_tok = C, .k = K, .dim = D, .inter = NI,
                                       .limit = (float)o->cfg.swiglu_limit, .x = o->xn, .ids = o->rids,
                                       .weights = o->rw, .w13 = ly->q13, .s13 = ly->s13, .w2 = ly->q2, .s2 = ly->s2,
-                                      .h = o->h_r, .shared = o->y_sh, .shared_stride = D, .out = o->fout,
-                                      .stream = o->stream};
+                                      .e_begin = e_begin, .e_end = e_end, .h = o->h_r, .shared = o->y_sh,
+                                      .shared_stride = D, .out = o->fout, .stream = o->stream};
         return dsv4_opt_fp4_experts(&fp);
     }
     dsv4_moe_experts_params ep = {.n_tok = C, .k = K, .dim = D, .inter = NI, .limit = (float)o->cfg.swiglu_limit,
                                   .x = o->xn, .ids = o->rids, .weights = o->rw, .w13 = ly->w13, .w2 = ly->w2,
-                                  .h = o->h_r, .shared = o->y_sh, .shared_stride = D, .out = o->fout,
-                                  .stream = o->stream};
+                                  .e_begin = e_begin, .e_end = e_end, .h = o->h_r, .shared = o->y_sh,
+                                  .shared_stride = D, .out = o->fout, .stream = o->stream};
     return dsv4_opt_moe_experts(&ep);
 }
 
 static int moe(dsv4_opt *o, int L)
 {
     const opt_layer *ly = &o->layers[L];
-    const int s = o->opt.dump_seq, C = o->C, D = o->D, E = o->E, NI = o->NI, K = o->K, nf = E + 2 * NI;
+    /* NS: the rank's shared-expert columns; the routed experts keep their whole width NI */
+    const int s = o->opt.dump_seq, C = o->C, D = o->D, E = o->E, K = o->K, NS = o->NI_sh;
+    const int nf = E + 2 * NS;
     DSV4_OPT_TRY(opt_proj_apply(o, &ly->f, o->fproj, nf, o->xn, D, C));
     dsv4_moe_route_params rp = {.n_tok = C, .n_experts = E, .k = K, .logits = o->fproj, .logit_stride = nf,
                                 .bias = ly->gate_bias, .tid2eid = ly->tid2eid, .tokens = o->d_in,
@@ -237,11 +247,12 @@ static int moe(dsv4_opt *o, int L)
                                  .weights = o->rw, .stream = o->stream};
         DSV4_OPT_TRY(dsv4_opt_follow_route(&fp));
     }
-    dsv4_swiglu_params sp = {.n_tok = C, .inter = NI, .limit = (float)o->cfg.swiglu_limit, .gu = o->fproj,
-                             .gu_stride = nf, .g_off = E, .u_off = E + NI, .h = o->h_sh, .stream = o->stream};
+    dsv4_swiglu_params sp = {.n_tok = C, .inter = NS, .limit = (float)o->cfg.swiglu_limit, .gu = o->fproj,
+                             .gu_stride = nf, .g_off = E, .u_off = E + NS, .h = o->h_sh, .stream = o->stream};
     DSV4_OPT_TRY(dsv4_opt_swiglu(&sp));
-    DSV4_OPT_TRY(opt_linear_apply(o, &ly->sh_w2, o->y_sh, 1, D, o->h_sh, NI, C));
+    DSV4_OPT_TRY(opt_linear_apply(o, &ly->sh_w2, o->y_sh, 1, D, o->h_sh, NS, C));
     DSV4_OPT_TRY(opt_experts(o, ly));
+    DSV4_OPT_TRY(opt_allreduce(o, o->fout, (size_t)C * D, L, "ffn_out"));
     PROBE("ffn_out", o->fout + (size_t)s * D, D, PR_F32);
     return 0;
 }
@@ -352,9 +363,23 @@ static int step_graph(dsv4_opt *o, int n_csa, int n_hca)
     return 0;
 }
 
+int opt_step_check(const dsv4_opt *o, const int32_t *tokens, const uint8_t *active)
+{
+    DSV4_CHECK(o && tokens, "dsv4_opt_step: NULL argument");
+    for (int c = 0; c < o->C; c++) {
+        if (active && !active[c]) continue;
+        DSV4_CHECK(o->pos[c] < o->opt.max_context, "dsv4_opt_step: sequence %d is at max_context %d", c,
+                   o->opt.max_context);
+        DSV4_CHECK(tokens[c] >= 0 && tokens[c] < o->V, "dsv4_opt_step: token %d of sequence %d outside [0, %d)",
+                   tokens[c], c, o->V);
+    }
+    return 0;
+}
+
 /* Stage dump_seq's followed rows of this step into h_follow (flags 0 where the dump has none). The previous step
  * synchronised, so the pinned rows are free to rewrite. Following stops for good at the first position whose token
- * is not the dump's. */
+ * is not the dump's. With --gpus N every rank stages its own copy from the same table, tokens and positions, so
+ * every rank applies the same rows (the top-k and routing stay identical across ranks). */
 static void follow_stage(dsv4_opt *o, const int32_t *tokens, int act)
 {
     const int s = o->opt.dump_seq, p = o->pos[s], F = o->follow_stride;
@@ -378,16 +403,17 @@ static void follow_stage(dsv4_opt *o, const int32_t *tokens, int act)
 int dsv4_opt_step(dsv4_opt *o, const int32_t *tokens, const uint8_t *active, dsv4_probe_sink *probe,
                   float *logits, int32_t *next)
 {
-    DSV4_CHECK(o && tokens, "dsv4_opt_step: NULL argument");
+    DSV4_OPT_TRY(opt_step_check(o, tokens, active));
+    if (o->group) return opt_ranks_step(o->group, tokens, active, probe, logits, next);
+    return opt_step_rank(o, tokens, active, probe, logits, next);
+}
+
+int opt_step_rank(dsv4_opt *o, const int32_t *tokens, const uint8_t *active, dsv4_probe_sink *probe,
+                  float *logits, int32_t *next)
+{
     const int C = o->C, s = o->opt.dump_seq;
     for (int c = 0; c < C; c++) {
         int act = active ? active[c] != 0 : 1;
-        if (act) {
-            DSV4_CHECK(o->pos[c] < o->opt.max_context, "dsv4_opt_step: sequence %d is at max_context %d", c,
-                       o->opt.max_context);
-            DSV4_CHECK(tokens[c] >= 0 && tokens[c] < o->V, "dsv4_opt_step: token %d of sequence %d outside [0, %d)",
-                       tokens[c], c, o->V);
-        }
         o->h_in[c] = act ? tokens[c] : 0;
         o->h_in[C + c] = o->pos[c];
         o->h_in[2 * C + c] = act;
@@ -397,10 +423,11 @@ int dsv4_opt_step(dsv4_opt *o, const int32_t *tokens, const uint8_t *active, dsv
     opt_step_sizes(o, active, &n_csa, &n_hca);
     const int probing = probe && (!active || active[s]) && dsv4_probe_wants(probe, o->pos[s]);
     o->probe = probing ? probe : NULL;
-    int rc = probing || !o->opt.cuda_graph ? step_launch(o, n_csa, n_hca) : step_graph(o, n_csa, n_hca);
+    const int eager = probing || !o->opt.cuda_graph || opt_ranks_eager(o);
+    int rc = eager ? step_launch(o, n_csa, n_hca) : step_graph(o, n_csa, n_hca);
     o->probe = NULL;
     if (rc) return rc;
-    DSV4_OPT_CUDA(cudaStreamSynchronize(o->stream));
+    DSV4_OPT_TRY(opt_wait(o, "the step"));
     if (logits)
         DSV4_OPT_CUDA(cudaMemcpy(logits, o->logits + (size_t)s * o->V, (size_t)o->V * 4, cudaMemcpyDeviceToHost));
     if (next) memcpy(next, o->h_next, (size_t)C * sizeof *next);
@@ -413,6 +440,10 @@ int dsv4_opt_dump_entries(dsv4_opt *o, dsv4_probe_sink *probe)
 {
     DSV4_CHECK(o, "dsv4_opt_dump_entries: NULL argument");
     if (!probe) return 0;
+    if (o->group) { /* the entries are replicated: rank 0 (this object) writes its own */
+        DSV4_OPT_TRY(opt_ranks_usable(o->group));
+        DSV4_OPT_CUDA(cudaSetDevice(o->opt.device));
+    }
     const int s = o->opt.dump_seq, p = o->pos[s];
     for (int L = 0; L < o->cfg.num_hidden_layers; L++) {
         const opt_layer *ly = &o->layers[L];

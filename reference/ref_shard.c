@@ -37,7 +37,51 @@ int dsv4_ref_shard_partition(const dsv4_config *cfg, int rank, int n_shards, dsv
     return 0;
 }
 
+int dsv4_ref_shard_plan(const dsv4_config *cfg, int n_shards, int n_devices, dsv4_ref_shard_part *parts)
+{
+    if (n_shards < 1 || n_shards > DSV4_REF_SHARD_MAX)
+        return dsv4_error(DSV4_ERR_USAGE, "--gpus %d: want 1..%d", n_shards, DSV4_REF_SHARD_MAX);
+    for (int r = 0; r < n_shards; r++) {
+        dsv4_ref_shard_part p;
+        int rc = dsv4_ref_shard_partition(cfg, r, n_shards, &p);
+        if (rc) { /* say it in the command line's words */
+            char msg[512];
+            snprintf(msg, sizeof msg, "%s", dsv4_last_error());
+            return dsv4_error(rc, "--gpus %d: %s", n_shards, strncmp(msg, "shards: ", 8) ? msg : msg + 8);
+        }
+        if (parts) parts[r] = p;
+    }
+    /* divisibility first: it is a property of the model, the device count one of the machine */
+    if (n_devices < n_shards)
+        return dsv4_error(DSV4_ERR_USAGE, "--gpus %d: this machine has %d CUDA device%s", n_shards, n_devices,
+                          n_devices == 1 ? "" : "s");
+    return 0;
+}
+
 /* [lo, lo + n) inside [0, total), n >= min_n */
+int dsv4_ref_shard_check_blocks(const dsv4_config *cfg, int n_shards, int block)
+{
+    if (n_shards == 1) return 0;
+    int rc = dsv4_ref_shard_plan(cfg, n_shards, n_shards, NULL);
+    if (rc) return rc;
+    const int N = n_shards, d = cfg->head_dim, dI = cfg->index_head_dim, o_r = cfg->o_lora_rank;
+    const struct {
+        const char *tensor, *what;
+        int n;
+    } s[] = {{"attn.wq_b", "rows", cfg->num_attention_heads / N * d},
+             {"attn.indexer.wq_b", "rows", cfg->index_n_heads / N * dI},
+             {"attn.wo_a", "rows", cfg->o_groups / N * o_r},
+             {"attn.wo_b", "columns", cfg->o_groups / N * o_r},
+             {"ffn.shared_experts.w1 / w3", "rows", cfg->moe_intermediate_size / N},
+             {"ffn.shared_experts.w2", "columns", cfg->moe_intermediate_size / N}};
+    for (size_t i = 0; i < sizeof s / sizeof s[0]; i++)
+        if (s[i].n % block)
+            return dsv4_error(DSV4_ERR_USAGE, "--gpus %d --weights fp8: each rank's slice of layers.*.%s is %d %s, "
+                              "not a multiple of the %d-%s FP8 scale block (use --weights bf16 or another --gpus)",
+                              N, s[i].tensor, s[i].n, s[i].what, block, s[i].what[0] == 'r' ? "row" : "column");
+    return 0;
+}
+
 static int range_ok(int lo, int n, int total, int min_n) { return lo >= 0 && n >= min_n && lo + n <= total; }
 
 int dsv4_ref_shard_init(const dsv4_config *cfg, const dsv4_ref_layer_w *lw, const dsv4_ref_shard_part *part,

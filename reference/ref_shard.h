@@ -48,6 +48,19 @@ typedef struct dsv4_ref_shard_part {
 /* The partition of shard `rank` of `n_shards` for cfg. DSV4_ERR_USAGE naming the quantity n_shards does not
  * divide (or a rank outside [0, n_shards)). */
 int dsv4_ref_shard_partition(const dsv4_config *cfg, int rank, int n_shards, dsv4_ref_shard_part *out);
+/* The plan of `--gpus N` (the optimized path's ranks, docs/multigpu.md), checked before anything is allocated:
+ * 1 <= N <= DSV4_REF_SHARD_MAX, N divides every split quantity (the message of dsv4_ref_shard_partition), and
+ * N <= n_devices (the CUDA devices of this machine: "--gpus 2: this machine has 1 CUDA device"). All
+ * DSV4_ERR_USAGE. parts [N] (NULL: not wanted) receives every rank's ranges. */
+enum { DSV4_REF_SHARD_MAX = 64 };
+int dsv4_ref_shard_plan(const dsv4_config *cfg, int n_shards, int n_devices, dsv4_ref_shard_part *parts);
+
+/* The FP8 split of `--gpus N --weights fp8` (the optimized path holds each rank's block of an FP8 tensor with
+ * its block scales): every per-rank slice of an FP8 linear - rows of wq_b (nh·d), indexer wq_b (nhi·d_I), wo_a
+ * (ng·o_r) and shared w1/w3 (ni), columns of wo_b (ng·o_r) and shared w2 (ni) - must be a multiple of `block`
+ * (128) so each slice starts and ends on a scale block. N = 1: 0 (every slice is the whole tensor). A plan
+ * error first (dsv4_ref_shard_plan's, device count not checked); else DSV4_ERR_USAGE naming the tensor and N. */
+int dsv4_ref_shard_check_blocks(const dsv4_config *cfg, int n_shards, int block);
 
 /* One shard: its ranges, borrowed row views of the layer weights, owned column copies, scratch. */
 typedef struct dsv4_ref_shard {

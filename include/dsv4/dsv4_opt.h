@@ -51,13 +51,18 @@ typedef struct dsv4_opt_options {
     dsv4_opt_kv kv;           /* fp8: e4m3 nope channels with per-64 ue8m0 scales (values held in bf16 slots) */
     int cuda_graph;           /* 1: replay a captured step graph (one per batch shape), 0: launch eagerly */
     int dump_seq;             /* the sequence whose probes go to the sink, 0 <= dump_seq < n_seq */
-    int device;               /* CUDA device ordinal */
+    int device;               /* CUDA device ordinal (0 with n_gpus >= 1) */
+    int n_gpus;               /* 0: one GPU, no NCCL. N >= 1: N ranks on GPUs 0..N-1, tensor + expert parallel
+                                 over NCCL (docs/multigpu.md); N must divide the heads, output groups, indexer
+                                 heads, routed experts and expert width; with weights fp8 and N > 1 every rank's
+                                 FP8 slice must also lie on 128 scale blocks. N = 1 runs the whole NCCL path. */
     dsv4_opt_weights weights; /* default auto */
     dsv4_opt_quantize quantize; /* default none */
-    const dsv4_opt_follow *follow; /* NULL: off; else dump_seq follows its choices (borrowed while o lives) */
+    const dsv4_opt_follow *follow; /* NULL: off; else dump_seq follows its choices (borrowed while o lives; with
+                                      n_gpus every rank applies the same rows) */
 } dsv4_opt_options;
 
-/* The defaults: every optimization on, C = 1, max_context 4096, graphs on, dump sequence 0, device 0. */
+/* The defaults: every optimization on, C = 1, max_context 4096, graphs on, dump sequence 0, device 0, no NCCL. */
 void dsv4_opt_options_default(dsv4_opt_options *o);
 /* "mma", "simt", "bf16", "fp32", "castfree", "roundtrip", "live", "max", "bf16", "fp8". */
 const char *dsv4_opt_attn_name(dsv4_opt_attn v);
@@ -96,12 +101,19 @@ int dsv4_opt_dump_entries(dsv4_opt *o, dsv4_probe_sink *probe);
 const char *dsv4_opt_producer(const dsv4_opt *o);
 /* Device allocations made by the optimized path since the process started (every cudaMalloc it does). */
 long dsv4_opt_device_alloc_count(void);
-/* Device bytes held by o: weights, caches (state) and scratch. */
+/* Device bytes held by o: weights, caches (state) and scratch (with n_gpus >= 1: rank 0's). */
 void dsv4_opt_memory(const dsv4_opt *o, size_t *weights, size_t *state, size_t *scratch);
+/* NCCL collective timing (n_gpus >= 1): on = 1 records CUDA events around every all-reduce of every rank and
+ * runs the steps eagerly (events and graphs are not mixed); on = 0 stops. dsv4_opt_nccl_time: since the last
+ * enable, the time inside the collectives summed over the timed steps (the slowest rank's per step, µs), the
+ * collectives per step and the timed steps. DSV4_ERR_USAGE without ranks. */
+int dsv4_opt_nccl_timing(dsv4_opt *o, int on);
+int dsv4_opt_nccl_time(const dsv4_opt *o, double *us, int *calls_per_step, int *steps);
 /* The weights mode o runs in (auto resolved: bf16 or fp8). */
 dsv4_opt_weights dsv4_opt_weights_mode(const dsv4_opt *o);
-/* Weight bytes of decoder layer `layer` on the device; layer -1: the rest (embedding, head, final norm, hc_head,
- * RoPE tables). The layers and the rest sum to dsv4_opt_memory's weights. 0 for a layer out of range. */
+/* Weight bytes of decoder layer `layer` on the device (with n_gpus >= 1: rank 0's shard); layer -1: the rest
+ * (embedding, head, final norm, hc_head, RoPE tables). The layers and the rest sum to dsv4_opt_memory's weights.
+ * 0 for a layer out of range. */
 size_t dsv4_opt_layer_weight_bytes(const dsv4_opt *o, int layer);
 
 /* ---- Decision following (optimized/opt_follow.c: host-only, also in a build without CUDA) -----------------

@@ -72,6 +72,14 @@ int dsv4_opt_dump_entries(dsv4_opt *o, dsv4_probe_sink *probe)
 }
 const char *dsv4_opt_producer(const dsv4_opt *o) { return "dsv4 " DSV4_VERSION " optimized (no CUDA)"; }
 long dsv4_opt_device_alloc_count(void) { return 0; }
+int dsv4_opt_nccl_timing(dsv4_opt *o, int on)
+{
+    return dsv4_error(DSV4_ERR_UNSUPPORTED, "optimized path: this build has no CUDA");
+}
+int dsv4_opt_nccl_time(const dsv4_opt *o, double *us, int *calls_per_step, int *steps)
+{
+    return dsv4_error(DSV4_ERR_UNSUPPORTED, "optimized path: this build has no CUDA");
+}
 void dsv4_opt_memory(const dsv4_opt *o, size_t *weights, size_t *state, size_t *scratch)
 {
     if (weights) *weights = 0;
