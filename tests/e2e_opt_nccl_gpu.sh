@@ -89,24 +89,31 @@ for set in tiny topk512 tiny-fp8; do
         ok=$?
         unset DSV4_NCCL_EMULATE_ONE_GPU
         [ $ok -eq 0 ] || continue
-        verify "$name-vs-ref" 1 "$T/$set-ref.h5" "$T/$name.h5"
+        # gated: the following runs (docs/optimized.md: a free run's bf16 near-tie flips compound on these
+        # tiny models); free runs are reported
+        gate=0
+        [[ $name == *-follow ]] && gate=1
+        verify "$name-vs-ref" $gate "$T/$set-ref.h5" "$T/$name.h5"
         verify "$name-vs-golden" 0 "$G/forced.h5" "$T/$name.h5"
         # the split runs against the one-rank run (following against following): only fp32 regrouping
         # separates them
         one="$T/$set-gpus1.h5"
         [[ $name == *-follow ]] && one="$T/$set-gpus1-follow.h5"
-        [[ $name == *gpus2* ]] && [ -f "$one" ] && verify "$name-vs-gpus1" 1 "$one" "$T/$name.h5"
+        [[ $name == *gpus2* ]] && [ -f "$one" ] && verify "$name-vs-gpus1" $gate "$one" "$T/$name.h5"
     done
 done
 if [ -n "${DSV4_FLASH_MODEL:-}" ] && [ -f "$DSV4_FLASH_MODEL/config.json" ]; then
     awk 'BEGIN { s = 4242; for (i = 0; i < 300; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%d ", 2 + s % 8000 } }' \
         >"$T/flash-prompt.txt"
     # only the last prompt position and the decode steps are stored: every position at this width is gigabytes
+    # and every position's selections (--probes keeps that dump small) for following
     if run flash-ref-gpu "$DSV4_FLASH_MODEL" --path ref-gpu --prompt-tokens "$T/flash-prompt.txt" --decode 4 \
-        --dump-positions decode; then
-        # forced from the reference's own tokens, so a greedy flip cannot desynchronise the comparison
+        --dump-positions decode &&
+        run flash-sel "$DSV4_FLASH_MODEL" --path ref-gpu --prompt-tokens "$T/flash-prompt.txt" --decode 4 \
+            --dump-positions all --probes topk_idx,router_ids; then
+        # forced from the reference's own tokens, following its choices
         if run flash-gpus1 "$DSV4_FLASH_MODEL" --path opt --gpus 1 --tokens-from "$T/flash-ref-gpu.h5" --forced \
-            --dump-positions decode; then
+            --dump-positions decode --follow "$T/flash-sel.h5"; then
             verify flash-gpus1-vs-ref-gpu 1 "$T/flash-ref-gpu.h5" "$T/flash-gpus1.h5"
         fi
     fi
