@@ -55,7 +55,9 @@ fi
 for set in tiny topk512 tiny-fp8; do
     G="$SRC/golden/$set"
     [ -f "$G/forced.h5" ] || { echo "golden/$set not committed: skipped"; continue; }
-    run "$set-ref" "$G" --path ref-cpu --tokens-from "$G/forced.h5" || continue
+    # every position: the follow runs need the prefill's choices too, or the prefill runs free and its flips
+    # compound into the compressed entries (seen on the H200: topk512 compressed_kv from position 327)
+    run "$set-ref" "$G" --path ref-cpu --tokens-from "$G/forced.h5" --dump-positions all || continue
     # tiny-fp8 defaults to --weights fp8, whose per-rank FP8 slices must be whole 128 scale blocks: its tiny
     # shapes are not, so its variants hold the (dequantised) weights in bf16, as before the merge, and one
     # --gpus 1 --weights fp8 run is added

@@ -7,16 +7,20 @@
 #   verify NAME GATED GOLDEN CAND    `dsv4 verify --profile bf16`, the VERDICT, top-k, router, logits lines;
 #                                    GATED=1: counts to pass/fail, and beyond the verifier's exit status needs the
 #                                    issue's numbers: per CSA layer strict top-k recall (mean) >= 0.99 and no strict
-#                                    miss, router_ids rows identical >= 99% (all MoE layers), logits argmax equal or
-#                                    tie-accepted >= 99% of positions. GATED=0: reported only.
+#                                    miss, router_ids agreement >= 99% (the golden experts the candidate also chose,
+#                                    over every row of every MoE layer; the rows with the same experts are printed
+#                                    too), logits argmax equal or tie-accepted >= 99% of positions. GATED=0:
+#                                    reported only.
 
-# router agreement from the verifier's JSON: prints "ROWS DIFFERING", over every router_ids row compared
+# router agreement from the verifier's JSON: prints "ROWS DIFFERING RECALL_SUM" over every router_ids row compared
+# (a row's recall: the share of its golden experts the candidate also chose)
 router_rows() {
     awk '/"dataset":/ {inr = 0; inrows = 0}
          /"kind": "router_ids"/ {inr = 1}
          inr && /"rows": \[/ {inrows = 1; next}
+         inrows && /"recall":/ {gsub(/[",]/, ""); rs += $2}
          inrows && /"mismatch":/ {gsub(/[",]/, ""); n++; if ($2 + 0 != 0) bad++}
-         END {printf "%d %d\n", n, bad}' "$1" 2>/dev/null || echo "0 0"
+         END {printf "%d %d %.6f\n", n, bad, rs}' "$1" 2>/dev/null || echo "0 0 0"
 }
 
 # verify NAME GATED GOLDEN CANDIDATE: one verifier run, its summary lines; a gated one counts towards the result
@@ -38,11 +42,11 @@ verify() {
         bad=$(awk '{split($3, a, "/"); if (a[2] + 0 < 0.99 || $7 + 0 != 0) printf "L%s ", $1}' <<<"$topk")
         [ -z "$bad" ] || { ok=0; why="$why; top-k recall < 0.99 or strict misses in $bad"; }
     fi
-    local n nbad
-    read -r n nbad <<<"$(router_rows "$js")"
+    local n nbad rsum
+    read -r n nbad rsum <<<"$(router_rows "$js")"
     if [ "$n" -gt 0 ]; then
-        echo "   router: $((n - nbad))/$n rows the same experts ($(awk -v a=$((n - nbad)) -v b="$n" 'BEGIN {printf "%.2f", 100 * a / b}')%)"
-        awk -v a=$((n - nbad)) -v b="$n" 'BEGIN {exit !(a >= 0.99 * b)}' || { ok=0; why="$why; router agreement < 99%"; }
+        echo "   router: experts agree $(awk -v r="$rsum" -v b="$n" 'BEGIN {printf "%.2f", 100 * r / b}')% ($((n - nbad))/$n rows the same experts)"
+        awk -v r="$rsum" -v b="$n" 'BEGIN {exit !(r >= 0.99 * b)}' || { ok=0; why="$why; router agreement < 99%"; }
     else
         echo "   router: no router_ids rows compared"
         ok=0
