@@ -157,7 +157,7 @@ static int gen_f32(opt_weight_src *s, const dsv4_opt *o, float *dst, size_t nume
                    const char *name)
 {
     gen_src *g = (gen_src *)s;
-    float offset, amp;
+    float offset = 0.0f, amp = 0.0f; /* set by every case below; initialised for -O3's maybe-uninitialized */
     (void)name;
     gen_dist(kind, fan_in, &offset, &amp);
     return dsv4_opt_random_f32(dst, numel, stream_seed(g->seed, g->id++), offset, amp, o->stream);
@@ -167,7 +167,7 @@ static int gen_bf16_view(opt_weight_src *s, const dsv4_opt *o, uint16_t *dst, si
                          size_t fan_in)
 {
     gen_src *g = (gen_src *)s;
-    float offset, amp;
+    float offset = 0.0f, amp = 0.0f; /* set by every case below; initialised for -O3's maybe-uninitialized */
     gen_dist(kind, fan_in, &offset, &amp);
     return dsv4_opt_random_bf16(dst, numel, stream_seed(g->seed, g->id++), offset, amp, o->stream);
 }
