@@ -733,39 +733,11 @@ static const dsv4_ref_vtable dsv4_ref_gpu_vtable = {
     gpu_free,
 };
 
-static int check_config(const dsv4_config *f, int max_tokens)
-{
-    DSV4_CHECK(max_tokens >= 1, "reference: max_tokens %d must be >= 1", max_tokens);
-    if (f->num_key_value_heads != 1)
-        return dsv4_error(DSV4_ERR_UNSUPPORTED, "reference: num_key_value_heads %d (only 1, shared K=V)",
-                          f->num_key_value_heads);
-    if (f->num_hidden_layers < 1 || f->num_hidden_layers > DSV4_MAX_LAYERS)
-        return dsv4_error(DSV4_ERR_CONFIG, "reference: num_hidden_layers %d", f->num_hidden_layers);
-    if (f->hc_mult < 1 || f->hc_mult > 16)
-        return dsv4_error(DSV4_ERR_UNSUPPORTED, "reference: hc_mult %d outside [1, 16]", f->hc_mult);
-    if (f->o_groups < 1 || f->num_attention_heads % f->o_groups)
-        return dsv4_error(DSV4_ERR_CONFIG, "reference: %d heads not divisible by o_groups %d",
-                          f->num_attention_heads, f->o_groups);
-    int rd = f->qk_rope_head_dim;
-    if (rd < 0 || rd % 2 || rd > f->head_dim || rd > f->index_head_dim)
-        return dsv4_error(DSV4_ERR_CONFIG, "reference: qk_rope_head_dim %d must be even and <= head_dim %d and "
-                          "index_head_dim %d", rd, f->head_dim, f->index_head_dim);
-    if (f->sliding_window < 1)
-        return dsv4_error(DSV4_ERR_CONFIG, "reference: sliding_window %d", f->sliding_window);
-    if (f->num_experts_per_tok < 1 || f->num_experts_per_tok > f->n_routed_experts)
-        return dsv4_error(DSV4_ERR_CONFIG, "reference: num_experts_per_tok %d of %d experts",
-                          f->num_experts_per_tok, f->n_routed_experts);
-    if (strcmp(f->scoring_func, "sqrtsoftplus") != 0)
-        return dsv4_error(DSV4_ERR_UNSUPPORTED, "reference: scoring_func '%s' (only sqrtsoftplus)",
-                          f->scoring_func);
-    return 0;
-}
-
 static int gpu_init(dsv4_model *m, int max_tokens, dsv4_ref_gpu *g)
 {
     g->cfg = *dsv4_model_config(m);
     const dsv4_config *f = &g->cfg;
-    TRY(check_config(f, max_tokens));
+    TRY(dsv4_ref_check_config(f, max_tokens));
     int n_dev = 0;
     cudaError_t e = cudaGetDeviceCount(&n_dev);
     if (e != cudaSuccess || n_dev < 1)

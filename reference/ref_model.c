@@ -103,8 +103,7 @@ static int bind_layer(dsv4_ref_cpu *c, int L)
     return 0;
 }
 
-/* Shapes the reference relies on; everything else is checked tensor by tensor when bound. */
-static int check_config(const dsv4_config *f, int max_tokens)
+int dsv4_ref_check_config(const dsv4_config *f, int max_tokens)
 {
     DSV4_CHECK(max_tokens >= 1, "reference: max_tokens %d must be >= 1", max_tokens);
     if (f->num_key_value_heads != 1)
@@ -415,7 +414,7 @@ static int cpu_init(dsv4_model *m, int max_tokens, const dsv4_ref_options *opt, 
     c->model = m;
     c->cfg = *cfg;
     const dsv4_config *f = &c->cfg;
-    if ((rc = check_config(f, max_tokens))) return rc;
+    if ((rc = dsv4_ref_check_config(f, max_tokens))) return rc;
     if ((rc = check_memory(m, f, max_tokens))) return rc;
     size_t D = f->hidden_size, V = f->vocab_size, n = f->hc_mult;
     int nl = f->num_hidden_layers;

@@ -39,6 +39,9 @@ void *dsv4_ref_alloc(size_t nbytes, const char *what);
 void dsv4_ref_release(void *p);
 /* Allocations made by the reference since the process started. */
 long dsv4_ref_alloc_count(void);
+/* The shapes both reference paths rely on (kv heads, layers, hc_mult, groups, rope dims, window, experts, scoring);
+ * everything else is checked tensor by tensor when bound. DSV4_ERR_* with a message naming the value. */
+int dsv4_ref_check_config(const dsv4_config *f, int max_tokens);
 
 /* ------------------------------------------------------------------------------------------- cpu */
 /* The f32 tensors of layer L that both reference paths bind, one X(field, numel, condition, name format) each, in
