@@ -91,38 +91,6 @@ START_TEST(test_no_alloc_and_graph_equals_eager)
 }
 END_TEST
 
-/* Every dataset of a and b bitwise equal (and /tokens). */
-static void assert_dumps_equal(const char *pa, const char *pb)
-{
-    dsv4_dump *a = NULL, *b = NULL;
-    ck_assert_msg(dsv4_dump_open(pa, &a) == 0, "%s", dsv4_last_error());
-    ck_assert_msg(dsv4_dump_open(pb, &b) == 0, "%s", dsv4_last_error());
-    int na, nb;
-    const int32_t *ta = dsv4_dump_tokens(a, &na), *tb = dsv4_dump_tokens(b, &nb);
-    ck_assert_int_eq(na, nb);
-    ck_assert(memcmp(ta, tb, (size_t)na * 4) == 0);
-    ck_assert_int_eq(dsv4_dump_dataset_count(a), dsv4_dump_dataset_count(b));
-    ck_assert_int_gt(dsv4_dump_dataset_count(a), 10);
-    for (int i = 0; i < dsv4_dump_dataset_count(a); i++) {
-        const char *name = dsv4_dump_dataset_name(a, i);
-        dsv4_dataset_info ia, ib;
-        ck_assert_msg(dsv4_dump_info(a, name, &ia) == 0 && dsv4_dump_info(b, name, &ib) == 0, "%s", name);
-        ck_assert_int_eq(ia.ndim, ib.ndim);
-        size_t n = 1;
-        for (int k = 0; k < ia.ndim; k++) {
-            ck_assert_int_eq(ia.shape[k], ib.shape[k]);
-            n *= (size_t)ia.shape[k];
-        }
-        void *da = malloc(n * 4 + 4), *db = malloc(n * 4 + 4);
-        ck_assert(dsv4_dump_read_rows(a, name, 0, ia.shape[0], da) == 0);
-        ck_assert(dsv4_dump_read_rows(b, name, 0, ib.shape[0], db) == 0);
-        ck_assert_msg(memcmp(da, db, n * 4) == 0, "%s differs between two runs of the same input", name);
-        free(da);
-        free(db);
-    }
-    dsv4_dump_free(a);
-    dsv4_dump_free(b);
-}
 
 static void run_twice(const char *set, const char *args)
 {
@@ -140,7 +108,7 @@ static void run_twice(const char *set, const char *args)
     char a[600], b[600];
     snprintf(a, sizeof a, "%s/run0.h5", dir);
     snprintf(b, sizeof b, "%s/run1.h5", dir);
-    assert_dumps_equal(a, b);
+    dsv4_test_assert_dumps_equal(a, b, "two runs of the same input");
     dsv4_test_rmtree(dir);
 }
 

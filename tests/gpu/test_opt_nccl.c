@@ -170,39 +170,6 @@ END_TEST
 START_TEST(test_n1_bitwise_plain_topk512) { n1_equals_plain("topk512", 1); }
 END_TEST
 
-static void assert_dumps_equal(const char *pa, const char *pb, const char *what)
-{
-    dsv4_dump *a = NULL, *b = NULL;
-    ck_assert_msg(dsv4_dump_open(pa, &a) == 0, "%s", dsv4_last_error());
-    ck_assert_msg(dsv4_dump_open(pb, &b) == 0, "%s", dsv4_last_error());
-    int na, nb;
-    const int32_t *ta = dsv4_dump_tokens(a, &na), *tb = dsv4_dump_tokens(b, &nb);
-    ck_assert_int_eq(na, nb);
-    ck_assert(memcmp(ta, tb, (size_t)na * 4) == 0);
-    ck_assert_int_eq(dsv4_dump_dataset_count(a), dsv4_dump_dataset_count(b));
-    ck_assert_int_gt(dsv4_dump_dataset_count(a), 10);
-    for (int i = 0; i < dsv4_dump_dataset_count(a); i++) {
-        const char *name = dsv4_dump_dataset_name(a, i);
-        dsv4_dataset_info ia, ib;
-        ck_assert_msg(dsv4_dump_info(a, name, &ia) == 0 && dsv4_dump_info(b, name, &ib) == 0, "%s", name);
-        ck_assert_int_eq(ia.ndim, ib.ndim);
-        size_t n = 1;
-        for (int k = 0; k < ia.ndim; k++) {
-            ck_assert_int_eq(ia.shape[k], ib.shape[k]);
-            n *= (size_t)ia.shape[k];
-        }
-        float *da = malloc(n * 4 + 4), *db = malloc(n * 4 + 4);
-        ck_assert(dsv4_dump_read_rows(a, name, 0, ia.shape[0], da) == 0);
-        ck_assert(dsv4_dump_read_rows(b, name, 0, ib.shape[0], db) == 0);
-        long d = first_diff(da, db, n);
-        ck_assert_msg(d < 0, "%s: %s differs at element %ld (bits %08x vs %08x)", what, name, d,
-                      d < 0 ? 0u : ((uint32_t *)da)[d], d < 0 ? 0u : ((uint32_t *)db)[d]);
-        free(da);
-        free(db);
-    }
-    dsv4_dump_free(a);
-    dsv4_dump_free(b);
-}
 
 static void run_opt(const char *set, const char *args, const char *out_h5)
 {
@@ -228,8 +195,8 @@ START_TEST(test_n1_dumps)
         run_opt(sets[i], "", p);
         run_opt(sets[i], "--gpus 1", a);
         run_opt(sets[i], "--gpus 1", b);
-        assert_dumps_equal(p, a, "--gpus 1 vs the plain path");
-        assert_dumps_equal(a, b, "two --gpus 1 runs");
+        dsv4_test_assert_dumps_equal(p, a, "--gpus 1 vs the plain path");
+        dsv4_test_assert_dumps_equal(a, b, "two --gpus 1 runs");
         dsv4_test_rmtree(dir);
     }
 }

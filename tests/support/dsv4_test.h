@@ -27,6 +27,9 @@ void dsv4_test_require_gpu(void);
  * scripts/gpu-sanitize.sh sets it for racecheck, which is ~1000x slower than the kernels; the small cases take the
  * same code paths (multi-block, tails), only the largest ones are left to the unsanitized run. */
 long dsv4_test_max_work(void);
+/* Every dataset (and /tokens) of the dumps at pa and pb bitwise equal, else a Check failure naming `what`, the
+ * dataset and the first differing element with both bit patterns (tests/support/dump_equal.c). */
+void dsv4_test_assert_dumps_equal(const char *pa, const char *pb, const char *what);
 /* Run a suite in CK_NOFORK-aware normal mode; returns the process exit status (0 = all passed). */
 int dsv4_test_main(Suite *s);
 
