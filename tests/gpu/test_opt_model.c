@@ -20,34 +20,11 @@
 #include "dsv4/dsv4_opt.h"
 #include "dsv4_test.h"
 
-/* the golden's tokens */
-static int32_t *golden_tokens(const char *set, int *n)
-{
-    char rel[128];
-    snprintf(rel, sizeof rel, "golden/%s/forced.h5", set);
-    dsv4_dump *g = NULL;
-    ck_assert_msg(dsv4_dump_open(dsv4_test_source_path(rel), &g) == 0, "%s", dsv4_last_error());
-    const int32_t *t = dsv4_dump_tokens(g, n);
-    int32_t *c = malloc((size_t)*n * sizeof *c);
-    memcpy(c, t, (size_t)*n * sizeof *c);
-    dsv4_dump_free(g);
-    return c;
-}
-
-static dsv4_model *open_set(const char *set)
-{
-    char rel[128];
-    snprintf(rel, sizeof rel, "golden/%s", set);
-    dsv4_model *m = NULL;
-    ck_assert_msg(dsv4_model_open(dsv4_test_source_path(rel), &m) == 0, "%s", dsv4_last_error());
-    return m;
-}
-
 START_TEST(test_no_alloc_and_graph_equals_eager)
 {
     int T;
-    int32_t *tok = golden_tokens("tiny", &T);
-    dsv4_model *m = open_set("tiny");
+    int32_t *tok = dsv4_test_golden_tokens("tiny", &T);
+    dsv4_model *m = dsv4_test_open_golden("tiny");
     const int V = dsv4_model_config(m)->vocab_size;
     dsv4_opt_options o;
     dsv4_opt_options_default(&o);
@@ -132,7 +109,7 @@ START_TEST(test_constructors_share_layout)
 {
     static const char *const sets[] = {"tiny", "topk512"};
     for (int si = 0; si < 2; si++) {
-        dsv4_model *m = open_set(sets[si]);
+        dsv4_model *m = dsv4_test_open_golden(sets[si]);
         const dsv4_config *cfg = dsv4_model_config(m);
         for (int naive = 0; naive < 2; naive++) {
             dsv4_opt_options o;

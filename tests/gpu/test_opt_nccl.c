@@ -38,28 +38,6 @@
 #include "dsv4/dsv4_opt.h"
 #include "dsv4_test.h"
 
-static int32_t *golden_tokens(const char *set, int *n)
-{
-    char rel[128];
-    snprintf(rel, sizeof rel, "golden/%s/forced.h5", set);
-    dsv4_dump *g = NULL;
-    ck_assert_msg(dsv4_dump_open(dsv4_test_source_path(rel), &g) == 0, "%s", dsv4_last_error());
-    const int32_t *t = dsv4_dump_tokens(g, n);
-    int32_t *c = malloc((size_t)*n * sizeof *c);
-    memcpy(c, t, (size_t)*n * sizeof *c);
-    dsv4_dump_free(g);
-    return c;
-}
-
-static dsv4_model *open_set(const char *set)
-{
-    char rel[128];
-    snprintf(rel, sizeof rel, "golden/%s", set);
-    dsv4_model *m = NULL;
-    ck_assert_msg(dsv4_model_open(dsv4_test_source_path(rel), &m) == 0, "%s", dsv4_last_error());
-    return m;
-}
-
 /* The first index where two float arrays differ bitwise, -1 if none. */
 static long first_diff(const float *a, const float *b, size_t n)
 {
@@ -72,8 +50,8 @@ static long first_diff(const float *a, const float *b, size_t n)
 static void n1_equals_plain(const char *set, int graph)
 {
     int T;
-    int32_t *tok = golden_tokens(set, &T);
-    dsv4_model *m = open_set(set);
+    int32_t *tok = dsv4_test_golden_tokens(set, &T);
+    dsv4_model *m = dsv4_test_open_golden(set);
     const int V = dsv4_model_config(m)->vocab_size;
     dsv4_opt_options o;
     dsv4_opt_options_default(&o);
@@ -140,8 +118,8 @@ START_TEST(test_n2_replicas_agree)
     }
     setenv("DSV4_NCCL_REPLICA_CHECK", "1", 1);
     int T;
-    int32_t *tok = golden_tokens("tiny", &T);
-    dsv4_model *m = open_set("tiny");
+    int32_t *tok = dsv4_test_golden_tokens("tiny", &T);
+    dsv4_model *m = dsv4_test_open_golden("tiny");
     const int V = dsv4_model_config(m)->vocab_size;
     dsv4_opt_options o;
     dsv4_opt_options_default(&o);
@@ -205,7 +183,7 @@ END_TEST
 /* With timing on every all-reduce is recorded: 2 per layer (attn_out, ffn_out) + 1 per CSA layer. */
 START_TEST(test_every_collective_called)
 {
-    dsv4_model *m = open_set("topk512");
+    dsv4_model *m = dsv4_test_open_golden("topk512");
     const dsv4_config *f = dsv4_model_config(m);
     int want = 0;
     for (int L = 0; L < f->num_hidden_layers; L++) want += 2 + (f->attn_type[L] == DSV4_ATTN_CSA);
@@ -248,8 +226,8 @@ END_TEST
 static void emulated_n2(const char *set)
 {
     int T;
-    int32_t *tok = golden_tokens(set, &T);
-    dsv4_model *m = open_set(set);
+    int32_t *tok = dsv4_test_golden_tokens(set, &T);
+    dsv4_model *m = dsv4_test_open_golden(set);
     const int V = dsv4_model_config(m)->vocab_size;
     dsv4_opt_options o;
     dsv4_opt_options_default(&o);
@@ -447,7 +425,7 @@ END_TEST
 
 START_TEST(test_errors_before_allocation)
 {
-    dsv4_model *m = open_set("tiny");
+    dsv4_model *m = dsv4_test_open_golden("tiny");
     int n_dev = 0;
     ck_assert(cudaGetDeviceCount(&n_dev) == cudaSuccess);
     dsv4_opt_options o;
@@ -500,8 +478,8 @@ static double now_s(void)
 static double step_pair(dsv4_opt *a, dsv4_opt *b, const char *set, int bitwise, const char *what)
 {
     int T;
-    int32_t *tok = golden_tokens(set, &T);
-    dsv4_model *m = open_set(set);
+    int32_t *tok = dsv4_test_golden_tokens(set, &T);
+    dsv4_model *m = dsv4_test_open_golden(set);
     const int nv = dsv4_model_config(m)->vocab_size;
     dsv4_model_free(m);
     float *la = malloc((size_t)nv * 4), *lb = malloc((size_t)nv * 4);
@@ -530,11 +508,11 @@ static double step_pair(dsv4_opt *a, dsv4_opt *b, const char *set, int bitwise, 
 
 START_TEST(test_fp8_ranks)
 {
-    dsv4_model *m = open_set("tiny-fp8");
+    dsv4_model *m = dsv4_test_open_golden("tiny-fp8");
     dsv4_opt_options o;
     dsv4_opt_options_default(&o);
     int T;
-    free(golden_tokens("tiny-fp8", &T));
+    free(dsv4_test_golden_tokens("tiny-fp8", &T));
     o.max_context = T, o.weights = DSV4_OPT_WEIGHTS_FP8;
     dsv4_opt *plain = NULL, *one = NULL, *h = (dsv4_opt *)&o;
     ck_assert_msg(dsv4_opt_init(m, &o, &plain) == 0, "%s", dsv4_last_error());
@@ -569,13 +547,13 @@ END_TEST
 
 START_TEST(test_follow_ranks)
 {
-    dsv4_model *m = open_set("tiny");
+    dsv4_model *m = dsv4_test_open_golden("tiny");
     const dsv4_config *cfg = dsv4_model_config(m);
     dsv4_opt_follow *f = NULL;
     ck_assert_msg(dsv4_opt_follow_load(dsv4_test_source_path("golden/tiny/forced.h5"), cfg, &f) == 0, "%s",
                   dsv4_last_error());
     int T;
-    free(golden_tokens("tiny", &T));
+    free(dsv4_test_golden_tokens("tiny", &T));
     dsv4_opt_options o;
     dsv4_opt_options_default(&o);
     o.max_context = T, o.follow = f;
@@ -620,7 +598,7 @@ END_TEST
 
 START_TEST(test_stall_times_out)
 {
-    dsv4_model *m = open_set("tiny");
+    dsv4_model *m = dsv4_test_open_golden("tiny");
     dsv4_opt_options o;
     dsv4_opt_options_default(&o);
     o.max_context = 32, o.n_gpus = 1, o.cuda_graph = 0;

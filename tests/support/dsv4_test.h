@@ -9,6 +9,9 @@
 
 #include <check.h>
 #include <stddef.h>
+#include <stdint.h>
+
+#include "dsv4/dsv4.h"
 
 /* $DSV4_SOURCE_DIR/rel (static buffer, overwritten by the next call). */
 const char *dsv4_test_source_path(const char *rel);
@@ -28,8 +31,12 @@ void dsv4_test_require_gpu(void);
  * same code paths (multi-block, tails), only the largest ones are left to the unsanitized run. */
 long dsv4_test_max_work(void);
 /* Every dataset (and /tokens) of the dumps at pa and pb bitwise equal, else a Check failure naming `what`, the
- * dataset and the first differing element with both bit patterns (tests/support/dump_equal.c). */
+ * dataset and the first differing element with both bit patterns (tests/support/golden_dumps.c). */
 void dsv4_test_assert_dumps_equal(const char *pa, const char *pb, const char *what);
+/* golden/SET/forced.h5's /tokens, malloc'd (caller frees), *n their count; golden/SET opened as a model. A Check
+ * failure names the file when it does not open. */
+int32_t *dsv4_test_golden_tokens(const char *set, int *n);
+dsv4_model *dsv4_test_open_golden(const char *set);
 /* Run a suite in CK_NOFORK-aware normal mode; returns the process exit status (0 = all passed). */
 int dsv4_test_main(Suite *s);
 

@@ -1,4 +1,6 @@
-/* dump_equal.c - bitwise comparison of two dumps for the determinism tests (test_opt_model, test_opt_nccl). */
+/* golden_dumps.c - what the optimized path's model tests share: the committed golden sets (model folder, forced
+ * tokens) and the bitwise comparison of two dumps (test_opt_model, test_opt_nccl). */
+#include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,4 +43,26 @@ void dsv4_test_assert_dumps_equal(const char *pa, const char *pb, const char *wh
     }
     dsv4_dump_free(a);
     dsv4_dump_free(b);
+}
+
+int32_t *dsv4_test_golden_tokens(const char *set, int *n)
+{
+    char rel[128];
+    snprintf(rel, sizeof rel, "golden/%s/forced.h5", set);
+    dsv4_dump *g = NULL;
+    ck_assert_msg(dsv4_dump_open(dsv4_test_source_path(rel), &g) == 0, "%s", dsv4_last_error());
+    const int32_t *t = dsv4_dump_tokens(g, n);
+    int32_t *c = malloc((size_t)*n * sizeof *c);
+    memcpy(c, t, (size_t)*n * sizeof *c);
+    dsv4_dump_free(g);
+    return c;
+}
+
+dsv4_model *dsv4_test_open_golden(const char *set)
+{
+    char rel[128];
+    snprintf(rel, sizeof rel, "golden/%s", set);
+    dsv4_model *m = NULL;
+    ck_assert_msg(dsv4_model_open(dsv4_test_source_path(rel), &m) == 0, "%s", dsv4_last_error());
+    return m;
 }
