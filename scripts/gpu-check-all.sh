@@ -6,6 +6,9 @@
 #   3. meanwhile every GPU ctest except the slow CPU-vs-GPU Flash reference check, with the Flash-width model
 #      written once to /tmp/dsv4-flash (DSV4_FLASH_MODEL) and the Flash e2e at its defaults only;
 #   4. the sanitizer summaries; logs of everything into $OUT/logs.tgz (ctest's LastTest.log, the e2e logs).
+# Knobs: SANITIZE=" " runs no test-binary sanitizers; SANITIZE_MODEL=SECONDS also runs
+# scripts/gpu-sanitize-model.sh (whole `dsv4 run` jobs under the tools) in the background; CTEST_REGEX limits
+# the ctests (ctest -R); DSV4_FLASH_VARIANTS=1 adds the naive variants to the Flash e2e; CTEST_BUDGET_S.
 #   device call: command "bash scripts/gpu-check-all.sh", carry [".debs"]
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -21,9 +24,14 @@ for job in ${SANITIZE:-memcheck:test_opt_model racecheck:test_opt_model memcheck
         >"/tmp/dsv4-logs/san/${job%%:*}-${job#*:}.txt" 2>&1 &
     pids+=($!)
 done
+if [ -n "${SANITIZE_MODEL:-}" ]; then
+    OUT=/tmp/dsv4-logs/san bash "$root/scripts/gpu-sanitize-model.sh" "$SANITIZE_MODEL" \
+        >/tmp/dsv4-logs/san/model-jobs.txt 2>&1 &
+    pids+=($!)
+fi
 export DSV4_E2E_LOG=/tmp/dsv4-logs/e2e DSV4_FLASH_MODEL=/tmp/dsv4-flash DSV4_FLASH_VARIANTS=${DSV4_FLASH_VARIANTS:-0}
 mkdir -p "$DSV4_FLASH_MODEL"
-(cd "$root/build-gpu" && timeout ${CTEST_BUDGET_S:-450} ctest -L gpu -E 'test_ref_gpu_flash' --timeout 420 \
+(cd "$root/build-gpu" && timeout ${CTEST_BUDGET_S:-450} ctest -L gpu -E 'test_ref_gpu_flash' ${CTEST_REGEX:+-R "$CTEST_REGEX"} --timeout 420 \
     --output-on-failure) \
     >"$out/ctest-all.log" 2>&1
 rc=$?

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# gpu-sanitize-model.sh [SECONDS] - on the GPU machine, after scripts/gpu-test.sh has built build-gpu/: whole
+# `dsv4 run --path opt` jobs under compute-sanitizer (TOOLS, default "memcheck racecheck"), in parallel, each
+# time-boxed to SECONDS (default 420). The model-level tests (test_opt_model, test_opt_nccl, test_opt_fp8,
+# test_opt_follow_run) run dozens of such jobs and do not finish under racecheck's slowdown; these five cover
+# the same launch sequences on golden/tiny, cut to 25 positions (21 prompt + 4 decode):
+#   default     every optimized kernel, batch of 3 sequences (different lengths), the decode step as a CUDA graph
+#   naive       every naive variant at once (--attn simt --indexer fp32 --mhc roundtrip --index-context max)
+#               and the FP8 KV cache
+#   fp8         golden/tiny-fp8 with --weights fp8: the FP8 linear and FP4 expert kernels
+#   nccl        --gpus 1: the NCCL rank path (sharded buffers, all-reduces)
+#   follow      --follow the golden dump: the decision-following kernels
+# Prints one line per (tool, job): clean, ERRORS (the sanitizer's summary) or TIMEOUT. Exit 1 on any error.
+# Logs to $OUT/sanmodel-<tool>-<job>.log when OUT is set.
+set -u
+root=$(cd "$(dirname "$0")/.." && pwd)
+limit=${1:-420}
+out=${OUT:-$root/out}
+mkdir -p "$out"
+bin=$root/build-gpu/dsv4
+dsv4_root=$root
+# shellcheck source=scripts/gpu-env.sh
+source "$root/scripts/gpu-env.sh" || exit 2
+g=$root/golden
+common=(run --path opt --decode 4 --dump-positions decode)
+declare -A jobs=(
+    [default]="--model $g/tiny --tokens-from $g/tiny/forced.h5 --batch 3"
+    [naive]="--model $g/tiny --tokens-from $g/tiny/forced.h5 --attn simt --indexer fp32 --mhc roundtrip --index-context max --kv fp8"
+    [fp8]="--model $g/tiny-fp8 --tokens-from $g/tiny-fp8/forced.h5 --weights fp8"
+    [nccl]="--model $g/tiny --tokens-from $g/tiny/forced.h5 --gpus 1"
+    [follow]="--model $g/tiny --tokens-from $g/tiny/forced.h5 --follow $g/tiny/forced.h5"
+)
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+pids=()
+for tool in ${TOOLS:-memcheck racecheck}; do
+    for job in "${!jobs[@]}"; do
+        (
+            log=$out/sanmodel-$tool-$job.log
+            # shellcheck disable=SC2086
+            timeout "$limit" compute-sanitizer --tool "$tool" --error-exitcode 99 "$bin" "${common[@]}" \
+                ${jobs[$job]} --dump "$tmp/$tool-$job.h5" >"$log" 2>&1
+            rc=$?
+            summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -n 1)
+            case $rc in
+            0) echo "$tool $job: clean ${summary:+($summary)}" ;;
+            124) echo "$tool $job: TIMEOUT after ${limit}s (not completed)" ;;
+            99) echo "$tool $job: ERRORS ($summary)" ;;
+            *) echo "$tool $job: run failed under the tool, rc $rc ${summary:+($summary)}" ;;
+            esac >"$tmp/$tool-$job.result"
+        ) &
+        pids+=($!)
+    done
+done
+wait "${pids[@]}"
+cat "$tmp"/*.result
+! grep -qvE ': clean' "$tmp"/*.result
