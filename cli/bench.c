@@ -26,6 +26,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_model.h"
 #include "commands.h"
 #include "dsv4/dsv4.h"
 #include "dsv4/dsv4_opt.h"
@@ -258,77 +259,6 @@ static int parse_args(int argc, char **argv, bench_args *a)
     return 0;
 }
 
-/* ------------------------------------------------------------------------------------ the model */
-static int flash_config(int layers, int max_pos, dsv4_config *cfg)
-{
-    char json[8192];
-    size_t n = 0;
-    n += (size_t)snprintf(json + n, sizeof json - n,
-                          "{\"model_type\": \"deepseek_v4\", \"vocab_size\": 129280, \"hidden_size\": 4096, "
-                          "\"num_attention_heads\": 64, \"num_key_value_heads\": 1, \"head_dim\": 512, "
-                          "\"qk_rope_head_dim\": 64, \"q_lora_rank\": 1024, \"o_groups\": 8, \"o_lora_rank\": 1024, "
-                          "\"sliding_window\": 128, \"index_n_heads\": 64, \"index_head_dim\": 128, "
-                          "\"index_topk\": 512, \"n_routed_experts\": 256, \"n_shared_experts\": 1, "
-                          "\"num_experts_per_tok\": 6, \"moe_intermediate_size\": 2048, \"num_hash_layers\": 1, "
-                          "\"scoring_func\": \"sqrtsoftplus\", \"norm_topk_prob\": true, "
-                          "\"routed_scaling_factor\": 1.5, \"swiglu_limit\": 10.0, \"hc_mult\": 4, "
-                          "\"hc_sinkhorn_iters\": 20, \"hc_eps\": 1e-6, \"rms_norm_eps\": 1e-6, "
-                          "\"tie_word_embeddings\": false, \"bos_token_id\": 0, \"eos_token_id\": 1, "
-                          "\"num_hidden_layers\": %d, \"max_position_embeddings\": %d, \"rope_theta\": 10000.0, \"compress_rope_theta\": 160000.0, \"rope_scaling\": "
-                          "{\"type\": \"yarn\", \"factor\": 16, \"original_max_position_embeddings\": 65536, "
-                          "\"beta_fast\": 32, \"beta_slow\": 1}, \"layer_types\": [",
-                          layers, max_pos);
-    for (int L = 0; L < layers; L++) /* Flash layers 2, 3, 4, ...: even = CSA, odd = HCA */
-        n += (size_t)snprintf(json + n, sizeof json - n, "%s\"%s\"", L ? ", " : "",
-                              L % 2 == 0 ? "compressed_sparse_attention" : "heavily_compressed_attention");
-    n += (size_t)snprintf(json + n, sizeof json - n, "], \"mlp_layer_types\": [");
-    for (int L = 0; L < layers; L++) /* Flash layer 2 is the last hash-routed one */
-        n += (size_t)snprintf(json + n, sizeof json - n, "%s\"%s\"", L ? ", " : "", L == 0 ? "hash_moe" : "moe");
-    n += (size_t)snprintf(json + n, sizeof json - n, "]}");
-    if (n >= sizeof json) return dsv4_error(DSV4_ERR_USAGE, "bench: config text too long");
-    return dsv4_config_parse(json, "dsv4 bench (Flash shapes)", cfg);
-}
-
-typedef struct mem_plan {
-    double global, per_layer_w[DSV4_MAX_LAYERS], per_layer_cache[DSV4_MAX_LAYERS], scratch, total;
-} mem_plan;
-
-/* Bytes of the weights, caches and scratch, as optimized/opt_layout.c lays them out (scratch estimated). */
-/* Bytes per element of a linear the checkpoint keeps in FP8 and of a routed expert, as held in each mode. */
-static double q8_bytes(int fp8) { return fp8 ? 1.0 + 1.0 / 16384 : 2.0; }
-static double q4_bytes(int fp8) { return fp8 ? 0.5 + 1.0 / 32 : 2.0; }
-
-static void plan_memory(const dsv4_config *f, int C, int max_ctx, int fp32_indexer, int fp8, mem_plan *p)
-{
-    const double D = f->hidden_size, n = f->hc_mult, V = f->vocab_size, H = f->num_attention_heads,
-                 d = f->head_dim, qr = f->q_lora_rank, HI = f->index_n_heads, dI = f->index_head_dim,
-                 E = f->n_routed_experts, K = f->num_experts_per_tok, NI = f->moe_intermediate_size,
-                 W = f->sliding_window, G = f->o_groups, o_r = f->o_lora_rank, mix = (2 + n) * n;
-    memset(p, 0, sizeof *p);
-    p->global = 2 * V * D * 2 + D * 4 + n * n * D * 4;
-    double pool_csa = 0;
-    for (int L = 0; L < f->num_hidden_layers; L++) {
-        const int csa = f->attn_type[L] == DSV4_ATTN_CSA, r = f->compress_ratio[L];
-        const double width = (csa ? 2 : 1) * d, pool = r > 0 ? floor((double)max_ctx / r) : 0;
-        double nx = qr + d + (r > 0 ? 2 * width : 0) + (csa ? 4 * dI + HI : 0);
-        double w = 4 * (2 * (mix * n * D + mix + 3) + 2 * D + qr + d + H + (r > 0 ? r * width + d : 0) +
-                        (csa ? r * 2 * dI + dI : 0));
-        w += f->mlp_type[L] == DSV4_MLP_HASH_MOE ? V * K * 4 : E * 4;
-        const double q8 = (qr + d) * D + (csa ? HI * dI * qr : 0) + H * d * qr + G * o_r * (H * d / G) +
-                          D * G * o_r + 3 * NI * D;
-        w += 2 * ((nx - qr - d) * D + E * D) + q8 * q8_bytes(fp8) + E * 3 * NI * D * q4_bytes(fp8);
-        double c = C * (W + pool) * d * 2;
-        if (r > 0) c += 2 * C * (csa ? 2 : 1) * r * width * 4;
-        if (csa) c += C * pool * dI * 2 + 2 * C * 2 * r * 2 * dI * 4, pool_csa = pool;
-        p->per_layer_w[L] = w, p->per_layer_cache[L] = c;
-        p->total += w + c;
-    }
-    /* logits, indexer scores, kernel workspace (split-K partials, top-k), cuBLAS workspace, activations */
-    p->scratch = C * (V * 4 + pool_csa * 4 * 2) + C * (H * d * 12 + 16 * n * D) + (64.0 + 32.0) * (1 << 20);
-    if (fp32_indexer) p->scratch += C * HI * pool_csa * 4; /* the naive indexer's fp32 [C, H, n] products */
-    p->total += p->global + p->scratch;
-}
-
 static const char *gib(double b, char *buf) { return dsv4_mem_format(b, buf, 32); }
 
 /* ------------------------------------------------------------------------------------ ceilings */
@@ -431,33 +361,6 @@ typedef struct step_stats {
     double med_ms, min_ms, max_ms, mean_ms;
     int pos0, steps;
 } step_stats;
-
-/* The roofline of one step: the bytes that must move and the FLOPs that must be done. */
-static void step_roofline(const dsv4_config *f, int C, int live, int fp8, double *bytes, double *flops)
-{
-    const double D = f->hidden_size, n = f->hc_mult, V = f->vocab_size, H = f->num_attention_heads,
-                 d = f->head_dim, qr = f->q_lora_rank, HI = f->index_n_heads, dI = f->index_head_dim,
-                 E = f->n_routed_experts, K = f->num_experts_per_tok, NI = f->moe_intermediate_size,
-                 W = f->sliding_window, G = f->o_groups, o_r = f->o_lora_rank, mix = (2 + n) * n, topk = f->index_topk;
-    const double touched = E * (1.0 - pow(1.0 - K / E, C)); /* expected distinct experts of C·K uniform picks */
-    double b = V * D * 2 + C * D * 2 + n * n * D * 4, fl = 2 * C * V * D;
-    for (int L = 0; L < f->num_hidden_layers; L++) {
-        const int csa = f->attn_type[L] == DSV4_ATTN_CSA, r = f->compress_ratio[L];
-        const double width = (csa ? 2 : 1) * d, ent = r > 0 ? floor((double)live / r) : 0;
-        double nx = qr + d + (r > 0 ? 2 * width : 0) + (csa ? 4 * dI + HI : 0);
-        double dense = nx * D + (csa ? HI * dI * qr : 0) + H * d * qr + G * o_r * (H * d / G) + D * G * o_r +
-                       (E + 2 * NI) * D + D * NI;
-        const double q8 = (qr + d) * D + (csa ? HI * dI * qr : 0) + H * d * qr + G * o_r * (H * d / G) +
-                          D * G * o_r + 3 * NI * D; /* the part of dense the checkpoint keeps in FP8 */
-        double nidx = W + (csa ? (ent < topk ? ent : topk) : ent);
-        b += (dense - q8) * 2 + q8 * q8_bytes(fp8) + 2 * mix * n * D * 4 + touched * 3 * NI * D * q4_bytes(fp8);
-        b += C * nidx * d * 2 + (csa ? C * ent * dI * 2 : 0);           /* KV rows gathered, indexer keys */
-        b += 4 * C * n * D * 2;                                          /* the residual streams, twice r+w */
-        fl += 2 * C * (dense + K * 3 * NI * D + 2 * mix * n * D) + 4 * C * H * nidx * d;
-        if (csa) fl += 2 * C * ent * HI * dI;
-    }
-    *bytes = b, *flops = fl;
-}
 
 static int run_steps(dsv4_opt *o, int C, int pos0, int warmup, int reps, unsigned long long seed, step_stats *st)
 {
@@ -562,12 +465,12 @@ int dsv4_cmd_bench(int argc, char **argv)
     int naive_idx = 0;
     for (int i = 0; i < a.n_variant; i++) naive_idx |= a.variant[i] == 2 || a.variant[i] == 5;
     dsv4_config cfg;
-    mem_plan mp;
+    bench_mem_plan mp;
     int layers = a.layers;
     if (!layers) {
         for (layers = 1; layers < DSV4_MAX_LAYERS; layers++) {
-            if ((rc = flash_config(layers + 1, a.max_context, &cfg))) break;
-            plan_memory(&cfg, cmax, a.max_context, naive_idx, a.weights == DSV4_OPT_WEIGHTS_FP8, &mp);
+            if ((rc = bench_flash_config(layers + 1, a.max_context, &cfg))) break;
+            bench_plan_memory(&cfg, cmax, a.max_context, naive_idx, a.weights == DSV4_OPT_WEIGHTS_FP8, &mp);
             if (mp.total > (double)free_b - margin) break;
         }
         if (rc) {
@@ -575,11 +478,11 @@ int dsv4_cmd_bench(int argc, char **argv)
             return 1;
         }
     }
-    if ((rc = flash_config(layers, a.max_context, &cfg))) {
+    if ((rc = bench_flash_config(layers, a.max_context, &cfg))) {
         fprintf(stderr, "dsv4 bench: config: %s\n", dsv4_last_error());
         return 1;
     }
-    plan_memory(&cfg, cmax, a.max_context, naive_idx, a.weights == DSV4_OPT_WEIGHTS_FP8, &mp);
+    bench_plan_memory(&cfg, cmax, a.max_context, naive_idx, a.weights == DSV4_OPT_WEIGHTS_FP8, &mp);
     char b1[32], b2[32], b3[32], b4[32], b5[32], b6[32], b7[32], b8[32], b9[32];
     double w_sum = mp.global, c_sum = 0;
     for (int L = 0; L < layers; L++) w_sum += mp.per_layer_w[L], c_sum += mp.per_layer_cache[L];
@@ -659,7 +562,7 @@ int dsv4_cmd_bench(int argc, char **argv)
                 step_stats st;
                 if ((rc = run_steps(o, C, pos0, a.warmup, a.reps, a.seed + (unsigned)ci, &st))) break;
                 double bytes, flops;
-                step_roofline(&cfg, C, pos0 + a.warmup + a.reps / 2, a.weights == DSV4_OPT_WEIGHTS_FP8, &bytes,
+                bench_step_roofline(&cfg, C, pos0 + a.warmup + a.reps / 2, a.weights == DSV4_OPT_WEIGHTS_FP8, &bytes,
                               &flops);
                 const double floor_ms = fmax(bytes / (cl.copy_gbs * 1e6), flops / (cl.gemm_tflops * 1e9));
                 json_t *r = json_pack("{s:i, s:s, s:i, s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "C", C,
