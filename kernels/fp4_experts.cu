@@ -536,8 +536,10 @@ static __device__ __forceinline__ size_t f4_row(int m, int r, int row0, int g, i
 
 /* One warp's stream over its items n = 0, 1, ... (up: global item gw + n·total over (rank, tile); down: rank
  * gw + n·total), STAGES-deep cp.async ring at `ring` (this warp's, F4Stage BYTES each). Writes h (up) or the
- * per-pair partials part[pair][16·MT] (down). */
-template <bool UP, int MT, int NT, int STAGES>
+ * per-pair partials part[pair][16·MT] (down). NAT (up only): walk the super-steps in column order (each row read
+ * front to back, better DRAM locality) into 4 accumulator sets, one per chain, folded at the end in chain order -
+ * the same sums as the chain walk at 16 more registers. */
+template <bool UP, int MT, int NT, int STAGES, bool NAT>
 static __device__ __forceinline__ void f4_stream(const dsv4_fp4_experts_params &p, const F4Tab &T, int pair0,
                                                  unsigned char *ring, float *part, int gw, int total)
 {
@@ -582,7 +584,7 @@ static __device__ __forceinline__ void f4_stream(const dsv4_fp4_experts_params &
         start(c, c.n + 1);
     };
     auto ss_of = [&](int j, bool *last) {
-        if (UP) return f4_chain_ss(j, nss, last);
+        if (UP && !NAT) return f4_chain_ss(j, nss, last);
         *last = j == nss - 1;
         return j;
     };
@@ -605,9 +607,9 @@ static __device__ __forceinline__ void f4_stream(const dsv4_fp4_experts_params &
             for (int i = 0; i < 4; i++) dsv4_cp_async16(st + St::W + St::S + (i * 4 * NT + lane) * 16, c.xrow + col + 8 * i, 16);
         }
     };
-    auto consume = [&](const unsigned char *st, const F4Cur &c, float acc[MT][4]) {
+    auto consume = [&](const unsigned char *st, const F4Cur &c, float acc[MT][4], float nat[4][MT][4]) {
         bool last;
-        const int col = ss_of(c.j, &last) * F4_SS + 32 * t;
+        const int ss = ss_of(c.j, &last), col = ss * F4_SS + 32 * t;
         uint4 cur[MT][2];
         uint8_t csc[MT][2];
 #pragma unroll
@@ -633,7 +635,13 @@ static __device__ __forceinline__ void f4_stream(const dsv4_fp4_experts_params &
 #pragma unroll
             for (int i = 0; i < 16; i++) X[i] = 0;
         }
-        f4_ss_mma<MT>(acc, cur, csc, X);
+        if (NAT) {
+#pragma unroll
+            for (int k = 0; k < 4; k++) /* a static index keeps the sets in registers */
+                if ((ss & 3) == k) f4_ss_mma<MT>(nat[k], cur, csc, X);
+        } else {
+            f4_ss_mma<MT>(acc, cur, csc, X);
+        }
         return last;
     };
     /* The end of a pass: up's SwiGLU epilogue (gate in run[0], up in run[1], same thread) or down's partials. */
@@ -667,11 +675,15 @@ static __device__ __forceinline__ void f4_stream(const dsv4_fp4_experts_params &
         }
         dsv4_cp_async_commit(); /* one group per stage, empty or not: wait_group counts stages */
     }
-    float acc[MT][4], run[MT][4];
+    float acc[MT][4], run[MT][4], nat[NAT ? 4 : 1][MT][4];
 #pragma unroll
     for (int m = 0; m < MT; m++)
 #pragma unroll
-        for (int i = 0; i < 4; i++) acc[m][i] = 0.0f, run[m][i] = 0.0f;
+        for (int i = 0; i < 4; i++) {
+            acc[m][i] = 0.0f, run[m][i] = 0.0f;
+#pragma unroll
+            for (int k = 0; k < (NAT ? 4 : 1); k++) nat[k][m][i] = 0.0f;
+        }
     while (cons.it.live) {
         dsv4_cp_async_wait<STAGES - 2>(); /* this lane's copies of the stage at cslot have landed */
         /* refill the slot consumed last iteration (its reads fed mma's already issued) */
@@ -681,15 +693,23 @@ static __device__ __forceinline__ void f4_stream(const dsv4_fp4_experts_params &
         }
         dsv4_cp_async_commit();
         pslot = pslot + 1 == STAGES ? 0 : pslot + 1;
-        const bool chain_end = consume(ring + cslot * St::BYTES, cons, acc);
+        const bool chain_end = consume(ring + cslot * St::BYTES, cons, acc, NAT ? nat : NULL);
         cslot = cslot + 1 == STAGES ? 0 : cslot + 1;
-        if (UP && chain_end) {
+        if (UP && !NAT && chain_end) {
 #pragma unroll
             for (int m = 0; m < MT; m++)
 #pragma unroll
                 for (int i = 0; i < 4; i++) run[m][i] = run[m][i] + acc[m][i], acc[m][i] = 0.0f;
         }
         if (cons.j == nss - 1) {
+            if (NAT) { /* chains in order; an empty chain (c >= nss) adds +0 as in variant 0 */
+#pragma unroll
+                for (int k = 0; k < (NAT ? 4 : 1); k++)
+#pragma unroll
+                    for (int m = 0; m < MT; m++)
+#pragma unroll
+                        for (int i = 0; i < 4; i++) run[m][i] = run[m][i] + nat[k][m][i], nat[k][m][i] = 0.0f;
+            }
             if (UP)
                 finish(cons, run);
             else
@@ -705,7 +725,7 @@ static __device__ __forceinline__ void f4_stream(const dsv4_fp4_experts_params &
 }
 
 /* Up, persistent: grid (blocks, 1, token chunks), W warps; dynamic shared memory f4_up_stream_smem(). */
-template <int NT, int STAGES, int W, int MINB>
+template <int NT, int STAGES, int W, int MINB, bool NAT>
 __global__ void __launch_bounds__(W * 32, MINB) fp4_up_stream_kernel(const __grid_constant__ dsv4_fp4_experts_params p)
 {
     extern __shared__ __align__(16) unsigned char f4_smem[];
@@ -714,7 +734,7 @@ __global__ void __launch_bounds__(W * 32, MINB) fp4_up_stream_kernel(const __gri
     const F4Tab T = f4_tab_carve(f4_smem, n_pairs);
     f4_tab_build(T, p.ids, pair0, n_pairs, f4_e_lo(p), f4_e_hi(p));
     unsigned char *ring = f4_smem + f4_tab_bytes(n_pairs) + (size_t)warp * STAGES * F4Stage<2, NT>::BYTES;
-    f4_stream<true, 2, NT, STAGES>(p, T, pair0, ring, NULL, warp * gridDim.x + blockIdx.x, gridDim.x * W);
+    f4_stream<true, 2, NT, STAGES, NAT>(p, T, pair0, ring, NULL, warp * gridDim.x + blockIdx.x, gridDim.x * W);
 }
 
 /* Down: grid (D/(16·MT), 1, token chunks), W warps; dynamic shared memory f4_down_stream_smem(). */
@@ -731,7 +751,7 @@ __global__ void __launch_bounds__(W * 32, MINB)
     f4_tab_build(T, p.ids, pair0, n_pairs, f4_e_lo(p), f4_e_hi(p)); /* its barriers also order part's zeros */
     unsigned char *ring = reinterpret_cast<unsigned char *>(part + (size_t)n_pairs * R) +
                           (size_t)warp * STAGES * F4Stage<MT, NT>::BYTES;
-    f4_stream<false, MT, NT, STAGES>(p, T, pair0, ring, part, warp, W);
+    f4_stream<false, MT, NT, STAGES, false>(p, T, pair0, ring, part, warp, W);
     __syncthreads();
     for (int i = threadIdx.x; i < ntok * R; i += blockDim.x) {
         const int cl = i / R, r = i % R, row = row0 + r;
@@ -797,19 +817,21 @@ typedef struct f4_variant {
     const char *name;
 } f4_variant;
 
-#define F4_UP(NT, S, W, B)                                                                                        \
-    {(const void *)fp4_up_stream_kernel<NT, S, W, B>, W, S, F4Stage<2, NT>::BYTES, 2, B,                           \
-     "up NT" #NT " S" #S " W" #W " B" #B}
+#define F4_UP(NT, S, W, B, NAT)                                                                                   \
+    {(const void *)fp4_up_stream_kernel<NT, S, W, B, NAT>, W, S, F4Stage<2, NT>::BYTES, 2, B,                      \
+     "up NT" #NT " S" #S " W" #W " B" #B " nat" #NAT}
 #define F4_DOWN(MT, NT, S, W, B)                                                                                  \
     {(const void *)fp4_down_stream_kernel<MT, NT, S, W, B>, W, S, F4Stage<MT, NT>::BYTES, MT, B,                   \
      "down MT" #MT " NT" #NT " S" #S " W" #W}
 static const f4_variant f4_up_variants[] = {
     {NULL, F4_UP_WARPS, 0, 0, 2, 3, "up v0 (original)"},
-    F4_UP(4, 6, 8, 1), /* 80 KB of weights in flight per SM */
-    F4_UP(4, 6, 4, 2), /* the same bytes in flight, two blocks */
-    F4_UP(4, 3, 16, 1), /* more warps for issue, shallower */
-    F4_UP(4, 8, 6, 1), /* deepest */
-    F4_UP(8, 4, 8, 1), /* 8 tokens a pass (fewer passes for busy experts) */
+    F4_UP(4, 6, 8, 1, false), /* 80 KB of weights in flight per SM */
+    F4_UP(4, 6, 4, 2, false), /* the same bytes in flight, two blocks */
+    F4_UP(4, 3, 16, 1, false), /* more warps for issue, shallower */
+    F4_UP(4, 8, 6, 1, false), /* deepest */
+    F4_UP(8, 4, 8, 1, false), /* 8 tokens a pass (fewer passes for busy experts) */
+    F4_UP(4, 6, 8, 1, true),  /* variant 1 in column order */
+    F4_UP(4, 6, 4, 2, true),  /* variant 2 in column order */
 };
 static const f4_variant f4_down_variants[] = {
     {NULL, F4_DOWN_WARPS, 0, 0, 1, 2, "down v0 (original)"},
@@ -818,6 +840,8 @@ static const f4_variant f4_down_variants[] = {
     F4_DOWN(2, 4, 3, 12, 1), /* more warps, shallower */
     F4_DOWN(2, 4, 7, 6, 1), /* deepest: 72 KB */
     F4_DOWN(1, 4, 5, 6, 2), /* 16-row slices, 6 warps x 2 blocks */
+    F4_DOWN(2, 8, 4, 8, 1), /* 8 tokens a pass */
+    F4_DOWN(1, 4, 6, 4, 3), /* 16-row slices, 4 warps x 3 blocks, deep */
 };
 enum {
     F4_N_UP = sizeof(f4_up_variants) / sizeof(f4_up_variants[0]),
