@@ -3,6 +3,12 @@
  * (moe.cuh) - h[c, j] = silu(min(x·W1ᵀ, λ)) · clamp(x·W3ᵀ, ±λ) · weight[c, j] (bf16), out[c] = Σ_j h[c, j]·W2ᵀ
  * (j ascending, fp32) + shared[c] - but each touched expert's bytes are read ONCE for all its tokens.
  *
+ * Two families of kernels, the same results bit for bit (bench_qweight --fp4-sweep and test_fp4_variants check it):
+ *  - variant 0, the first kernels, kept for A/B (described here);
+ *  - the streamed variants 1.. (section "streamed kernels" below): one cp.async ring per warp that flows across
+ *    its work items, a persistent up grid, per-block expert tables. dsv4_opt_fp4_experts runs F4_DEFAULT_UP /
+ *    F4_DEFAULT_DOWN, or variant 0 where those do not fit (shared memory: sm_120, k = 16 for some downs);
+ *    dsv4_opt_fp4_experts_config (bench/tests only) runs any pair.
  * Grouping without a host round trip or workspace (graph-capturable): every block rebuilds, in shared memory, the
  * set of experts its chunk of <= 64 tokens touches (a bitmap of ids) and the pairs of the expert it works on (a
  * ballot scan in pair order, so the order is fixed).
