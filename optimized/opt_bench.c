@@ -325,7 +325,10 @@ int dsv4_opt_time_indexer(dsv4_opt *o, int n_live, int max_context_work, int rep
     int *h = malloc((size_t)o->C * sizeof *h);
     if (!h) return dsv4_error(DSV4_ERR_NOMEM, "opt_bench: out of host memory");
     for (int c = 0; c < o->C; c++) h[c] = n_live;
-    cudaError_t e = cudaMemcpy(o->live_csa, h, (size_t)o->C * 4, cudaMemcpyHostToDevice);
+    /* on o->stream and waited for: a pageable cudaMemcpy may return before its DMA lands, and the timed kernels
+     * run on the non-blocking o->stream */
+    cudaError_t e = cudaMemcpyAsync(o->live_csa, h, (size_t)o->C * 4, cudaMemcpyHostToDevice, o->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(o->stream);
     free(h);
     if (e != cudaSuccess) return dsv4_error(DSV4_ERR_CUDA, "opt_bench: live counts: %s", cudaGetErrorString(e));
     /* the live grid as the step sizes it: the power-of-two bucket of the live count, from 16, capped */

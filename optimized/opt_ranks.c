@@ -209,7 +209,8 @@ static int emu_allreduce(struct opt_rank *rk, dsv4_opt *o, float *buf, size_t n,
     if (n > g->e_floats)
         return dsv4_error(DSV4_ERR_USAGE, "%s: %zu floats for an emulation buffer of %zu", label, n, g->e_floats);
     DSV4_OPT_CUDA(cudaStreamSynchronize(o->stream));
-    DSV4_OPT_CUDA(cudaMemcpy(rk->ebuf, buf, n * sizeof(float), cudaMemcpyDeviceToHost));
+    DSV4_OPT_CUDA(cudaMemcpyAsync(rk->ebuf, buf, n * sizeof(float), cudaMemcpyDeviceToHost, o->stream));
+    DSV4_OPT_CUDA(cudaStreamSynchronize(o->stream));
     DSV4_OPT_TRY(emu_barrier(rk, label));
     float *sum = rk->ebuf + g->e_floats;
     for (size_t i = 0; i < n; i++) {
@@ -218,7 +219,10 @@ static int emu_allreduce(struct opt_rank *rk, dsv4_opt *o, float *buf, size_t n,
         sum[i] = a;
     }
     DSV4_OPT_TRY(emu_barrier(rk, label)); /* no partial is overwritten before every rank has summed */
-    DSV4_OPT_CUDA(cudaMemcpy(buf, sum, n * sizeof(float), cudaMemcpyHostToDevice));
+    /* On the rank's own stream, then waited for: a cudaMemcpy from pageable memory may return before its DMA
+     * lands, and o->stream is non-blocking, so the next probe copy could read the old partial (it did, once). */
+    DSV4_OPT_CUDA(cudaMemcpyAsync(buf, sum, n * sizeof(float), cudaMemcpyHostToDevice, o->stream));
+    DSV4_OPT_CUDA(cudaStreamSynchronize(o->stream));
     return 0;
 }
 
@@ -357,7 +361,8 @@ static int step_body(struct opt_rank *rk)
     if (rk->rbuf) { /* replica check: the replicated state every later step reads, hashed on the host */
         const dsv4_opt *o = g->o[rk->rank];
         const size_t n = (size_t)o->C * o->n * o->D;
-        DSV4_OPT_CUDA(cudaMemcpy(rk->rbuf, o->X, n * 2, cudaMemcpyDeviceToHost));
+        DSV4_OPT_CUDA(cudaMemcpyAsync(rk->rbuf, o->X, n * 2, cudaMemcpyDeviceToHost, o->stream)); /* its stream */
+        DSV4_OPT_CUDA(cudaStreamSynchronize(o->stream));
         uint64_t h = 1469598103934665603ull;
         const unsigned char *b = (const unsigned char *)rk->rbuf;
         for (size_t i = 0; i < n * 2; i++) h = (h ^ b[i]) * 1099511628211ull;
