@@ -1,9 +1,7 @@
 /* bench_qweight.cu - micro-benchmark of kernels/fp8_linear.cu and kernels/fp4_experts.cu on Flash shapes, beside
  * their bf16 equivalents, against the ceilings measured in the same run (bench_common.cuh: copy bandwidth, cuBLAS
  * bf16 GEMM; cold L2 before every rep, events, warm-up, medians).
- *   run: build/bench_qweight [--quick] [--fp4-sweep]
- *  --fp4-sweep: fp4 experts only, and for each C every (up, down) variant of fp4_experts.cu (variant 0 = the
- *    original kernels), timed whole and per half, h and out compared bitwise with variant 0, each spot-checked.
+ *   run: build/bench_qweight [--quick]
  *  - fp8 linear, S = 1, 16, 64: wq_a 1024x4096, wkv 512x4096, wq_b 32768x1024, indexer wq_b 8192x1024, wo_b
  *    4096x8192, shared w1/w3 2048x4096, shared w2 4096x2048 (bf16 out, e8m0 scales). The bf16 row is cuBLAS
  *    (cublasGemmEx, bf16 in, fp32 compute, bf16 out) on a bf16 copy of the dequantised weight.
@@ -176,19 +174,15 @@ typedef struct f4_bench {
     dsv4_fp4_experts_params p;
     dsv4_moe_experts_params q;
     int bf16;
-    int cfg, up, down; /* cfg: dsv4_opt_fp4_experts_config(up, down), the sweep's variants (-1: half skipped) */
 } f4_bench;
 static void f4_fn(void *ctx, int rep)
 {
     f4_bench *b = (f4_bench *)ctx;
     if (b->bf16)
         BENCH_OK(dsv4_opt_moe_experts(&b->q));
-    else if (b->cfg)
-        BENCH_OK(dsv4_opt_fp4_experts_config(&b->p, b->up, b->down));
     else
         BENCH_OK(dsv4_opt_fp4_experts(&b->p));
 }
-static int f4_sweep_on; /* --fp4-sweep */
 
 static uint64_t host_rs = 12345;
 static uint32_t host_rand(void)
@@ -261,84 +255,6 @@ static void f4_spot_check(const dsv4_fp4_experts_params *p, const int32_t *ids, 
     free(x), free(h), free(out), free(wr), free(sr);
 }
 
-/* Number of differing elements of n of size sz; *max_abs: the largest |a - b| for f32 (sz 4). */
-static size_t f4_count_diff(const void *a, const void *b, size_t n, size_t sz, double *max_abs)
-{
-    size_t d = 0;
-    *max_abs = 0.0;
-    for (size_t i = 0; i < n; i++) {
-        if (memcmp((const char *)a + i * sz, (const char *)b + i * sz, sz) == 0) continue;
-        d++;
-        if (sz == 4) {
-            const double e = fabs((double)((const float *)a)[i] - ((const float *)b)[i]);
-            if (!(e <= *max_abs)) *max_abs = e;
-        }
-    }
-    return d;
-}
-
-/* --fp4-sweep: every (up, down) variant pair v of fp4_experts.cu at this C, timed whole and per half (up alone;
- * down alone on variant 0's h), its h and out compared BITWISE with variant 0's (the streamed kernels keep
- * variant 0's summation order exactly, so any difference is a bug: counted as a failed check), and spot-checked
- * against the double reference. One markdown row per variant. */
-static void f4_sweep(const bench_ceilings *cl, f4_bench *b, const int32_t *hid, const float *hwt, double up_bytes,
-                     double down_bytes)
-{
-    dsv4_fp4_experts_params *p = &b->p;
-    const int C = p->n_tok;
-    const size_t nh = (size_t)C * XK * XI, no = (size_t)C * XD;
-    BENCH_CHECK(cudaMemset(p->h, 0xff, nh * 2));
-    BENCH_CHECK(cudaMemset(p->out, 0xff, no * 4));
-    BENCH_OK(dsv4_opt_fp4_experts_config(p, 0, 0));
-    uint16_t *h0 = (uint16_t *)bench_to_host(p->h, nh * 2);
-    float *o0 = (float *)bench_to_host(p->out, no * 4);
-    printf("\nfp4 sweep C=%d\n| C | v | up | down | full µs | GB/s | %% copy | up µs | GB/s | %% copy | down µs | GB/s "
-           "| %% copy | h vs v0 | out vs v0 |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
-           C);
-    for (int v = 0;; v++) {
-        const char *un = dsv4_opt_fp4_experts_variant(0, v), *dn = dsv4_opt_fp4_experts_variant(1, v);
-        if (!un && !dn) break;
-        const int u = un ? v : 0, d = dn ? v : 0;
-        BENCH_CHECK(cudaMemset(p->h, 0xff, nh * 2));
-        BENCH_CHECK(cudaMemset(p->out, 0xff, no * 4));
-        if (dsv4_opt_fp4_experts_config(p, u, d) != 0) {
-            printf("| %d | %d | %s | %s | n/a: %s |\n", C, v, un ? un : "-", dn ? dn : "-", dsv4_last_error());
-            continue;
-        }
-        BENCH_CHECK(cudaDeviceSynchronize());
-        uint16_t *hv = (uint16_t *)bench_to_host(p->h, nh * 2);
-        float *ov = (float *)bench_to_host(p->out, no * 4);
-        double hmax, omax;
-        const size_t hd = f4_count_diff(hv, h0, nh, 2, &hmax), od = f4_count_diff(ov, o0, no, 4, &omax);
-        char hs[48], os[64];
-        snprintf(hs, sizeof hs, "bitwise");
-        snprintf(os, sizeof os, "bitwise");
-        if (hd) snprintf(hs, sizeof hs, "FAIL %zu differ", hd);
-        if (od) snprintf(os, sizeof os, "FAIL %zu differ (max %.3g)", od, omax);
-        if (hd || od) {
-            bench_failures++;
-            printf("check fp4 sweep C=%d v%d: h %s, out %s\n", C, v, hs, os);
-        } else {
-            bench_passes++;
-        }
-        f4_spot_check(p, hid, hwt);
-        free(hv), free(ov);
-        b->cfg = 1, b->up = u, b->down = d;
-        const double tf = bench_median_us(f4_fn, b);
-        b->down = -1;
-        const double tu = bench_median_us(f4_fn, b);
-        BENCH_CHECK(cudaMemcpy(p->h, h0, nh * 2, cudaMemcpyHostToDevice)); /* down alone reads variant 0's h */
-        b->up = -1, b->down = d;
-        const double td = bench_median_us(f4_fn, b);
-        b->cfg = 0;
-        const double gf = (up_bytes + down_bytes) / (tf * 1e3), gu = up_bytes / (tu * 1e3);
-        const double gd = down_bytes / (td * 1e3), cp = 100.0 / cl->copy_gbs;
-        printf("| %d | %d | %s | %s | %.1f | %.0f | %.1f%% | %.1f | %.0f | %.1f%% | %.1f | %.0f | %.1f%% | %s | %s |\n",
-               C, v, un ? un : "-", dn ? dn : "-", tf, gf, gf * cp, tu, gu, gu * cp, td, gd, gd * cp, hs, os);
-    }
-    free(h0), free(o0);
-}
-
 static void bench_fp4(const bench_ceilings *cl)
 {
     const size_t n13 = (size_t)XE * 2 * XI * XD / 2, n2 = (size_t)XE * XD * XI / 2;
@@ -402,13 +318,6 @@ static void bench_fp4(const bench_ceilings *cl)
         b.bf16 = 0;
         qb_row(cl, "fp4_experts", "fp4", C, shape, bench_median_us(f4_fn, &b), n_touched * per_expert4 + act, flops);
         f4_spot_check(p, hid, hwt);
-        if (f4_sweep_on) {
-            /* up: w13 + s13 of the touched experts, x read, h written; down: w2 + s2, h read, out written */
-            const double ub = n_touched * (double)(n13 + n13 / 16) / XE + (double)C * XD * 2 + (double)C * XK * XI * 2;
-            const double db = n_touched * (double)(n2 + n2 / 16) / XE + (double)C * XK * XI * 2 + (double)C * XD * 4;
-            f4_sweep(cl, &b, hid, hwt, ub, db);
-            continue;
-        }
         b.bf16 = 1;
         qb_row(cl, "moe_experts", "bf16", C, shape, bench_median_us(f4_fn, &b), n_touched * per_expert16 + act,
                flops);
@@ -419,14 +328,6 @@ static void bench_fp4(const bench_ceilings *cl)
 
 int main(int argc, char **argv)
 {
-    int n = 1; /* --fp4-sweep is this bench's own flag: taken out before bench_init */
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--fp4-sweep"))
-            f4_sweep_on = 1;
-        else
-            argv[n++] = argv[i];
-    }
-    argc = n;
     bench_init(argc, argv);
     bench_ceilings cl = bench_measure_ceilings();
     cublasHandle_t h;
@@ -435,7 +336,6 @@ int main(int argc, char **argv)
         return 1;
     }
     bench_header();
-    if (f4_sweep_on) goto fp4; /* the sweep is about fp4_experts only */
     bench_fp8(&cl, h, "wq_a", 1024, 4096);
     bench_fp8(&cl, h, "wkv", 512, 4096);
     bench_fp8(&cl, h, "wq_b", 32768, 1024);
@@ -443,7 +343,6 @@ int main(int argc, char **argv)
     bench_fp8(&cl, h, "wo_b", 4096, 8192);
     bench_fp8(&cl, h, "shared.w1", 2048, 4096);
     bench_fp8(&cl, h, "shared.w2", 4096, 2048);
-fp4:
     cublasDestroy(h);
     bench_fp4(&cl);
 

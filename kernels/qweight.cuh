@@ -73,13 +73,6 @@ typedef struct dsv4_fp4_experts_params {
 
 int dsv4_opt_fp4_experts(const dsv4_fp4_experts_params *p);
 
-/* bench/tests only: the same with up variant `up` and down variant `down` (0: the original kernels, 1..: the
- * streamed ones of fp4_experts.cu; -1: skip that half, for timing one half alone). Every variant gives bitwise the
- * same h and out. DSV4_ERR_UNSUPPORTED when a variant does not fit this device or call (shared memory). */
-int dsv4_opt_fp4_experts_config(const dsv4_fp4_experts_params *p, int up, int down);
-/* The name of up (down = 0) or down (down = 1) variant v, or NULL past the last one. */
-const char *dsv4_opt_fp4_experts_variant(int down, int v);
-
 #ifdef __cplusplus
 }
 #endif
