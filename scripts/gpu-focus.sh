@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# gpu-focus.sh STEP... - one short device call: build build-gpu/ for sm_90, then the named steps, each time-boxed,
+# outputs in $OUT:
+#   tests    test_opt_nccl, test_kernel_qweight, test_opt_fp8 (ctest)
+#   nccl     tests/e2e_opt_nccl_gpu.sh with the Flash-width model (written to /tmp/dsv4-flash first) and the
+#            memcheck of the --gpus 1 job (scripts/gpu-sanitize-model.sh, in the background)
+#   ncu-fp4  Nsight Compute on the FP4 expert kernels of bench_qweight (every launch; speed-of-light, warp
+#            state, occupancy, instruction statistics) into $OUT/ncu-fp4.csv
+#   device call: command "bash scripts/gpu-focus.sh tests nccl ncu-fp4", carry [".debs"]
+set -u
+root=$(cd "$(dirname "$0")/.." && pwd)
+out=${OUT:-$root/out}
+mkdir -p "$out"
+dsv4_root=$root
+# shellcheck source=scripts/gpu-env.sh
+source "$root/scripts/gpu-env.sh" || exit 2
+b=$root/build-gpu
+cmake -S "$root" -B "$b" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CUDA_ARCHITECTURES=90 >"$out/build.log" 2>&1 &&
+    cmake --build "$b" -j"$(nproc)" >>"$out/build.log" 2>&1 || { tail -n 30 "$out/build.log"; exit 1; }
+echo "== built at ${SECONDS}s"
+for step in "$@"; do
+    case $step in
+    tests)
+        (cd "$b" && timeout 200 ctest -R '^(test_opt_nccl|test_kernel_qweight|test_opt_fp8)$' --output-on-failure) \
+            >"$out/tests.log" 2>&1
+        echo "== tests rc $? at ${SECONDS}s"
+        grep -E "Test +#|tests passed" "$out/tests.log"
+        ;;
+    nccl)
+        mkdir -p /tmp/dsv4-flash /tmp/e2e-nccl
+        OUT=$out JOBS=nccl TOOLS=memcheck bash "$root/scripts/gpu-sanitize-model.sh" 200 >"$out/memcheck-nccl.txt" 2>&1 &
+        timeout 150 "$b/test_ref_gpu_flash" --write-model /tmp/dsv4-flash >"$out/flash-write.log" 2>&1
+        echo "== Flash model written (rc $?) at ${SECONDS}s"
+        (cd "$b" && DSV4_FLASH_MODEL=/tmp/dsv4-flash DSV4_E2E_LOG=/tmp/e2e-nccl timeout 300 \
+            ctest -R e2e_opt_nccl_gpu --output-on-failure -V >"$out/nccl.log" 2>&1)
+        echo "== nccl e2e rc $? at ${SECONDS}s"
+        grep -E "== |VERDICT|e2e_opt_nccl_gpu:" "$out/nccl.log" | grep -v "reported only" | tail -n 40
+        wait
+        cat "$out/memcheck-nccl.txt"
+        tar czf "$out/e2e-nccl.tgz" -C /tmp/e2e-nccl . 2>/dev/null
+        ;;
+    ncu-fp4)
+        timeout 240 ncu --kernel-name regex:'fp4_(up|down)_kernel' --section SpeedOfLight --section Occupancy \
+            --section WarpStateStats --section InstructionStats --section LaunchStats --csv --page details \
+            "$b/bench_qweight" --quick >"$out/ncu-fp4.csv" 2>"$out/ncu-fp4.err"
+        echo "== ncu rc $? at ${SECONDS}s"
+        tail -n 3 "$out/ncu-fp4.err"
+        ;;
+    *) echo "gpu-focus: unknown step '$step'" >&2; exit 2 ;;
+    esac
+done
