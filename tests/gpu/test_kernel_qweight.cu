@@ -230,9 +230,13 @@ START_TEST(test_fp8_rejects)
 END_TEST
 
 /* ------------------------------------------------------------------------------------------------ fp4 experts */
+/* Routing of a case: distinct experts per token (as top-k gives), or the quiet traps of fp4_experts.cu - ids
+ * outside [0, 1024) and duplicates within a token - or expert parallel: the weights hold only experts [3, E - 2)
+ * and the other pairs must add nothing. */
+enum { F4_DISTINCT, F4_TRAPS, F4_EXPERT_PARALLEL };
 typedef struct f4_case {
     const char *name;
-    int C, E, k, D, I;
+    int C, E, k, D, I, routing;
 } f4_case;
 
 static const f4_case f4_cases[] = {
@@ -241,6 +245,9 @@ static const f4_case f4_cases[] = {
     {"C=70: two chunks, >8 tokens/expert", 70, 8, 6, 64, 96},
     {"C=16 E=64 k=6", 16, 64, 6, 256, 128},
     {"Flash D/I, C=3", 3, 12, 6, 4096, 2048},
+    {"k=16, busy experts", 64, 20, 16, 64, 64},
+    {"ids -1/1024/5000 and duplicates", 9, 8, 4, 64, 64, F4_TRAPS},
+    {"expert parallel [3, E-2)", 12, 10, 3, 64, 96, F4_EXPERT_PARALLEL},
 };
 enum { N_F4 = sizeof(f4_cases) / sizeof(f4_cases[0]) };
 
@@ -252,13 +259,18 @@ static float f4_deq(const uint8_t *w, const uint8_t *s, size_t row, int cols, in
     return e2m1_tab[hi ? b >> 4 : b & 0xf] * e8m0_tab[s[row * (cols / 32) + c / 32]];
 }
 
+/* Does the call hold expert `id` (the kernel computes the pair), or must the pair be skipped? */
+static int f4_held(int id, int e_lo, int e_hi) { return id >= e_lo && id < e_hi && id < 1024; }
+
 START_TEST(test_fp4_experts)
 {
     const f4_case *k = &f4_cases[_i];
     rs = 5000 + 31 * _i;
     const int C = k->C, E = k->E, K = k->k, D = k->D, I = k->I;
     const float lim = 2.5f; /* small: the clamps act */
-    const size_t n13 = (size_t)E * 2 * I * D / 2, n2 = (size_t)E * D * I / 2;
+    /* the experts held: [e_lo, e_hi), expert e at index e - e_lo */
+    const int ep = k->routing == F4_EXPERT_PARALLEL, e_lo = ep ? 3 : 0, e_hi = ep ? E - 2 : E;
+    const size_t n13 = (size_t)(e_hi - e_lo) * 2 * I * D / 2, n2 = (size_t)(e_hi - e_lo) * D * I / 2;
     uint8_t *w13 = (uint8_t *)malloc(n13), *w2 = (uint8_t *)malloc(n2);
     uint8_t *s13 = (uint8_t *)malloc(n13 / 16), *s2 = (uint8_t *)malloc(n2 / 16);
     for (size_t i = 0; i < n13; i++) w13[i] = (uint8_t)rnd32();
@@ -272,10 +284,15 @@ START_TEST(test_fp4_experts)
     for (int c = 0; c < C; c++)
         for (int j = 0; j < K; j++) {
             int e, dup;
-            do { /* distinct experts per token, as top-k gives */
+            do { /* distinct experts per token, as top-k gives (the traps case allows duplicates) */
                 e = (int)(rnd32() % E), dup = 0;
-                for (int q = 0; q < j; q++) dup |= ids[c * K + q] == e;
+                for (int q = 0; q < j && k->routing != F4_TRAPS; q++) dup |= ids[c * K + q] == e;
             } while (dup);
+            if (k->routing != F4_DISTINCT && rnd32() % 5 == 0) { /* an id the kernel must skip */
+                const int bad[3] = {-1, 1024, 5000};
+                e = bad[rnd32() % 3];
+            }
+            if (k->routing == F4_TRAPS && j == 1 && c % 3 == 0) e = ids[c * K]; /* the same expert twice */
             ids[c * K + j] = e;
             wt[c * K + j] = (float)(0.1 + urand());
         }
@@ -284,6 +301,7 @@ START_TEST(test_fp4_experts)
     dsv4_fp4_experts_params p;
     memset(&p, 0, sizeof p);
     p.n_tok = C, p.k = K, p.dim = D, p.inter = I, p.limit = lim;
+    if (ep) p.e_begin = e_lo, p.e_end = e_hi;
     p.x = (const uint16_t *)to_dev(x, (size_t)C * D * 2);
     p.ids = (const int32_t *)to_dev(ids, (size_t)C * K * 4);
     p.weights = (const float *)to_dev(wt, (size_t)C * K * 4);
@@ -307,9 +325,13 @@ START_TEST(test_fp4_experts)
     double *href = (double *)malloc(nh * 8), *hbad = (double *)malloc(nh * 8), *hmag = (double *)malloc(nh * 8);
     for (int c = 0; c < C; c++)
         for (int j = 0; j < K; j++) {
-            const int e = ids[c * K + j];
+            const int e = ids[c * K + j] - e_lo; /* the held expert's index */
             const size_t pr = (size_t)c * K + j;
             for (int m = 0; m < I; m++) {
+                if (!f4_held(ids[pr], e_lo, e_hi)) { /* skipped pair: h undefined (not compared), adds nothing */
+                    href[pr * I + m] = hbad[pr * I + m] = 0, hmag[pr * I + m] = 1;
+                    continue;
+                }
                 double h2[2], mg = 0;
                 for (int sw = 0; sw < 2; sw++) {
                     double g = 0, u = 0, ag = 0, au = 0;
@@ -328,7 +350,8 @@ START_TEST(test_fp4_experts)
                 hmag[pr * I + m] = mg + fabs(h2[0]) * (1.0 / 256) / 1e-5;
             }
         }
-    for (size_t i = 0; i < nh; i++) hg[i] = dsv4_bf16_to_f32(hk[i]);
+    for (size_t i = 0; i < nh; i++)
+        hg[i] = f4_held(ids[i / I], e_lo, e_hi) ? dsv4_bf16_to_f32(hk[i]) : 0.0f; /* the kernel leaves those rows */
     gate gh = gate_eval(hg, href, hmag, nh), ghb = gate_eval(hg, hbad, hmag, nh);
     /* down: from the kernel's own h, in double */
     double *oref = (double *)malloc(no * 8), *obad = (double *)malloc(no * 8), *omag = (double *)malloc(no * 8);
@@ -336,7 +359,8 @@ START_TEST(test_fp4_experts)
         for (int r = 0; r < D; r++) {
             double acc = 0, accb = 0, mg = 0;
             for (int j = 0; j < K; j++) {
-                const int e = ids[c * K + j];
+                if (!f4_held(ids[c * K + j], e_lo, e_hi)) continue; /* its h is still the NaN poison */
+                const int e = ids[c * K + j] - e_lo;
                 const size_t row = (size_t)e * D + r;
                 for (int m = 0; m < I; m++) {
                     const double hv = hg[((size_t)c * K + j) * I + m];
