@@ -1,0 +1,312 @@
+/* ref_gpu_init.cu - setting up the GPU fp32 reference (ref_gpu.cu): the weights uploaded once from the loader's
+ * f32 view into one device arena (two passes over the same binding code: count, then carve and copy), the decode
+ * state (window rings, compressor states, pools) sized by max_tokens, and the scratch of one call. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ref_gpu_model.cuh"
+
+/* ------------------------------------------------------------------------------------ weight upload */
+/* Two passes over the same binding code: count (arena NULL) sizes the arena, upload carves and copies. */
+typedef struct binder {
+    dsv4_model *m;
+    float *arena;       /* NULL: counting pass */
+    size_t off;         /* floats */
+    float *staging;     /* host, [staging_cap] */
+    size_t staging_cap;
+    size_t max_numel;
+} binder;
+
+/* Device allocation of one arena: refused with both sizes before cudaMalloc when the GPU cannot hold it, and a
+ * failed cudaMalloc reported with the size and what it was for (never a NULL that crashes later). */
+static int ref_gpu_alloc(void **p, size_t bytes, const char *what)
+{
+    int rc = dsv4_mem_check_device((double)bytes, what);
+    if (rc) return rc;
+    cudaError_t e = cudaMalloc(p, bytes);
+    if (e != cudaSuccess) {
+        *p = NULL;
+        return dsv4_mem_device_alloc_failed((double)bytes, what, cudaGetErrorString(e));
+    }
+    return 0;
+}
+
+static int bind(binder *b, float **out, size_t numel, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static int bind(binder *b, float **out, size_t numel, const char *fmt, ...)
+{
+    char name[160];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    if (numel > b->max_numel) b->max_numel = numel;
+    size_t at = b->off;
+    b->off = (b->off + numel + 63) & ~(size_t)63; /* 256-byte aligned views */
+    if (!b->arena) {
+        *out = NULL;
+        return 0;
+    }
+    *out = b->arena + at;
+    int rc = dsv4_model_read_f32(b->m, name, b->staging, numel);
+    if (rc) return rc;
+    DSV4_REF_CUDA_CHECK(cudaMemcpy(*out, b->staging, numel * sizeof(float), cudaMemcpyHostToDevice));
+    return 0;
+}
+
+#define BIND(dst, numel, ...)                                                                                    \
+    do {                                                                                                         \
+        int rc_ = bind(b, &(dst), (size_t)(numel), __VA_ARGS__);                                                 \
+        if (rc_) return rc_;                                                                                     \
+    } while (0)
+
+static int bind_layer(dsv4_ref_gpu *g, binder *b, int L)
+{
+    const dsv4_config *f = &g->cfg;
+    gpu_layer *w = &g->lw[L];
+    size_t D = f->hidden_size, H = f->num_attention_heads, d = f->head_dim, qr = f->q_lora_rank, n = f->hc_mult;
+    size_t G = f->o_groups, o_r = f->o_lora_rank, HI = f->index_n_heads, dI = f->index_head_dim;
+    size_t E = f->n_routed_experts, NI = f->moe_intermediate_size, mix = (2 + n) * n;
+    w->attn = f->attn_type[L];
+    w->mlp = f->mlp_type[L];
+    w->ratio = w->attn == DSV4_ATTN_SLIDING ? 0 : f->compress_ratio[L];
+    if (w->attn != DSV4_ATTN_SLIDING && w->ratio <= 0)
+        return dsv4_error(DSV4_ERR_CONFIG, "layer %d: %s attention with compress ratio %d", L,
+                          dsv4_attn_type_name(w->attn), w->ratio);
+#define BIND_LISTED(field, numel, cond, name)                                                                    \
+    if (cond) BIND(w->field, numel, name, L);
+    DSV4_REF_LAYER_TENSORS(BIND_LISTED)
+#undef BIND_LISTED
+    if (!w->w1) {
+        w->w1 = (float **)dsv4_ref_alloc(3 * E * sizeof(float *), "ref-gpu expert table");
+        if (!w->w1) return DSV4_ERR_NOMEM;
+        w->w3 = w->w1 + E;
+        w->w2 = w->w1 + 2 * E;
+    }
+    for (size_t e = 0; e < E; e++) {
+        BIND(w->w1[e], NI * D, "layers.%d.ffn.experts.%zu.w1.weight", L, e);
+        BIND(w->w3[e], NI * D, "layers.%d.ffn.experts.%zu.w3.weight", L, e);
+        BIND(w->w2[e], D * NI, "layers.%d.ffn.experts.%zu.w2.weight", L, e);
+    }
+    return 0;
+}
+
+static int bind_all(dsv4_ref_gpu *g, binder *b)
+{
+    const dsv4_config *f = &g->cfg;
+    size_t D = f->hidden_size, V = f->vocab_size, n = f->hc_mult;
+    BIND(g->embed, V * D, "embed.weight");
+    if (f->tie_word_embeddings) g->head = g->embed;
+    else BIND(g->head, V * D, "head.weight");
+    BIND(g->norm, D, "norm.weight");
+    BIND(g->hc_head_fn, n * n * D, "hc_head_fn");
+    BIND(g->hc_head_base, n, "hc_head_base");
+    BIND(g->hc_head_scale, 1, "hc_head_scale");
+    for (int L = 0; L < f->num_hidden_layers; L++) {
+        int rc = bind_layer(g, b, L);
+        if (rc) return rc;
+    }
+    return 0;
+}
+#undef BIND
+
+/* tid2eid of every hash layer into the int arena, range-checked. */
+static int upload_tid2eid(dsv4_ref_gpu *g, dsv4_model *m)
+{
+    const dsv4_config *f = &g->cfg;
+    size_t V = f->vocab_size, k = f->num_experts_per_tok, E = f->n_routed_experts;
+    int n_hash = 0;
+    for (int L = 0; L < f->num_hidden_layers; L++) n_hash += g->lw[L].mlp == DSV4_MLP_HASH_MOE;
+    if (!n_hash) return 0;
+    int arc = ref_gpu_alloc((void **)&g->i_arena, (size_t)n_hash * V * k * sizeof(int32_t), "ref-gpu tid2eid tables");
+    if (arc) return arc;
+    int32_t *h = (int32_t *)dsv4_ref_alloc(V * k * sizeof(int32_t), "ref-gpu tid2eid staging");
+    if (!h) return DSV4_ERR_NOMEM;
+    int rc = 0, i = 0;
+    for (int L = 0; L < f->num_hidden_layers && !rc; L++) {
+        if (g->lw[L].mlp != DSV4_MLP_HASH_MOE) continue;
+        char name[96];
+        snprintf(name, sizeof name, "layers.%d.ffn.gate.tid2eid", L);
+        if ((rc = dsv4_model_read_i32(m, name, h, V * k))) break;
+        for (size_t t = 0; t < V * k && !rc; t++)
+            if (h[t] < 0 || (size_t)h[t] >= E)
+                rc = dsv4_error(DSV4_ERR_FORMAT, "%s: token %zu maps to expert %d, outside [0, %zu)", name, t / k,
+                                h[t], E);
+        if (rc) break;
+        g->lw[L].tid2eid = g->i_arena + (size_t)i++ * V * k;
+        cudaError_t e = cudaMemcpy(g->lw[L].tid2eid, h, V * k * sizeof(int32_t), cudaMemcpyHostToDevice);
+        if (e != cudaSuccess) rc = dsv4_ref_gpu_cuda_fail(e, "cudaMemcpy(tid2eid)", __FILE__, __LINE__);
+    }
+    dsv4_ref_release(h);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------------------ state, scratch */
+static size_t layout_state(dsv4_ref_gpu *g, int max_tokens, float *mem, int *rc)
+{
+    const dsv4_config *f = &g->cfg;
+    size_t off = 0, d = f->head_dim, dI = f->index_head_dim;
+    g->m_max = f->sliding_window;
+    g->pool_cap_max = 1;
+    for (int L = 0; L < f->num_hidden_layers; L++) {
+        gpu_layer *w = &g->lw[L];
+        int csa = w->attn == DSV4_ATTN_CSA;
+        if (mem) w->win = mem + off;
+        off += (size_t)f->sliding_window * d;
+        if (w->ratio <= 0) continue;
+        w->pool_cap = max_tokens / w->ratio;
+        if (mem) w->pool = mem + off;
+        off += (size_t)w->pool_cap * d;
+        if (mem && !*rc) *rc = dsv4_ref_gpu_compressor_init(&w->cmp, w->ratio, (int)d, csa, mem + off);
+        off += dsv4_ref_compressor_state_floats(w->ratio, (int)d, csa);
+        int extra = csa ? (g->topk < w->pool_cap ? g->topk : w->pool_cap) : w->pool_cap;
+        if (f->sliding_window + extra > g->m_max) g->m_max = f->sliding_window + extra;
+        if (!csa) continue;
+        if (w->pool_cap > g->pool_cap_max) g->pool_cap_max = w->pool_cap;
+        if (mem) w->ipool = mem + off;
+        off += (size_t)w->pool_cap * dI;
+        if (mem && !*rc) *rc = dsv4_ref_gpu_compressor_init(&w->icmp, w->ratio, (int)dI, 1, mem + off);
+        off += dsv4_ref_compressor_state_floats(w->ratio, (int)dI, 1);
+    }
+    return off;
+}
+
+static size_t layout_scratch(dsv4_ref_gpu *g, int S, gpu_scratch *sc, float *mem)
+{
+    const dsv4_config *f = &g->cfg;
+    size_t off = 0, s = (size_t)S, n = f->hc_mult, D = f->hidden_size, H = f->num_attention_heads;
+    size_t d = f->head_dim, HI = f->index_n_heads, dI = f->index_head_dim, E = f->n_routed_experts;
+    size_t k = f->num_experts_per_tok, NI = f->moe_intermediate_size, np = g->n_pairs, V = f->vocab_size;
+#define CARVE(field, count)                                                                                      \
+    do {                                                                                                         \
+        if (mem) sc->field = (decltype(sc->field))(void *)(mem + off);                                           \
+        off += (size_t)(count);                                                                                  \
+        off = (off + 63) & ~(size_t)63;                                                                          \
+    } while (0)
+    CARVE(X, s * n * D);
+    CARVE(X2, s * n * D);
+    CARVE(vn, s * n * D);
+    CARVE(mix, s * (2 + n) * n);
+    CARVE(pre, s * n);
+    CARVE(post, s * n);
+    CARVE(comb, s * n * n);
+    CARVE(xa, s * D);
+    CARVE(xn, s * D);
+    CARVE(qr, s * f->q_lora_rank);
+    CARVE(q, s * H * d);
+    CARVE(kv, s * d);
+    CARVE(ckv, s * 2 * d);
+    CARVE(cg, s * 2 * d);
+    CARVE(ikv, s * 2 * dI);
+    CARVE(ig, s * 2 * dI);
+    CARVE(qI, s * HI * dI);
+    CARVE(wI, s * HI);
+    CARVE(o, s * H * d);
+    CARVE(z, s * f->o_groups * f->o_lora_rank);
+    CARVE(aout, s * D);
+    CARVE(cos_m, s * np);
+    CARVE(sin_m, s * np);
+    CARVE(cos_c, s * np);
+    CARVE(sin_c, s * np);
+    CARVE(iscore, (size_t)g->iq * g->pool_cap_max);
+    CARVE(topk, s * g->topk);
+    CARVE(rlogits, s * E);
+    CARVE(rsbuf, s * E);
+    CARVE(rw, s * k);
+    CARVE(rids, s * k);
+    CARVE(row_tok, s * k);
+    CARVE(slot_of, s * k);
+    CARVE(xg, s * k * D);
+    CARVE(yg, s * k * D);
+    CARVE(eg, s * k * NI);
+    CARVE(eu, s * k * NI);
+    CARVE(fout, s * D);
+    CARVE(hm, s * n);
+    CARVE(hpre, s * n);
+    CARVE(y, s * D);
+    CARVE(yrows, (size_t)LOGIT_ROWS * D);
+    CARVE(logits, (size_t)LOGIT_ROWS * V);
+    CARVE(tokens, s);
+    CARVE(lrows, LOGIT_ROWS);
+#undef CARVE
+    if (mem) sc->S = S;
+    return off;
+}
+
+int ref_gpu_init_model(dsv4_model *m, int max_tokens, dsv4_ref_gpu *g)
+{
+    g->cfg = *dsv4_model_config(m);
+    const dsv4_config *f = &g->cfg;
+    TRY(dsv4_ref_check_config(f, max_tokens));
+    int n_dev = 0;
+    cudaError_t e = cudaGetDeviceCount(&n_dev);
+    if (e != cudaSuccess || n_dev < 1)
+        return dsv4_error(DSV4_ERR_CUDA, "ref-gpu: no CUDA device (%s)",
+                          e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+    TRY(dsv4_ref_gpu_blas_init(&g->blas));
+    g->n_pairs = f->qk_rope_head_dim / 2;
+    g->topk = f->index_topk > 0 ? f->index_topk : 1;
+    g->chunk = max_tokens < GPU_CHUNK ? max_tokens : GPU_CHUNK;
+
+    /* RoPE inverse frequencies from the CPU's formula */
+    float inv[2 * 512];
+    if (g->n_pairs > 512) return dsv4_error(DSV4_ERR_UNSUPPORTED, "ref-gpu: %d rope pairs", g->n_pairs);
+    dsv4_rope_inv_freq(&f->rope_main, f->qk_rope_head_dim, inv);
+    dsv4_rope_inv_freq(&f->rope_compress, f->qk_rope_head_dim, inv + g->n_pairs);
+    TRY(ref_gpu_alloc((void **)&g->inv_main, 2 * (size_t)(g->n_pairs + 1) * sizeof(float), "ref-gpu rope tables"));
+    g->inv_cmp = g->inv_main + g->n_pairs;
+    DSV4_REF_CUDA_CHECK(cudaMemcpy(g->inv_main, inv, 2 * (size_t)g->n_pairs * sizeof(float), cudaMemcpyHostToDevice));
+
+    /* weights: count, allocate, upload */
+    g->lw = (gpu_layer *)dsv4_ref_alloc((size_t)f->num_hidden_layers * sizeof *g->lw, "ref-gpu layers");
+    if (!g->lw) return DSV4_ERR_NOMEM;
+    binder b;
+    memset(&b, 0, sizeof b);
+    b.m = m;
+    TRY(bind_all(g, &b));
+    TRY(ref_gpu_alloc((void **)&g->w_arena, b.off * sizeof(float), "ref-gpu weights (f32)"));
+    size_t total = b.off;
+    b.arena = g->w_arena;
+    b.off = 0;
+    b.staging_cap = b.max_numel;
+    DSV4_REF_CUDA_CHECK(cudaMallocHost((void **)&b.staging, b.staging_cap * sizeof(float)));
+    int rc = bind_all(g, &b);
+    cudaFreeHost(b.staging);
+    if (rc) return rc;
+    if (b.off != total) return dsv4_error(DSV4_ERR_USAGE, "ref-gpu: weight arena %zu != %zu floats", b.off, total);
+    TRY(upload_tid2eid(g, m));
+
+    /* decode state sized by max_tokens */
+    rc = 0;
+    size_t st = layout_state(g, max_tokens, NULL, &rc);
+    TRY(ref_gpu_alloc((void **)&g->state_mem, st * sizeof(float), "ref-gpu decode state"));
+    DSV4_REF_CUDA_CHECK(cudaMemset(g->state_mem, 0, st * sizeof(float)));
+    layout_state(g, max_tokens, g->state_mem, &rc);
+    if (rc) return rc;
+    TRY(dsv4_ref_gpu_attention_prepare(g->m_max, f->head_dim, g->topk));
+
+    /* scratch of one call of up to chunk tokens */
+    size_t iq = ISCORE_FLOATS / (size_t)g->pool_cap_max;
+    g->iq = (int)(iq < (size_t)g->chunk ? (iq < 1 ? 1 : iq) : (size_t)g->chunk);
+    size_t scr = layout_scratch(g, g->chunk, &g->sc, NULL);
+    TRY(ref_gpu_alloc((void **)&g->scratch_mem, scr * sizeof(float), "ref-gpu scratch"));
+    layout_scratch(g, g->chunk, &g->sc, g->scratch_mem);
+
+    /* host staging: the widest probe rows of a chunk, or a block of logits rows */
+    size_t row = (size_t)f->hc_mult * f->hidden_size;
+    if ((size_t)g->pool_cap_max > row) row = g->pool_cap_max;
+    if ((size_t)g->topk > row) row = g->topk;
+    g->host_floats = (size_t)g->chunk * row;
+    if ((size_t)LOGIT_ROWS * f->vocab_size > g->host_floats) g->host_floats = (size_t)LOGIT_ROWS * f->vocab_size;
+    g->host = (float *)dsv4_ref_alloc(g->host_floats * sizeof(float), "ref-gpu probe staging");
+    size_t nk = (size_t)g->chunk * f->num_experts_per_tok;
+    g->h_rids = (int32_t *)dsv4_ref_alloc((3 * nk + 2 * (size_t)f->n_routed_experts) * sizeof(int32_t),
+                                          "ref-gpu moe grouping");
+    if (!g->host || !g->h_rids) return DSV4_ERR_NOMEM;
+    g->h_row_tok = g->h_rids + nk;
+    g->h_slot_of = g->h_row_tok + nk;
+    g->h_count = g->h_slot_of + nk;
+    DSV4_REF_CUDA_CHECK(cudaDeviceSynchronize());
+    return 0;
+}
