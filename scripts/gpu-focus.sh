@@ -6,6 +6,9 @@
 #            memcheck of the --gpus 1 job (scripts/gpu-sanitize-model.sh, in the background)
 #   ncu-fp4  Nsight Compute on the FP4 expert kernels of bench_qweight (every launch; speed-of-light, warp
 #            state, occupancy, instruction statistics) into $OUT/ncu-fp4.csv
+#   ncu-fp4-c64  the C = 64 up and down launches only (bench_qweight --quick launches 58 and 59 of the FP4
+#            kernels), with the stall reasons: warp state, scheduler, source counters, into $OUT/ncu-c64.txt
+#   ref      the GPU reference tests: test_ref_gpu_ops, e2e_ref_gpu
 #   device call: command "bash scripts/gpu-focus.sh tests nccl ncu-fp4", carry [".debs"]
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -23,6 +26,7 @@ for step in "$@"; do
     tests)
         (cd "$b" && timeout 200 ctest -R '^(test_opt_nccl|test_kernel_qweight|test_opt_fp8)$' --output-on-failure) \
             >"$out/tests.log" 2>&1
+        grep -E "^fp4_experts" "$b/Testing/Temporary/LastTest.log" | cut -c1-200 | tail -n 8
         echo "== tests rc $? at ${SECONDS}s"
         grep -E "Test +#|tests passed" "$out/tests.log"
         ;;
@@ -45,6 +49,18 @@ for step in "$@"; do
             "$b/bench_qweight" --quick >"$out/ncu-fp4.csv" 2>"$out/ncu-fp4.err"
         echo "== ncu rc $? at ${SECONDS}s"
         tail -n 3 "$out/ncu-fp4.err"
+        ;;
+    ncu-fp4-c64)
+        timeout 240 ncu --kernel-name regex:'fp4_(up|down)_kernel' --launch-skip 58 --launch-count 2 \
+            --section WarpStateStats --section SchedulerStats --section SourceCounters \
+            --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --print-details all \
+            "$b/bench_qweight" --quick >"$out/ncu-c64.txt" 2>&1
+        echo "== ncu c64 rc $? at ${SECONDS}s"
+        ;;
+    ref)
+        (cd "$b" && timeout 200 ctest -R '^(test_ref_gpu_ops|e2e_ref_gpu)$' --output-on-failure) >"$out/ref.log" 2>&1
+        echo "== ref rc $? at ${SECONDS}s"
+        grep -E "Test +#|tests passed" "$out/ref.log"
         ;;
     *) echo "gpu-focus: unknown step '$step'" >&2; exit 2 ;;
     esac
