@@ -6,10 +6,10 @@
  * Grouping without a host round trip or workspace (graph-capturable): every block rebuilds, in shared memory, the
  * set of experts its chunk of <= 64 tokens touches (a bitmap of ids) and the pairs of the expert it works on (a
  * ballot scan in pair order, so the order is fixed).
- *  - up: grid (I/16 row tiles, min(pairs, 128) slot blocks, token chunk). Slot block y takes the touched experts
- *    of rank y, y + 128, ... in id order. 4 warps split the D columns by 128-column super-steps; each warp
- *    holds 16 W1 rows and the 16 matching W3 rows (two m-tiles) against 8 tokens (one n-tile) per pass, and the 4
- *    partials are summed in warp order in shared memory before the SwiGLU epilogue.
+ *  - up: grid (I/64 row groups, min(pairs, 128) slot blocks, token chunk). Slot block y takes the touched experts
+ *    of rank y, y + 128, ... in id order. Each of the 4 warps owns 16 W1 rows and the 16 matching W3 rows (two
+ *    m-tiles) over all of D against 8 tokens (one n-tile) per pass, finds its experts' pairs itself and applies
+ *    the SwiGLU to its own accumulators: no barrier after the bitmap.
  *  - down: grid (D/16 row tiles, token chunk), 8 warps. The touched experts are dealt to the warps in id order; a
  *    warp computes its expert's 16 rows for all its pairs over the whole of I and writes one fp32 dot product per
  *    (pair, row) into shared memory; then each (token, row) sums its k pairs in j order and adds shared[c].
@@ -89,7 +89,7 @@ template <typename T> static __device__ int f4_warp_pairs_of(T *list, const int3
  * bf16 row of this lane's token (n index g), or NULL for a padding token. The weights come in batches of DEPTH
  * super-steps, the next batch loaded while the current one is multiplied, so up to 2·DEPTH·MT KB are in flight
  * per warp (what keeps HBM busy with few warps per SM). */
-template <int MT, int DEPTH>
+template <int MT, int DEPTH, bool X_AHEAD>
 static __device__ __forceinline__ void f4_warp_tile(float acc[MT][4], const uint8_t *const wrow[MT][2],
                                                     const uint8_t *const srow[MT][2], const uint16_t *xrow, int K,
                                                     int ss0, int stride)
@@ -115,6 +115,25 @@ static __device__ __forceinline__ void f4_warp_tile(float acc[MT][4], const uint
                 }
         }
     };
+    /* activations (L2/L1 hits): one super-step ahead within a weight batch; with X_AHEAD also across batches, so
+     * their latency hides behind a super-step's multiplies instead of stalling the start of every batch (down; in
+     * up the 16 registers it keeps live through the weight loads would spill) */
+    auto load_x = [&](uint32_t X[16], int ss) {
+        const int col = ss * F4_SS + 32 * t;
+        if (xrow && ss < nss && col < K) {
+            const uint4 *src = reinterpret_cast<const uint4 *>(xrow + col);
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const uint4 v = __ldg(src + i);
+                X[4 * i] = v.x, X[4 * i + 1] = v.y, X[4 * i + 2] = v.z, X[4 * i + 3] = v.w;
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < 16; i++) X[i] = 0;
+        }
+    };
+    uint32_t Xn[16];
+    if (X_AHEAD) load_x(Xn, ss0);
     if (ss0 < nss) load(ss0);
     for (int b = ss0; b < nss; b += DEPTH * stride) {
         uint4 cur[DEPTH][MT][2];
@@ -126,30 +145,14 @@ static __device__ __forceinline__ void f4_warp_tile(float acc[MT][4], const uint
 #pragma unroll
                 for (int r = 0; r < 2; r++) cur[d][m][r] = nxt[d][m][r], csc[d][m][r] = nsc[d][m][r];
         if (b + DEPTH * stride < nss) load(b + DEPTH * stride);
-        /* activations (L2/L1 hits): the next super-step's are loaded while this one is multiplied */
-        auto load_x = [&](uint32_t X[16], int ss) {
-            const int col = ss * F4_SS + 32 * t;
-            if (xrow && ss < nss && col < K) {
-                const uint4 *src = reinterpret_cast<const uint4 *>(xrow + col);
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    const uint4 v = __ldg(src + i);
-                    X[4 * i] = v.x, X[4 * i + 1] = v.y, X[4 * i + 2] = v.z, X[4 * i + 3] = v.w;
-                }
-            } else {
-#pragma unroll
-                for (int i = 0; i < 16; i++) X[i] = 0;
-            }
-        };
-        uint32_t Xn[16];
-        load_x(Xn, b);
+        if (!X_AHEAD) load_x(Xn, b);
 #pragma unroll
         for (int d = 0; d < DEPTH; d++) {
             if (b + d * stride >= nss) break;
             uint32_t X[16];
 #pragma unroll
             for (int i = 0; i < 16; i++) X[i] = Xn[i];
-            if (d + 1 < DEPTH) load_x(Xn, b + (d + 1) * stride);
+            if (X_AHEAD || d + 1 < DEPTH) load_x(Xn, b + (d + 1) * stride); /* the next super-step's */
             uint32_t m1[MT][2], m2[MT][2];
             bool two = false;
 #pragma unroll
@@ -159,6 +162,8 @@ static __device__ __forceinline__ void f4_warp_tile(float acc[MT][4], const uint
                     qw_e8m0_mults(csc[d][m][r], &m1[m][r], &m2[m][r]);
                     two |= m2[m][r] != 0;
                 }
+            /* scales above 2 need a second multiply; they are rare, so the warp skips that code as a whole */
+            two = __any_sync(0xffffffffu, two);
 #pragma unroll
             for (int s = 0; s < 8; s++) {
                 const int q = s >> 1, u = s & 1;
@@ -174,7 +179,7 @@ static __device__ __forceinline__ void f4_warp_tile(float acc[MT][4], const uint
                         uint32_t hi = u ? qw_e2m1_pair_raw<3>(w) : qw_e2m1_pair_raw<1>(w);
                         lo = qw_bf16x2_mul(lo, m1[m][r]);
                         hi = qw_bf16x2_mul(hi, m1[m][r]);
-                        if (two && m2[m][r]) {
+                        if (two && m2[m][r]) { /* warp-uniform `two`, per-lane m2 */
                             lo = qw_bf16x2_mul(lo, m2[m][r]);
                             hi = qw_bf16x2_mul(hi, m2[m][r]);
                         }
@@ -188,48 +193,41 @@ static __device__ __forceinline__ void f4_warp_tile(float acc[MT][4], const uint
     }
 }
 
-/* grid (I/16, slot blocks, token chunks), F4_UP_WARPS warps: block y takes the touched experts of rank y,
- * y + gridDim.y, ... (the bitmap is built once per block, and no block is launched only to find nothing). */
+/* grid (I/(16·F4_UP_WARPS), slot blocks, token chunks), F4_UP_WARPS warps. Warp w owns rows m0 = 16·(F4_UP_WARPS·x
+ * + w) of W1 and W3 over the whole of D, so it needs no other warp after the block's bitmap: it finds the expert of
+ * each of its slots (y, y + gridDim.y, ...) and that expert's pairs itself, in its own list, and writes h from its
+ * own accumulators. (The earlier split of D over the warps, summed through shared memory by warp 0, stalled the
+ * block on barriers for ~20% of its cycles: ncu, H200, C = 64.) */
 __global__ void __launch_bounds__(F4_UP_WARPS * 32, 3) fp4_up_kernel(const __grid_constant__ dsv4_fp4_experts_params p)
 {
     __shared__ uint32_t bits[F4_MAX_E / 32];
-    __shared__ int list[F4_MAX_PAIRS];
     __shared__ int32_t sids[F4_MAX_PAIRS];
-    __shared__ int s_e, s_cnt;
-    __shared__ float red[F4_UP_WARPS][2][32][4];
+    __shared__ int16_t lists[F4_UP_WARPS][F4_MAX_PAIRS];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int tok0 = blockIdx.z * F4_TOK, ntok = p.n_tok - tok0 < F4_TOK ? p.n_tok - tok0 : F4_TOK;
-    const int pair0 = tok0 * p.k, n_pairs = ntok * p.k, D = p.dim, I = p.inter, m0 = blockIdx.x * 16;
+    const int pair0 = tok0 * p.k, n_pairs = ntok * p.k, D = p.dim, I = p.inter;
+    const int m0 = (blockIdx.x * F4_UP_WARPS + warp) * 16;
+    int16_t *list = lists[warp];
     f4_touched_bitmap(bits, sids, p.ids, pair0, n_pairs, f4_e_lo(p), f4_e_hi(p));
-    for (int slot = blockIdx.y;; slot += gridDim.y) {
-        if (warp == 0) {
-            const uint32_t word = bits[lane];
-            const int c = __popc(word);
-            int incl = c;
-            for (int o = 1; o < 32; o <<= 1) {
-                const int v = __shfl_up_sync(0xffffffffu, incl, o);
-                if (lane >= o) incl += v;
-            }
-            const int excl = incl - c;
-            int e = -1;
-            if (slot >= excl && slot < incl) {
-                uint32_t w = word;
-                for (int n = slot - excl; n > 0; n--) w &= w - 1; /* drop the lower set bits */
-                e = lane * 32 + __ffs(w) - 1;
-            }
-            const uint32_t hit = __ballot_sync(0xffffffffu, e >= 0);
-            e = __shfl_sync(0xffffffffu, e, hit ? __ffs(hit) - 1 : 0);
-            if (!hit) e = -1;
-            int cnt = 0;
-            if (e >= 0) {
-                cnt = f4_warp_pairs_of(list, sids, n_pairs, e);
-                for (int i = lane; i < cnt; i += 32) list[i] += pair0;
-            }
-            if (lane == 0) s_e = e, s_cnt = cnt;
+    if (m0 >= I) return; /* a tail warp (I is a multiple of 16, so a live warp has all 16 rows) */
+    const uint32_t word = bits[lane];
+    const int c = __popc(word);
+    int incl = c;
+    for (int o = 1; o < 32; o <<= 1) {
+        const int v = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += v;
+    }
+    const int excl = incl - c, n_e = __shfl_sync(0xffffffffu, incl, 31);
+    for (int slot = blockIdx.y; slot < n_e; slot += gridDim.y) {
+        /* the expert of rank `slot` in id order: the lane whose bitmap word holds it */
+        int e = -1;
+        if (slot >= excl && slot < incl) {
+            uint32_t w = word;
+            for (int n = slot - excl; n > 0; n--) w &= w - 1; /* drop the lower set bits */
+            e = lane * 32 + __ffs(w) - 1;
         }
-        __syncthreads();
-        const int e = s_e, cnt = s_cnt;
-        if (e < 0) return; /* uniform: every thread read the same s_e */
+        e = __shfl_sync(0xffffffffu, e, __ffs(__ballot_sync(0xffffffffu, e >= 0)) - 1);
+        const int cnt = f4_warp_pairs_of(list, sids, n_pairs, e);
         const size_t el = (size_t)(e - f4_e_lo(p)); /* the held expert's index */
         const uint8_t *w13 = p.w13 + el * 2 * I * (D / 2), *s13 = p.s13 + el * 2 * I * (D / 32);
         const uint8_t *wrow[2][2], *srow[2][2];
@@ -243,29 +241,20 @@ __global__ void __launch_bounds__(F4_UP_WARPS * 32, 3) fp4_up_kernel(const __gri
             }
         for (int pass = 0; pass * 8 < cnt; pass++) {
             const int idx = pass * 8 + g;
-            const uint16_t *xrow = idx < cnt ? p.x + (size_t)(list[idx] / p.k) * D : NULL;
+            const uint16_t *xrow = idx < cnt ? p.x + (size_t)((pair0 + list[idx]) / p.k) * D : NULL;
             float acc[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
-            f4_warp_tile<2, F4_UP_DEPTH>(acc, wrow, srow, xrow, D, warp, F4_UP_WARPS);
+            f4_warp_tile<2, F4_UP_DEPTH, false>(acc, wrow, srow, xrow, D, 0, 1);
 #pragma unroll
-            for (int m = 0; m < 2; m++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) red[warp][m][lane][i] = acc[m][i];
-            __syncthreads();
-            if (warp == 0) {
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    float gs = 0.0f, us = 0.0f;
-                    for (int w = 0; w < F4_UP_WARPS; w++) gs += red[w][0][lane][i], us += red[w][1][lane][i];
-                    const int row = m0 + g + (i >= 2 ? 8 : 0), slot_i = pass * 8 + 2 * t + (i & 1);
-                    if (slot_i >= cnt) continue;
-                    const int pair = list[slot_i];
-                    const float gv = fminf(gs, p.limit), uv = fminf(fmaxf(us, -p.limit), p.limit);
-                    const float h = gv / (1.0f + expf(-gv)) * uv * p.weights[pair];
-                    p.h[(size_t)pair * I + row] = dsv4_f32_to_bf16_bits(h);
-                }
+            for (int i = 0; i < 4; i++) { /* acc[m][i]: row g (+8 for i >= 2), token slot 2t + (i & 1) */
+                const int row = m0 + g + (i >= 2 ? 8 : 0), slot_i = pass * 8 + 2 * t + (i & 1);
+                if (slot_i >= cnt) continue;
+                const int pair = pair0 + list[slot_i];
+                const float gv = fminf(acc[0][i], p.limit), uv = fminf(fmaxf(acc[1][i], -p.limit), p.limit);
+                const float h = gv / (1.0f + expf(-gv)) * uv * p.weights[pair];
+                p.h[(size_t)pair * I + row] = dsv4_f32_to_bf16_bits(h);
             }
-            __syncthreads(); /* red, list and s_e are reused */
         }
+        __syncwarp(); /* the list is rebuilt for the next slot */
     }
 }
 
@@ -310,7 +299,7 @@ __global__ void __launch_bounds__(F4_DOWN_WARPS * 32, 2)
             const int idx = pass * 8 + g;
             const uint16_t *hrow = idx < cnt ? p.h + (size_t)(pair0 + mylist[idx]) * I : NULL;
             float acc[1][4] = {{0, 0, 0, 0}};
-            f4_warp_tile<1, F4_DOWN_DEPTH>(acc, wrow, srow, hrow, I, 0, 1);
+            f4_warp_tile<1, F4_DOWN_DEPTH, true>(acc, wrow, srow, hrow, I, 0, 1);
 #pragma unroll
             for (int i = 0; i < 4; i++) {
                 const int slot = pass * 8 + 2 * t + (i & 1);
@@ -354,7 +343,7 @@ int dsv4_opt_fp4_experts(const dsv4_fp4_experts_params *p)
     if (chunks > 65535) return dsv4_error(DSV4_ERR_UNSUPPORTED, "fp4_experts: n_tok %d too large", p->n_tok);
     const int max_pairs = (p->n_tok < F4_TOK ? p->n_tok : F4_TOK) * p->k;
     const int slot_blocks = max_pairs < F4_UP_SLOT_BLOCKS ? max_pairs : F4_UP_SLOT_BLOCKS;
-    const dim3 gu(p->inter / 16, slot_blocks, chunks);
+    const dim3 gu(dsv4_ceil_div(p->inter, 16 * F4_UP_WARPS), slot_blocks, chunks);
     fp4_up_kernel<<<gu, F4_UP_WARPS * 32, 0, p->stream>>>(*p);
     DSV4_LAUNCH_CHECK("fp4_up_kernel");
     const size_t smem = f4_down_smem(p->n_tok, p->k);
