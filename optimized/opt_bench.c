@@ -108,7 +108,7 @@ static int k_mhc_pre(dsv4_opt *o, const void *vc)
     mp.pre = o->pre, mp.post = o->post, mp.comb = o->comb, mp.x = o->xa, mp.xn = o->xn;
     mp.kernel = (dsv4_mhc_kernel)o->opt.mhc, mp.X_f32 = o->Xf, mp.workspace = o->ws;
     mp.workspace_bytes = o->ws_bytes, mp.cublas = o->cublas, mp.stream = o->stream;
-    DSV4_OPT_TRY(dsv4_opt_mhc_pre(&mp));
+    DSV4_TRY(dsv4_opt_mhc_pre(&mp));
     DSV4_OPT_CUBLAS(cublasSetStream(o->cublas, o->stream));
     return 0;
 }
@@ -188,7 +188,7 @@ static int k_gemm_o(dsv4_opt *o, const void *vc)
 {
     const opt_layer *ly = &o->layers[((const kctx *)vc)->L];
     const int G = o->G, o_r = o->o_r, C = o->C;
-    DSV4_OPT_TRY(opt_linear_apply_grouped(o, &ly->wo_a, G, o->z, G * o_r, o->o, o->H * o->d, C));
+    DSV4_TRY(opt_linear_apply_grouped(o, &ly->wo_a, G, o->z, G * o_r, o->o, o->H * o->d, C));
     return opt_linear_apply(o, &ly->wo_b, o->aout, 1, o->D, o->z, G * o_r, C);
 }
 
@@ -243,7 +243,7 @@ int dsv4_opt_time_kernels(dsv4_opt *o, int reps, dsv4_opt_kernel_time *out, int 
     for (int c = 0; c < o->C; c++) o->pos[c]--;
     opt_step_sizes(o, NULL, &n_csa, &n_hca);
     for (int c = 0; c < o->C; c++) o->pos[c]++;
-    DSV4_OPT_TRY(distinct_experts(o, &n_exp));
+    DSV4_TRY(distinct_experts(o, &n_exp));
     timer t;
     int rc = timer_init(&t);
     const double C = o->C, D = o->D, n = o->n, H = o->H, d = o->d, HI = o->HI, dI = o->dI, NI = o->NI, K = o->K;

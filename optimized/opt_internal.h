@@ -46,11 +46,6 @@
         if (s_ != CUBLAS_STATUS_SUCCESS)                                                                         \
             return dsv4_error(DSV4_ERR_CUDA, "%s: cuBLAS status %d (%s:%d)", #call, (int)s_, __FILE__, __LINE__);  \
     } while (0)
-#define DSV4_OPT_TRY(expr)                                                                                       \
-    do {                                                                                                         \
-        int rc_ = (expr);                                                                                        \
-        if (rc_) return rc_;                                                                                     \
-    } while (0)
 
 /* One linear y = x · Wᵀ: bf16 W [n_out, n_in], or (fp8 mode) e4m3 W [n_out, n_in] with its block scales
  * [ceil(n_out/128), ceil(n_in/128)] (e8m0 bytes or f32, scale_kind). Views into the weights arena. */

@@ -72,7 +72,7 @@ static int fill_block(opt_weight_src *s, const dsv4_opt *o, void *dst, int esz, 
 #define WF(dst, numel, kind, fan_in, ...)                                                                        \
     do {                                                                                                         \
         (dst) = opt_carve(cv, (size_t)(numel) * 4);                                                              \
-        if (cv->base) DSV4_OPT_TRY(fill_f32(src, o, (dst), (size_t)(numel), (kind), (size_t)(fan_in), __VA_ARGS__)); \
+        if (cv->base) DSV4_TRY(fill_f32(src, o, (dst), (size_t)(numel), (kind), (size_t)(fan_in), __VA_ARGS__)); \
     } while (0)
 
 /* One file tensor of a linear: its name, the rows the linear holds, and where they lie in the file tensor: a
@@ -116,11 +116,11 @@ static int linear(dsv4_opt *o, opt_weight_src *src, opt_carver *cv, opt_linear *
     if (!fp8) {
         w->bf16 = opt_carve(cv, (size_t)n_out * in * 2);
         if (!cv->base) return 0;
-        DSV4_OPT_TRY(src->bf16_view(src, o, w->bf16, (size_t)n_out * in, OPT_W_LINEAR, fan_in));
+        DSV4_TRY(src->bf16_view(src, o, w->bf16, (size_t)n_out * in, OPT_W_LINEAR, fan_in));
         for (int i = 0, r = 0; i < np; r += p[i++].rows) {
             const size_t fr = (size_t)(p[i].f_rows ? p[i].f_rows : p[i].rows);
             const size_t fc = p[i].f_cols ? (size_t)p[i].f_cols : in;
-            DSV4_OPT_TRY(fill_block(src, o, w->bf16 + (size_t)r * in, 2, OPT_W_LINEAR, fan_in, fr, fc,
+            DSV4_TRY(fill_block(src, o, w->bf16 + (size_t)r * in, 2, OPT_W_LINEAR, fan_in, fr, fc,
                                     (size_t)p[i].r0, (size_t)p[i].rows, (size_t)p[i].c0, in, p[i].name));
         }
         return 0;
@@ -141,7 +141,7 @@ static int linear(dsv4_opt *o, opt_weight_src *src, opt_carver *cv, opt_linear *
     if (!cv->base) return 0;
     for (int i = 0, r = 0; i < np; r += p[i++].rows) {
         const int fr = p[i].f_rows ? p[i].f_rows : p[i].rows, fc = p[i].f_cols ? p[i].f_cols : n_in;
-        DSV4_OPT_TRY(src->fp8(src, o, w->fp8 + (size_t)r * in, (char *)w->scale + (size_t)(r / 128) * sc * sb,
+        DSV4_TRY(src->fp8(src, o, w->fp8 + (size_t)r * in, (char *)w->scale + (size_t)(r / 128) * sc * sb,
                               w->scale_kind, fr, fc, p[i].r0, p[i].rows, p[i].c0, n_in, fan_in, p[i].name));
     }
     return 0;
@@ -171,20 +171,20 @@ static int projection(dsv4_opt *o, opt_weight_src *src, opt_carver *cv, opt_proj
     }
     if (nb > 0 && !q_first) {
         pj->off[pj->n] = boff;
-        DSV4_OPT_TRY(linear(o, src, cv, &pj->lin[pj->n++], 0, n_in, b, nb));
+        DSV4_TRY(linear(o, src, cv, &pj->lin[pj->n++], 0, n_in, b, nb));
     }
     if (nq == 2 && fusable(o, src, &q[0], &q[1])) {
         pj->off[pj->n] = qoff[0];
-        DSV4_OPT_TRY(linear(o, src, cv, &pj->lin[pj->n++], 1, n_in, q, 2));
+        DSV4_TRY(linear(o, src, cv, &pj->lin[pj->n++], 1, n_in, q, 2));
     } else {
         for (int i = 0; i < nq; i++) {
             pj->off[pj->n] = qoff[i];
-            DSV4_OPT_TRY(linear(o, src, cv, &pj->lin[pj->n++], 1, n_in, &q[i], 1));
+            DSV4_TRY(linear(o, src, cv, &pj->lin[pj->n++], 1, n_in, &q[i], 1));
         }
     }
     if (nb > 0 && q_first) {
         pj->off[pj->n] = boff;
-        DSV4_OPT_TRY(linear(o, src, cv, &pj->lin[pj->n++], 0, n_in, b, nb));
+        DSV4_TRY(linear(o, src, cv, &pj->lin[pj->n++], 0, n_in, b, nb));
     }
     return 0;
 }
@@ -207,14 +207,14 @@ static int experts(dsv4_opt *o, opt_weight_src *src, opt_carver *cv, opt_layer *
         ly->w13 = opt_carve(cv, EL * 2 * NI * D * 2);
         ly->w2 = opt_carve(cv, EL * D * NI * 2);
         if (!cv->base) return 0;
-        DSV4_OPT_TRY(src->bf16_view(src, o, ly->w13, EL * 2 * NI * D, OPT_W_LINEAR, D));
-        DSV4_OPT_TRY(src->bf16_view(src, o, ly->w2, EL * D * NI, OPT_W_LINEAR, NI));
+        DSV4_TRY(src->bf16_view(src, o, ly->w13, EL * 2 * NI * D, OPT_W_LINEAR, D));
+        DSV4_TRY(src->bf16_view(src, o, ly->w2, EL * D * NI, OPT_W_LINEAR, NI));
         for (size_t e = 0; e < EL; e++) {
             static const char *const w[3] = {"w1", "w3", "w2"};
             for (int k = 0; k < 3; k++) {
                 snprintf(name, sizeof name, "layers.%d.ffn.experts.%zu.%s.weight", L, e0 + e, w[k]);
                 uint16_t *dst = k < 2 ? ly->w13 + (e * 2 + (size_t)k) * NI * D : ly->w2 + e * D * NI;
-                DSV4_OPT_TRY(src->bf16_part(src, o, dst, NI * D, name));
+                DSV4_TRY(src->bf16_part(src, o, dst, NI * D, name));
             }
         }
         return 0;
@@ -230,10 +230,10 @@ static int experts(dsv4_opt *o, opt_weight_src *src, opt_carver *cv, opt_layer *
         for (int k = 0; k < 2; k++) {
             snprintf(name, sizeof name, "layers.%d.ffn.experts.%zu.%s.weight", L, e0 + e, k ? "w3" : "w1");
             size_t row0 = (e * 2 + (size_t)k) * NI;
-            DSV4_OPT_TRY(src->fp4(src, o, ly->q13 + row0 * D / 2, ly->s13 + row0 * D / 32, (int)NI, (int)D, D, name));
+            DSV4_TRY(src->fp4(src, o, ly->q13 + row0 * D / 2, ly->s13 + row0 * D / 32, (int)NI, (int)D, D, name));
         }
         snprintf(name, sizeof name, "layers.%d.ffn.experts.%zu.w2.weight", L, e0 + e);
-        DSV4_OPT_TRY(src->fp4(src, o, ly->q2 + e * D * NI / 2, ly->s2 + e * D * NI / 32, (int)D, (int)NI, NI, name));
+        DSV4_TRY(src->fp4(src, o, ly->q2 + e * D * NI / 2, ly->s2 + e * D * NI / 32, (int)D, (int)NI, NI, name));
     }
     return 0;
 }
@@ -259,7 +259,7 @@ static int layer_weights(dsv4_opt *o, opt_weight_src *src, opt_carver *cv, int L
     if (cv->base) {
         char sn[96];
         snprintf(sn, sizeof sn, "layers.%d.attn.attn_sink", L);
-        DSV4_OPT_TRY(fill_block(src, o, ly->sinks, 4, OPT_W_SINK, 0, (size_t)o->H_all, 1, (size_t)o->h0,
+        DSV4_TRY(fill_block(src, o, ly->sinks, 4, OPT_W_SINK, 0, (size_t)o->H_all, 1, (size_t)o->h0,
                                 (size_t)o->H, 0, 1, sn));
     }
     /* the x-projection: FP8 wq_a | wkv, then the bf16 compressor and indexer parts (the rank's rows of
@@ -287,7 +287,7 @@ static int layer_weights(dsv4_opt *o, opt_weight_src *src, opt_carver *cv, int L
         xb[nb++] = part(2 * (int)dI, "layers.%d.attn.indexer.compressor.wgate.weight", L);
         xb[nb++] = block(part(o->HI, "layers.%d.attn.indexer.weights_proj.weight", L), o->HI_all, o->hi0, 0, 0);
     }
-    DSV4_OPT_TRY(projection(o, src, cv, &ly->x, (int)D, xq, xq_off, 2, xb, ly->off_ckv, nb, 1));
+    DSV4_TRY(projection(o, src, cv, &ly->x, (int)D, xq, xq_off, 2, xb, ly->off_ckv, nb, 1));
     if (ly->ratio > 0) {
         WF(ly->cmp_ape, (size_t)ly->ratio * width, OPT_W_APE, 0, "layers.%d.attn.compressor.ape", L);
         WF(ly->cmp_norm, d, OPT_W_NORM, 0, "layers.%d.attn.compressor.norm.weight", L);
@@ -295,15 +295,15 @@ static int layer_weights(dsv4_opt *o, opt_weight_src *src, opt_carver *cv, int L
     if (csa) {
         WF(ly->idx_ape, (size_t)ly->ratio * 2 * dI, OPT_W_APE, 0, "layers.%d.attn.indexer.compressor.ape", L);
         WF(ly->idx_norm, dI, OPT_W_NORM, 0, "layers.%d.attn.indexer.compressor.norm.weight", L);
-        DSV4_OPT_TRY(linear1(o, src, cv, &ly->idx_wq_b, o->HI * (int)dI, o->qr,
+        DSV4_TRY(linear1(o, src, cv, &ly->idx_wq_b, o->HI * (int)dI, o->qr,
                              block(part(0, "layers.%d.attn.indexer.wq_b.weight", L), o->HI_all * (int)dI,
                                    o->hi0 * (int)dI, 0, 0)));
     }
     /* the rank's heads: rows of wq_b, its groups' rows of wo_a and their columns of wo_b */
     const int Gr = o->G * o->o_r, Gr_all = o->G_all * o->o_r, gr0 = o->g0 * o->o_r;
-    DSV4_OPT_TRY(linear1(o, src, cv, &ly->wq_b, o->H * (int)d, o->qr,
+    DSV4_TRY(linear1(o, src, cv, &ly->wq_b, o->H * (int)d, o->qr,
                          block(part(0, "layers.%d.attn.wq_b.weight", L), o->H_all * (int)d, o->h0 * (int)d, 0, 0)));
-    DSV4_OPT_TRY(linear1(o, src, cv, &ly->wo_a, Gr, o->H * (int)d / o->G,
+    DSV4_TRY(linear1(o, src, cv, &ly->wo_a, Gr, o->H * (int)d / o->G,
                          block(part(0, "layers.%d.attn.wo_a.weight", L), Gr_all, gr0, 0, 0)));
     for (int g = 0; o->fp8 && g < o->G; g++) { /* a group's scale rows must be its own slice (opt_internal.h) */
         const int off = g * o->o_r;
@@ -311,7 +311,7 @@ static int layer_weights(dsv4_opt *o, opt_weight_src *src, opt_carver *cv, int L
             return dsv4_error(DSV4_ERR_UNSUPPORTED, "optimized --weights fp8: wo_a group %d (rows %d..%d) straddles "
                               "a 128-row scale block", o->g0 + g, gr0 + off, gr0 + off + o->o_r - 1);
     }
-    DSV4_OPT_TRY(linear1(o, src, cv, &ly->wo_b, (int)D, Gr,
+    DSV4_TRY(linear1(o, src, cv, &ly->wo_b, (int)D, Gr,
                          block(part(0, "layers.%d.attn.wo_b.weight", L), 0, 0, Gr_all, gr0)));
     /* the ffn projection: router gate (bf16, every expert: every rank routes) | shared w1 | shared w3 (FP8; the
      * rank's intermediate columns = rows of w1/w3, columns of w2) */
@@ -320,15 +320,15 @@ static int layer_weights(dsv4_opt *o, opt_weight_src *src, opt_carver *cv, int L
                       block(part(NS, "layers.%d.ffn.shared_experts.w3.weight", L), (int)NI, i0, 0, 0)};
     const int fq_off[2] = {(int)E, (int)E + NS};
     lin_part fb = part((int)E, "layers.%d.ffn.gate.weight", L);
-    DSV4_OPT_TRY(projection(o, src, cv, &ly->f, (int)D, fq, fq_off, 2, &fb, 0, 1, 0));
-    DSV4_OPT_TRY(linear1(o, src, cv, &ly->sh_w2, (int)D, NS,
+    DSV4_TRY(projection(o, src, cv, &ly->f, (int)D, fq, fq_off, 2, &fb, 0, 1, 0));
+    DSV4_TRY(linear1(o, src, cv, &ly->sh_w2, (int)D, NS,
                          block(part(0, "layers.%d.ffn.shared_experts.w2.weight", L), 0, 0, (int)NI, i0)));
     if (ly->mlp == DSV4_MLP_HASH_MOE) {
         ly->tid2eid = opt_carve(cv, (size_t)o->V * o->K * 4);
         if (cv->base) {
             char name[96];
             snprintf(name, sizeof name, "layers.%d.ffn.gate.tid2eid", L);
-            DSV4_OPT_TRY(src->tid2eid(src, o, ly->tid2eid, name));
+            DSV4_TRY(src->tid2eid(src, o, ly->tid2eid, name));
         }
     } else {
         WF(ly->gate_bias, E, OPT_W_BIAS, 0, "layers.%d.ffn.gate.bias", L);
@@ -342,13 +342,13 @@ static int weights_layout(dsv4_opt *o, opt_weight_src *src, opt_carver *cv)
     o->n_x_max = 0;
     o->embed = opt_carve(cv, V * D * 2);
     if (cv->base) {
-        DSV4_OPT_TRY(src->bf16_view(src, o, o->embed, V * D, OPT_W_EMBED, 0));
-        DSV4_OPT_TRY(src->bf16_part(src, o, o->embed, V * D, "embed.weight"));
+        DSV4_TRY(src->bf16_view(src, o, o->embed, V * D, OPT_W_EMBED, 0));
+        DSV4_TRY(src->bf16_part(src, o, o->embed, V * D, "embed.weight"));
     }
     if (o->cfg.tie_word_embeddings) o->head = o->embed;
     else {
         opt_linear h;
-        DSV4_OPT_TRY(linear(o, src, cv, &h, 0, (int)D, &(lin_part){.name = "head.weight", .rows = (int)V}, 1));
+        DSV4_TRY(linear(o, src, cv, &h, 0, (int)D, &(lin_part){.name = "head.weight", .rows = (int)V}, 1));
         o->head = h.bf16;
     }
     WF(o->norm, D, OPT_W_NORM, 0, "norm.weight");
@@ -366,7 +366,7 @@ static int weights_layout(dsv4_opt *o, opt_weight_src *src, opt_carver *cv)
     }
     for (int L = 0; L < o->cfg.num_hidden_layers; L++) {
         const size_t off0 = cv->off;
-        DSV4_OPT_TRY(layer_weights(o, src, cv, L));
+        DSV4_TRY(layer_weights(o, src, cv, L));
         o->layers[L].w_bytes = cv->off - off0;
     }
     return 0;
@@ -403,11 +403,11 @@ int opt_state_reset(dsv4_opt *o, int seq)
         const int csa = ly->attn == DSV4_ATTN_CSA;
         size_t n = (size_t)(csa ? 2 : 1) * ly->ratio * (csa ? 2 : 1) * o->d;
         DSV4_OPT_CUDA(cudaMemsetAsync(ly->cmp_kv + c0 * n, 0, nc * n * 4, o->stream));
-        DSV4_OPT_TRY(dsv4_opt_fill_f32(ly->cmp_score + c0 * n, -INFINITY, nc * n, o->stream));
+        DSV4_TRY(dsv4_opt_fill_f32(ly->cmp_score + c0 * n, -INFINITY, nc * n, o->stream));
         if (!csa) continue;
         n = (size_t)2 * ly->ratio * 2 * o->dI;
         DSV4_OPT_CUDA(cudaMemsetAsync(ly->icmp_kv + c0 * n, 0, nc * n * 4, o->stream));
-        DSV4_OPT_TRY(dsv4_opt_fill_f32(ly->icmp_score + c0 * n, -INFINITY, nc * n, o->stream));
+        DSV4_TRY(dsv4_opt_fill_f32(ly->icmp_score + c0 * n, -INFINITY, nc * n, o->stream));
     }
     DSV4_OPT_CUDA(cudaStreamSynchronize(o->stream));
     return 0;
@@ -537,7 +537,7 @@ int opt_check_config(const dsv4_config *f, const dsv4_opt_options *op)
                           f->hidden_size, f->moe_intermediate_size);
     /* --gpus N > 1 --weights fp8 (weights resolved by the constructor): the ranks' FP8 slices on scale blocks */
     if (op->n_gpus > 1 && op->weights == DSV4_OPT_WEIGHTS_FP8)
-        DSV4_OPT_TRY(dsv4_ref_shard_check_blocks(f, op->n_gpus, 128));
+        DSV4_TRY(dsv4_ref_shard_check_blocks(f, op->n_gpus, 128));
     return 0;
 }
 
@@ -550,8 +550,8 @@ static int arena(dsv4_opt *o, const opt_weight_src *src, void (*layout)(dsv4_opt
     layout(o, &cv);
     *bytes = cv.off;
     snprintf(what, sizeof what, "%s: %s", src->what, label);
-    DSV4_OPT_TRY(dsv4_mem_check_device((double)*bytes, what));
-    DSV4_OPT_TRY(opt_dev_alloc(mem, *bytes, label));
+    DSV4_TRY(dsv4_mem_check_device((double)*bytes, what));
+    DSV4_TRY(opt_dev_alloc(mem, *bytes, label));
     cv = (opt_carver){.base = *mem};
     layout(o, &cv);
     DSV4_OPT_CUDA(cudaMemsetAsync(*mem, 0, *bytes, o->stream));
@@ -571,7 +571,7 @@ int opt_init_common(dsv4_opt *o, opt_weight_src *src)
     /* the rank's shard; the plain path is rank 0 of 1 */
     if (o->n_ranks < 1) o->rank = 0, o->n_ranks = 1;
     dsv4_ref_shard_part part;
-    DSV4_OPT_TRY(dsv4_ref_shard_partition(f, o->rank, o->n_ranks, &part));
+    DSV4_TRY(dsv4_ref_shard_partition(f, o->rank, o->n_ranks, &part));
     o->H_all = o->H, o->HI_all = o->HI, o->G_all = o->G;
     o->H = part.nh, o->h0 = part.h0, o->HI = part.nhi, o->hi0 = part.hi0, o->G = part.ng, o->g0 = part.g0;
     o->E_loc = part.ne, o->e0 = part.e0, o->NI_sh = part.ni, o->i0 = part.i0;
@@ -625,15 +625,15 @@ int opt_init_common(dsv4_opt *o, opt_weight_src *src)
     DSV4_OPT_CUDA(cudaStreamCreateWithFlags(&o->stream, cudaStreamNonBlocking));
     /* weights: count, check, allocate, fill (not zeroed: every byte is written by the source) */
     opt_carver cv = {0};
-    DSV4_OPT_TRY(weights_layout(o, src, &cv));
+    DSV4_TRY(weights_layout(o, src, &cv));
     o->w_bytes = cv.off;
     snprintf(what, sizeof what, "%s: weights", src->what);
-    DSV4_OPT_TRY(dsv4_mem_check_device((double)o->w_bytes, what));
-    DSV4_OPT_TRY(opt_dev_alloc(&o->w_mem, o->w_bytes, "weights"));
+    DSV4_TRY(dsv4_mem_check_device((double)o->w_bytes, what));
+    DSV4_TRY(opt_dev_alloc(&o->w_mem, o->w_bytes, "weights"));
     cv = (opt_carver){.base = o->w_mem};
-    DSV4_OPT_TRY(weights_layout(o, src, &cv));
+    DSV4_TRY(weights_layout(o, src, &cv));
     /* caches, then the pool sizes the scratch depends on */
-    DSV4_OPT_TRY(arena(o, src, state_layout, &o->s_mem, &o->s_bytes, "caches"));
+    DSV4_TRY(arena(o, src, state_layout, &o->s_mem, &o->s_bytes, "caches"));
     for (int L = 0; L < f->num_hidden_layers; L++) {
         if (o->layers[L].attn == DSV4_ATTN_CSA) o->pool_cap_csa = o->layers[L].pool_cap;
         if (o->layers[L].attn == DSV4_ATTN_HCA) o->pool_cap_hca = o->layers[L].pool_cap;
@@ -641,7 +641,7 @@ int opt_init_common(dsv4_opt *o, opt_weight_src *src)
     /* scratch */
     o->ws_bytes = workspace_need(o);
     o->cublas_ws_bytes = (size_t)32 << 20;
-    DSV4_OPT_TRY(arena(o, src, scratch_layout, &o->x_mem, &o->x_bytes, "scratch"));
+    DSV4_TRY(arena(o, src, scratch_layout, &o->x_mem, &o->x_bytes, "scratch"));
     o->h_probe_floats = (size_t)o->V;
     size_t more[] = {(size_t)o->n * o->D, (size_t)(o->pool_cap_csa > 0 ? o->pool_cap_csa : 1), (size_t)o->topk};
     for (int i = 0; i < 3; i++)
@@ -657,7 +657,7 @@ int opt_init_common(dsv4_opt *o, opt_weight_src *src)
     DSV4_OPT_CUBLAS(cublasCreate(&o->cublas));
     DSV4_OPT_CUBLAS(cublasSetStream(o->cublas, o->stream));
     DSV4_OPT_CUBLAS(cublasSetWorkspace(o->cublas, o->cublas_ws, o->cublas_ws_bytes));
-    DSV4_OPT_TRY(opt_state_reset(o, -1));
+    DSV4_TRY(opt_state_reset(o, -1));
     /* the loader's uploads ran on the legacy stream: finish everything before the first step */
     DSV4_OPT_CUDA(cudaDeviceSynchronize());
     return 0;

@@ -133,8 +133,8 @@ static int load_f32(opt_weight_src *s, const dsv4_opt *o, float *dst, size_t num
 {
     loader_src *u = (loader_src *)s;
     (void)o, (void)kind, (void)fan_in;
-    DSV4_OPT_TRY(stage(u, numel * 4));
-    DSV4_OPT_TRY(read_locked(u->m, name, u->host, numel, 4));
+    DSV4_TRY(stage(u, numel * 4));
+    DSV4_TRY(read_locked(u->m, name, u->host, numel, 4));
     DSV4_OPT_CUDA(cudaMemcpy(dst, u->host, numel * 4, cudaMemcpyHostToDevice));
     return 0;
 }
@@ -172,11 +172,11 @@ static int quantise_host(loader_src *u, const char *name, int set, int rows, int
     const size_t n = (size_t)rows * cols, nq = set == 8 ? n : n / 2;
     const size_t ns = set == 8 ? (size_t)((rows + 127) / 128) * ((cols + 127) / 128)
                                : (size_t)rows * ((cols + 31) / 32);
-    DSV4_OPT_TRY(stage(u, n * 4 + nq + ns));
+    DSV4_TRY(stage(u, n * 4 + nq + ns));
     float *w = u->host;
     *q = (uint8_t *)(w + n);
     *scale = *q + nq;
-    DSV4_OPT_TRY(dsv4_model_read_f32(u->m, name, w, n));
+    DSV4_TRY(dsv4_model_read_f32(u->m, name, w, n));
     return set == 8 ? dsv4_quant_fp8_block(w, rows, cols, *q, *scale, name)
                     : dsv4_quant_fp4(w, rows, cols, *q, *scale, name);
 }
@@ -194,7 +194,7 @@ static int host_bf16(loader_src *u, const dsv4_opt *o, const char *name, size_t 
             return dsv4_error(DSV4_ERR_SHAPE, "%s: %lld x %lld elements, the layout wants %zu", name,
                               (long long)sh[0], (long long)sh[1], numel);
         uint8_t *q, *sc;
-        DSV4_OPT_TRY(quantise_host(u, name, set, (int)sh[0], (int)sh[1], &q, &sc));
+        DSV4_TRY(quantise_host(u, name, set, (int)sh[0], (int)sh[1], &q, &sc));
         uint16_t *b = (uint16_t *)u->host; /* over the f32 copy, no longer needed; q and sc lie behind it */
         for (size_t i = 0; i < numel; i++) {
             const size_t r = i / (size_t)sh[1], c = i % (size_t)sh[1];
@@ -207,8 +207,8 @@ static int host_bf16(loader_src *u, const dsv4_opt *o, const char *name, size_t 
         *out = b;
         return 0;
     }
-    DSV4_OPT_TRY(stage(u, numel * 2));
-    DSV4_OPT_TRY(read_locked(u->m, name, u->host, numel, 2));
+    DSV4_TRY(stage(u, numel * 2));
+    DSV4_TRY(read_locked(u->m, name, u->host, numel, 2));
     *out = u->host;
     return 0;
 }
@@ -216,7 +216,7 @@ static int host_bf16(loader_src *u, const dsv4_opt *o, const char *name, size_t 
 static int load_bf16_part(opt_weight_src *s, const dsv4_opt *o, uint16_t *dst, size_t numel, const char *name)
 {
     uint16_t *b;
-    DSV4_OPT_TRY(host_bf16((loader_src *)s, o, name, numel, &b));
+    DSV4_TRY(host_bf16((loader_src *)s, o, name, numel, &b));
     DSV4_OPT_CUDA(cudaMemcpy(dst, b, numel * 2, cudaMemcpyHostToDevice));
     return 0;
 }
@@ -239,7 +239,7 @@ static int disk_quant(loader_src *u, const dsv4_opt *o, const char *name, int se
 {
     const dsv4_tensor *t;
     *out = NULL;
-    DSV4_OPT_TRY(dsv4_model_tensor(u->m, name, &t));
+    DSV4_TRY(dsv4_model_tensor(u->m, name, &t));
     const int in_format = set == 8 ? t->dtype == DSV4_DTYPE_F8_E4M3 : is_fp4(t);
     if (!in_format) {
         if (o->opt.quantize == DSV4_OPT_QUANTIZE_FP8) return 0;
@@ -281,16 +281,16 @@ static int load_fp8(opt_weight_src *s, const dsv4_opt *o, uint8_t *q, void *scal
                           name, r0, nr, c0, nc, rows, cols);
     const size_t scols = (size_t)(cols + 127) / 128, sr0 = (size_t)r0 / 128, snr = (size_t)(nr + 127) / 128;
     const size_t sc0 = (size_t)c0 / 128, snc = (size_t)(nc + 127) / 128;
-    DSV4_OPT_TRY(disk_quant(u, o, name, 8, rows, cols, &t));
+    DSV4_TRY(disk_quant(u, o, name, 8, rows, cols, &t));
     if (t) { /* as on disk: the codes and the scale encoding qscale chose from this tensor */
-        DSV4_OPT_TRY(upload_block(q, t->data, 1, (size_t)cols, (size_t)r0, (size_t)nr, (size_t)c0, (size_t)nc));
+        DSV4_TRY(upload_block(q, t->data, 1, (size_t)cols, (size_t)r0, (size_t)nr, (size_t)c0, (size_t)nc));
         const size_t sb = kind == DSV4_QSCALE_F32 ? 4 : 1;
         return upload_block(scale, t->scale->data, sb, scols, sr0, snr, sc0, snc);
     }
     uint8_t *hq, *hs;
-    DSV4_OPT_TRY(quantise_host(u, name, 8, rows, cols, &hq, &hs));
+    DSV4_TRY(quantise_host(u, name, 8, rows, cols, &hq, &hs));
     DSV4_CHECK(kind == DSV4_QSCALE_E8M0, "%s: quantised at load, but the layout chose f32 scales", name);
-    DSV4_OPT_TRY(upload_block(q, hq, 1, (size_t)cols, (size_t)r0, (size_t)nr, (size_t)c0, (size_t)nc));
+    DSV4_TRY(upload_block(q, hq, 1, (size_t)cols, (size_t)r0, (size_t)nr, (size_t)c0, (size_t)nc));
     return upload_block(scale, hs, 1, scols, sr0, snr, sc0, snc);
 }
 
@@ -301,10 +301,10 @@ static int load_fp4(opt_weight_src *s, const dsv4_opt *o, uint8_t *q, uint8_t *s
     const dsv4_tensor *t;
     (void)fan_in;
     const size_t nq = (size_t)rows * cols / 2, ns = (size_t)rows * cols / 32;
-    DSV4_OPT_TRY(disk_quant(u, o, name, 4, rows, cols, &t));
+    DSV4_TRY(disk_quant(u, o, name, 4, rows, cols, &t));
     if (!t) {
         uint8_t *hq, *hs;
-        DSV4_OPT_TRY(quantise_host(u, name, 4, rows, cols, &hq, &hs));
+        DSV4_TRY(quantise_host(u, name, 4, rows, cols, &hq, &hs));
         DSV4_OPT_CUDA(cudaMemcpy(q, hq, nq, cudaMemcpyHostToDevice));
         DSV4_OPT_CUDA(cudaMemcpy(scale, hs, ns, cudaMemcpyHostToDevice));
         return 0;
@@ -315,7 +315,7 @@ static int load_fp4(opt_weight_src *s, const dsv4_opt *o, uint8_t *q, uint8_t *s
         return 0;
     }
     /* f32 scales: the kernels take e8m0, exact only for powers of two */
-    DSV4_OPT_TRY(stage(u, ns));
+    DSV4_TRY(stage(u, ns));
     uint8_t *hs = u->host;
     for (size_t i = 0; i < ns; i++) {
         float v;
@@ -334,12 +334,12 @@ static int load_tid2eid(opt_weight_src *s, const dsv4_opt *o, int32_t *dst, cons
 {
     loader_src *u = (loader_src *)s;
     const size_t n = (size_t)o->V * o->K;
-    DSV4_OPT_TRY(stage(u, n * 4));
+    DSV4_TRY(stage(u, n * 4));
     int32_t *t = u->host;
     pthread_mutex_lock(&load_lock);
     int rc = dsv4_model_read_i32(u->m, name, t, n);
     pthread_mutex_unlock(&load_lock);
-    DSV4_OPT_TRY(rc);
+    DSV4_TRY(rc);
     for (size_t i = 0; i < n; i++)
         if (t[i] < 0 || t[i] >= o->E)
             return dsv4_error(DSV4_ERR_FORMAT, "%s: token %zu maps to expert %d, outside [0, %d)", name, i / o->K,
@@ -360,11 +360,11 @@ static int load_slice(opt_weight_src *s, const dsv4_opt *o, void *dst, int esz, 
     void *h = NULL;
     if (esz == 2) { /* with --quantize fp8 in bf16 mode: the dequantised codes of the whole tensor */
         uint16_t *b;
-        DSV4_OPT_TRY(host_bf16(u, o, name, rows * cols, &b));
+        DSV4_TRY(host_bf16(u, o, name, rows * cols, &b));
         h = b;
     } else {
-        DSV4_OPT_TRY(stage(u, rows * cols * 4));
-        DSV4_OPT_TRY(read_locked(u->m, name, u->host, rows * cols, 4));
+        DSV4_TRY(stage(u, rows * cols * 4));
+        DSV4_TRY(read_locked(u->m, name, u->host, rows * cols, 4));
         h = u->host;
     }
     return upload_block(dst, h, (size_t)esz, cols, r0, nr, c0, nc);
@@ -413,7 +413,7 @@ int dsv4_opt_init(dsv4_model *m, const dsv4_opt_options *op, dsv4_opt **out)
         r.weights = q8 ? DSV4_OPT_WEIGHTS_FP8 : DSV4_OPT_WEIGHTS_BF16;
     }
     /* resolved before the ranks exist: with --gpus N --weights fp8 the scale-block split is checked here */
-    DSV4_OPT_TRY(opt_check_config(dsv4_model_config(m), &r));
+    DSV4_TRY(opt_check_config(dsv4_model_config(m), &r));
     if (r.n_gpus > 0) return opt_ranks_init(dsv4_model_config(m), &r, build_from_model, m, out);
     return build_from_model(m, &r, 0, 0, out);
 }
@@ -466,7 +466,7 @@ int dsv4_opt_follow_stats_get(dsv4_opt *o, dsv4_opt_follow_stats *s)
     s->stopped_at = o->follow_stop;
     if (!o->follow) return 0;
     if (o->group) { /* every rank followed the same rows: rank 0's (this object's) counts stand for all */
-        DSV4_OPT_TRY(opt_ranks_usable(o->group));
+        DSV4_TRY(opt_ranks_usable(o->group));
         DSV4_OPT_CUDA(cudaSetDevice(o->opt.device));
     }
     int32_t changed[2];
@@ -519,7 +519,7 @@ int opt_linear_apply(dsv4_opt *o, const opt_linear *w, void *y, int y_f32, int l
 
 int opt_proj_apply(dsv4_opt *o, const opt_proj *p, float *y, int ldy, const uint16_t *x, int ldx, int S)
 {
-    for (int i = 0; i < p->n; i++) DSV4_OPT_TRY(opt_linear_apply(o, &p->lin[i], y + p->off[i], 1, ldy, x, ldx, S));
+    for (int i = 0; i < p->n; i++) DSV4_TRY(opt_linear_apply(o, &p->lin[i], y + p->off[i], 1, ldy, x, ldx, S));
     return 0;
 }
 
@@ -541,7 +541,7 @@ int opt_linear_apply_grouped(dsv4_opt *o, const opt_linear *w, int G, uint16_t *
         sub.n_out = rows;
         sub.fp8 = w->fp8 + (size_t)g * rows * in;
         sub.scale = (char *)w->scale + (size_t)(g * rows / 128) * sc * sb;
-        DSV4_OPT_TRY(opt_linear_apply(o, &sub, y + (size_t)g * rows, 0, ldy, x + (size_t)g * in, ldx, S));
+        DSV4_TRY(opt_linear_apply(o, &sub, y + (size_t)g * rows, 0, ldy, x + (size_t)g * in, ldx, S));
     }
     return 0;
 }

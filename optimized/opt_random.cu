@@ -274,7 +274,7 @@ extern "C" int dsv4_opt_init_random(const dsv4_config *cfg, uint64_t seed, const
     if (r.weights == DSV4_OPT_WEIGHTS_BF16 && r.quantize == DSV4_OPT_QUANTIZE_FP8)
         return dsv4_error(DSV4_ERR_USAGE, "optimized (random): --weights bf16 with --quantize fp8: the random "
                           "model's bf16 weights are drawn as bf16 (use --weights fp8)");
-    DSV4_OPT_TRY(opt_check_config(cfg, &r)); /* with --gpus N --weights fp8 also the scale-block split */
+    DSV4_TRY(opt_check_config(cfg, &r)); /* with --gpus N --weights fp8 also the scale-block split */
     gen_ctx x = {cfg, seed};
     if (r.n_gpus > 0) return opt_ranks_init(cfg, &r, build_random, &x, out);
     return build_random(&x, &r, 0, 0, out);
@@ -311,13 +311,13 @@ static int random_state_one(dsv4_opt *o, void *arg)
         for (int c = 0; c < o->C; c++) {
             uint64_t sid = stream_seed(seed, ((uint64_t)L << 32) | ((uint64_t)c << 1));
             uint16_t *kv = ly->kvc + (size_t)c * (W + ly->pool_cap) * d;
-            DSV4_OPT_TRY(dsv4_opt_random_bf16(kv, (W + n_ent) * d, sid, 0.0f, amp, o->stream));
+            DSV4_TRY(dsv4_opt_random_bf16(kv, (W + n_ent) * d, sid, 0.0f, amp, o->stream));
             if (ly->attn == DSV4_ATTN_CSA && n_ent > 0)
-                DSV4_OPT_TRY(dsv4_opt_random_bf16(ly->ipool + (size_t)c * ly->pool_cap * dI, n_ent * dI, sid + 1,
+                DSV4_TRY(dsv4_opt_random_bf16(ly->ipool + (size_t)c * ly->pool_cap * dI, n_ent * dI, sid + 1,
                                                   0.0f, amp, o->stream));
         }
     }
-    DSV4_OPT_TRY(opt_state_reset(o, -1));
+    DSV4_TRY(opt_state_reset(o, -1));
     for (int c = 0; c < o->C; c++) o->pos[c] = position;
     return 0;
 }

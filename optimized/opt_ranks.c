@@ -211,14 +211,14 @@ static int emu_allreduce(struct opt_rank *rk, dsv4_opt *o, float *buf, size_t n,
     DSV4_OPT_CUDA(cudaStreamSynchronize(o->stream));
     DSV4_OPT_CUDA(cudaMemcpyAsync(rk->ebuf, buf, n * sizeof(float), cudaMemcpyDeviceToHost, o->stream));
     DSV4_OPT_CUDA(cudaStreamSynchronize(o->stream));
-    DSV4_OPT_TRY(emu_barrier(rk, label));
+    DSV4_TRY(emu_barrier(rk, label));
     float *sum = rk->ebuf + g->e_floats;
     for (size_t i = 0; i < n; i++) {
         float a = g->rk[0].ebuf[i];
         for (int r = 1; r < g->n; r++) a += g->rk[r].ebuf[i];
         sum[i] = a;
     }
-    DSV4_OPT_TRY(emu_barrier(rk, label)); /* no partial is overwritten before every rank has summed */
+    DSV4_TRY(emu_barrier(rk, label)); /* no partial is overwritten before every rank has summed */
     /* On the rank's own stream, then waited for: a cudaMemcpy from pageable memory may return before its DMA
      * lands, and o->stream is non-blocking, so the next probe copy could read the old partial (it did, once). */
     DSV4_OPT_CUDA(cudaMemcpyAsync(buf, sum, n * sizeof(float), cudaMemcpyHostToDevice, o->stream));
@@ -274,7 +274,7 @@ int opt_allreduce(dsv4_opt *o, float *buf, size_t n, int L, const char *what)
     const int timed = rk->t_ev && rk->n_t < OPT_TIMED_MAX;
     if (timed) DSV4_OPT_CUDA(cudaEventRecord(rk->t_ev[2 * rk->n_t], o->stream));
     ncclResult_t r = ncclAllReduce(buf, buf, n, ncclFloat32, ncclSum, rk->comm, o->stream);
-    if (r == ncclInProgress) DSV4_OPT_TRY(settle(rk, label, g->timeout_s));
+    if (r == ncclInProgress) DSV4_TRY(settle(rk, label, g->timeout_s));
     else if (r != ncclSuccess) return nccl_fail(rk, r, "ncclAllReduce", label);
     if (timed) DSV4_OPT_CUDA(cudaEventRecord(rk->t_ev[2 * rk->n_t + 1], o->stream));
     rk->n_t++;
@@ -331,11 +331,11 @@ static int init_body(struct opt_rank *rk)
         ncclResult_t r = ncclCommInitRankConfig(&rk->comm, g->n, g->id, rk->rank, &cfg);
         if (r != ncclSuccess && r != ncclInProgress) return nccl_fail(rk, r, "ncclCommInitRankConfig", "init");
         /* NCCL's setup (topology, transports) may take longer than a collective may: at least 5 minutes */
-        DSV4_OPT_TRY(settle(rk, "ncclCommInitRankConfig", g->timeout_s > 300 ? g->timeout_s : 300));
+        DSV4_TRY(settle(rk, "ncclCommInitRankConfig", g->timeout_s > 300 ? g->timeout_s : 300));
     }
     dsv4_opt_options op = *g->op;
     op.device = rk->dev;
-    DSV4_OPT_TRY(g->build(g->ctx, &op, rk->rank, g->n, &g->o[rk->rank]));
+    DSV4_TRY(g->build(g->ctx, &op, rk->rank, g->n, &g->o[rk->rank]));
     g->o[rk->rank]->rk = rk;
     DSV4_OPT_CUDA(cudaEventCreateWithFlags(&rk->done, cudaEventDisableTiming));
     if (g->replica) {
@@ -356,7 +356,7 @@ static int step_body(struct opt_rank *rk)
     const int r0 = rk->rank == 0;
     rk->n_t = 0;
     rk->last_what = NULL;
-    DSV4_OPT_TRY(opt_step_rank(g->o[rk->rank], g->tokens, g->active, r0 ? g->probe : NULL, r0 ? g->logits : NULL,
+    DSV4_TRY(opt_step_rank(g->o[rk->rank], g->tokens, g->active, r0 ? g->probe : NULL, r0 ? g->logits : NULL,
                                r0 ? g->next : NULL));
     if (rk->rbuf) { /* replica check: the replicated state every later step reads, hashed on the host */
         const dsv4_opt *o = g->o[rk->rank];
@@ -405,9 +405,9 @@ int opt_ranks_init(const dsv4_config *cfg, const dsv4_opt_options *op, opt_build
     const char *em = getenv("DSV4_NCCL_EMULATE_ONE_GPU");
     const int emulate = em && !strcmp(em, "1") && n_dev >= 1;
     /* before any device work: the divisibility and the device count (emulated: all on GPU 0) */
-    DSV4_OPT_TRY(dsv4_ref_shard_plan(cfg, N, emulate ? N : n_dev, NULL));
+    DSV4_TRY(dsv4_ref_shard_plan(cfg, N, emulate ? N : n_dev, NULL));
     double timeout;
-    DSV4_OPT_TRY(parse_timeout(&timeout));
+    DSV4_TRY(parse_timeout(&timeout));
     struct opt_ranks *g = calloc(1, sizeof *g);
     if (g) g->o = calloc((size_t)N, sizeof *g->o);
     if (g) g->rk = calloc((size_t)N, sizeof *g->rk);
@@ -467,7 +467,7 @@ int opt_ranks_usable(const struct opt_ranks *g)
 int opt_ranks_step(struct opt_ranks *g, const int32_t *tokens, const uint8_t *active, dsv4_probe_sink *probe,
                    float *logits, int32_t *next)
 {
-    DSV4_OPT_TRY(opt_ranks_usable(g));
+    DSV4_TRY(opt_ranks_usable(g));
     g->body = step_body, g->tokens = tokens, g->active = active, g->probe = probe, g->logits = logits,
     g->next = next;
     int rc = run_ranks(g);
@@ -491,7 +491,7 @@ int opt_ranks_step(struct opt_ranks *g, const int32_t *tokens, const uint8_t *ac
 
 int opt_ranks_each(struct opt_ranks *g, int (*fn)(dsv4_opt *o, void *arg), void *arg)
 {
-    DSV4_OPT_TRY(opt_ranks_usable(g));
+    DSV4_TRY(opt_ranks_usable(g));
     for (int r = 0; r < g->n; r++) {
         DSV4_OPT_CUDA(cudaSetDevice(g->rk[r].dev));
         int rc = fn(g->o[r], arg);
@@ -553,7 +553,7 @@ int dsv4_opt_nccl_timing(dsv4_opt *o, int on)
 {
     DSV4_CHECK(o && o->group, "dsv4_opt_nccl_timing: a handle of --gpus N >= 1 is needed");
     struct opt_ranks *g = o->group;
-    DSV4_OPT_TRY(opt_ranks_usable(g));
+    DSV4_TRY(opt_ranks_usable(g));
     DSV4_CHECK(!g->emulate, "dsv4_opt_nccl_timing: emulated ranks have no NCCL collectives to time");
     for (int r = 0; on && r < g->n; r++) {
         struct opt_rank *rk = &g->rk[r];

@@ -39,7 +39,7 @@ static int probe_row(dsv4_opt *o, int L, const char *name, const void *dev, size
     const int p = o->pos[o->opt.dump_seq];
     size_t bytes = n * (kind == PR_BF16 ? 2 : 4);
     DSV4_OPT_CUDA(cudaMemcpyAsync(o->h_probe, dev, bytes, cudaMemcpyDeviceToHost, o->stream));
-    DSV4_OPT_TRY(opt_wait(o, name));
+    DSV4_TRY(opt_wait(o, name));
     if (kind == PR_I32) return dsv4_probe_i32(o->probe, L, name, p, (const int32_t *)o->h_probe, n);
     if (kind == PR_BF16) {
         const uint16_t *b = (const uint16_t *)o->h_probe;
@@ -49,7 +49,7 @@ static int probe_row(dsv4_opt *o, int L, const char *name, const void *dev, size
 }
 #define PROBE(name, dev, n, kind)                                                                                \
     do {                                                                                                         \
-        if (o->probe) DSV4_OPT_TRY(probe_row(o, L, name, dev, n, kind));                                         \
+        if (o->probe) DSV4_TRY(probe_row(o, L, name, dev, n, kind));                                         \
     } while (0)
 
 /* ------------------------------------------------------------------------------------------ the layer */
@@ -63,7 +63,7 @@ static int mhc_pre(dsv4_opt *o, int L, const float *fn, const float *base, const
         .base = base, .scale = scale, .norm_w = norm_w, .pre = o->pre, .post = o->post, .comb = o->comb,
         .x = o->xa, .xn = o->xn, .kernel = (dsv4_mhc_kernel)o->opt.mhc, .X_f32 = o->Xf, .workspace = o->ws,
         .workspace_bytes = o->ws_bytes, .cublas = o->cublas, .stream = o->stream};
-    DSV4_OPT_TRY(dsv4_opt_mhc_pre(&mp));
+    DSV4_TRY(dsv4_opt_mhc_pre(&mp));
     DSV4_OPT_CUBLAS(cublasSetStream(o->cublas, o->stream));
     PROBE(attn_site ? "attn_hc_pre" : "ffn_hc_pre", o->pre + s * n, n, PR_F32);
     PROBE(attn_site ? "attn_hc_post" : "ffn_hc_post", o->post + s * n, n, PR_F32);
@@ -77,7 +77,7 @@ static int mhc_post(dsv4_opt *o, const float *out)
     dsv4_mhc_post_params pp = {.n_tok = o->C, .n_streams = o->n, .dim = o->D, .X = o->X, .X_f32 = o->Xf,
                                .out = out, .post = o->post, .comb = o->comb, .X_out = o->X2,
                                .kernel = (dsv4_mhc_kernel)o->opt.mhc, .stream = o->stream};
-    DSV4_OPT_TRY(dsv4_opt_mhc_post(&pp));
+    DSV4_TRY(dsv4_opt_mhc_post(&pp));
     uint16_t *t = o->X;
     o->X = o->X2;
     o->X2 = t;
@@ -112,16 +112,16 @@ static int compressor(dsv4_opt *o, const opt_layer *ly, int d_c, int overlap, in
 static int indexer(dsv4_opt *o, int L, const opt_layer *ly, int n_csa)
 {
     const int s = o->opt.dump_seq, C = o->C, HI = o->HI, dI = o->dI;
-    DSV4_OPT_TRY(compressor(o, ly, dI, 1, ly->off_ikv, ly->off_ig, ly->idx_ape, ly->idx_norm, ly->icmp_kv,
+    DSV4_TRY(compressor(o, ly, dI, 1, ly->off_ikv, ly->off_ig, ly->idx_ape, ly->idx_norm, ly->icmp_kv,
                             ly->icmp_score, ly->ipool, (int64_t)ly->pool_cap * dI, 0, 0));
-    DSV4_OPT_TRY(opt_linear_apply(o, &ly->idx_wq_b, o->qfull, 1, HI * dI, o->qr_b, o->qr, C));
-    DSV4_OPT_TRY(norm_rope(o, o->qfull, 0, (int64_t)HI * dI, HI, dI, 0, NULL, 1, o->cos_c, o->sin_c, o->qI,
+    DSV4_TRY(opt_linear_apply(o, &ly->idx_wq_b, o->qfull, 1, HI * dI, o->qr_b, o->qr, C));
+    DSV4_TRY(norm_rope(o, o->qfull, 0, (int64_t)HI * dI, HI, dI, 0, NULL, 1, o->cos_c, o->sin_c, o->qI,
                            (int64_t)HI * dI));
     dsv4_norm_rope_params wp = {.n_tok = C, .heads = 1, .dim = HI, .x = o->proj + ly->off_iw,
                                 .x_tok_stride = ly->n_x, .out = NULL, .out_f32 = o->wI,
                                 .post_scale = 1.0f / sqrtf((float)dI) / sqrtf((float)o->HI_all),
                                 .stream = o->stream};
-    DSV4_OPT_TRY(dsv4_opt_norm_rope(&wp));
+    DSV4_TRY(dsv4_opt_norm_rope(&wp));
     const int max_ctx = o->opt.index_context == DSV4_OPT_INDEX_MAX;
     const int n_work = max_ctx ? ly->pool_cap : (n_csa > 0 ? n_csa : 1);
     dsv4_indexer_params ip = {.n_seq = C, .n_heads = HI, .head_dim = dI, .n_work = n_work, .q = o->qI,
@@ -132,10 +132,10 @@ static int indexer(dsv4_opt *o, int L, const opt_layer *ly, int n_csa)
                               .scratch = o->opt.indexer == DSV4_OPT_INDEXER_FP32 ? o->ws : NULL,
                               .scratch_bytes = o->opt.indexer == DSV4_OPT_INDEXER_FP32 ? o->ws_bytes : 0,
                               .stream = o->stream};
-    DSV4_OPT_TRY(dsv4_opt_indexer_scores(&ip));
+    DSV4_TRY(dsv4_opt_indexer_scores(&ip));
     /* the ranks' head partials meet BEFORE the top-k, so every rank selects from the same sums; the live
      * columns of rows 0..C-1 are one contiguous run at the score stride */
-    DSV4_OPT_TRY(opt_allreduce(o, o->iscore, (size_t)(C - 1) * o->pool_cap_csa + (size_t)n_work, L,
+    DSV4_TRY(opt_allreduce(o, o->iscore, (size_t)(C - 1) * o->pool_cap_csa + (size_t)n_work, L,
                                "indexer_scores"));
     if (o->probe) {
         int n_vis = (o->pos[s] + 1) / ly->ratio;
@@ -145,13 +145,13 @@ static int indexer(dsv4_opt *o, int L, const opt_layer *ly, int n_csa)
                            .score_stride = o->pool_cap_csa, .n_live = o->live_csa, .context = ip.context,
                            .out = o->topk_ids, .workspace = o->ws, .workspace_bytes = o->ws_bytes,
                            .stream = o->stream};
-    DSV4_OPT_TRY(dsv4_opt_topk(&tp));
+    DSV4_TRY(dsv4_opt_topk(&tp));
     PROBE("topk_idx", o->topk_ids + (size_t)s * o->topk, (size_t)o->topk, PR_I32);
     if (o->follow) { /* after the probe: the dump records the own picks, the gather reads the followed ones */
         const int32_t *row = o->d_follow + (size_t)L * o->follow_stride;
         dsv4_follow_params fp = {.n_seq = C, .seq = s, .k = o->topk, .flag = row, .ids = row + 2,
                                  .sel = o->topk_ids, .changed = o->d_follow_changed, .stream = o->stream};
-        DSV4_OPT_TRY(dsv4_opt_follow_topk(&fp));
+        DSV4_TRY(dsv4_opt_follow_topk(&fp));
     }
     return 0;
 }
@@ -164,29 +164,29 @@ static int attention(dsv4_opt *o, int L, int n_csa, int n_hca)
     const float *cs = sliding ? o->cos_m : o->cos_c, *sn = sliding ? o->sin_m : o->sin_c;
     const int64_t kv_stride = (int64_t)(W + ly->pool_cap) * d;
 
-    DSV4_OPT_TRY(opt_proj_apply(o, &ly->x, o->proj, nx, o->xn, D, C));
-    DSV4_OPT_TRY(norm_rope(o, o->proj + ly->off_qa, 0, nx, 1, o->qr, 1, ly->q_norm, 0, NULL, NULL, o->qr_b, o->qr));
-    DSV4_OPT_TRY(opt_linear_apply(o, &ly->wq_b, o->qfull, 1, H * d, o->qr_b, o->qr, C));
-    DSV4_OPT_TRY(norm_rope(o, o->qfull, 0, (int64_t)H * d, H, d, 1, NULL, 1, cs, sn, o->q, (int64_t)H * d));
+    DSV4_TRY(opt_proj_apply(o, &ly->x, o->proj, nx, o->xn, D, C));
+    DSV4_TRY(norm_rope(o, o->proj + ly->off_qa, 0, nx, 1, o->qr, 1, ly->q_norm, 0, NULL, NULL, o->qr_b, o->qr));
+    DSV4_TRY(opt_linear_apply(o, &ly->wq_b, o->qfull, 1, H * d, o->qr_b, o->qr, C));
+    DSV4_TRY(norm_rope(o, o->qfull, 0, (int64_t)H * d, H, d, 1, NULL, 1, cs, sn, o->q, (int64_t)H * d));
     dsv4_norm_rope_params kp = {.n_tok = C, .heads = 1, .dim = d, .x = o->proj + ly->off_kv, .x_tok_stride = nx,
                                 .norm = 1, .weight = ly->kv_norm, .eps = (float)o->cfg.rms_norm_eps,
                                 .rope_pairs = o->np, .cos = cs, .sin = sn, .fp8_nope = fp8, .out = ly->kvc,
                                 .out_slot = o->ring_slot, .out_seq_stride = kv_stride, .out_f32 = o->kvf,
                                 .post_scale = 1.0f, .stream = o->stream};
-    DSV4_OPT_TRY(dsv4_opt_norm_rope(&kp));
+    DSV4_TRY(dsv4_opt_norm_rope(&kp));
     PROBE("kv", o->kvf + (size_t)s * d, d, PR_F32);
 
     if (ly->ratio > 0)
-        DSV4_OPT_TRY(compressor(o, ly, d, ly->attn == DSV4_ATTN_CSA, ly->off_ckv, ly->off_cg, ly->cmp_ape,
+        DSV4_TRY(compressor(o, ly, d, ly->attn == DSV4_ATTN_CSA, ly->off_ckv, ly->off_cg, ly->cmp_ape,
                                 ly->cmp_norm, ly->cmp_kv, ly->cmp_score, ly->kvc, kv_stride, W, fp8));
-    if (ly->attn == DSV4_ATTN_CSA) DSV4_OPT_TRY(indexer(o, L, ly, n_csa));
+    if (ly->attn == DSV4_ATTN_CSA) DSV4_TRY(indexer(o, L, ly, n_csa));
 
     dsv4_step_index_params xp = {.n_seq = C, .window = W, .pos = o->d_in + C, .topk = o->topk_ids,
                                  .live = ly->attn == DSV4_ATTN_CSA ? o->live_csa : o->live_hca, .idx = o->idx,
                                  .stream = o->stream};
     xp.kind = sliding ? DSV4_STEP_INDEX_WINDOW : ly->attn == DSV4_ATTN_CSA ? DSV4_STEP_INDEX_CSA : DSV4_STEP_INDEX_HCA;
     xp.n_extra = sliding ? 0 : ly->attn == DSV4_ATTN_CSA ? o->topk : n_hca;
-    DSV4_OPT_TRY(dsv4_opt_step_index(&xp));
+    DSV4_TRY(dsv4_opt_step_index(&xp));
     dsv4_sparse_attn_params ap = {.n_seq = C, .n_heads = H, .head_dim = d, .rope_dim = 2 * o->np,
                                   .n_idx = W + xp.n_extra, .n_slots = W + ly->pool_cap,
                                   .scale = 1.0f / sqrtf((float)d), .q = o->q, .kv = ly->kvc,
@@ -194,13 +194,13 @@ static int attention(dsv4_opt *o, int L, int n_csa, int n_hca)
                                   .rope_sin = sn, .out = o->o, .out_dtype = DSV4_OUT_BF16,
                                   .kernel = (dsv4_attn_kernel)o->opt.attn, .workspace = o->ws,
                                   .workspace_bytes = o->ws_bytes, .stream = o->stream};
-    DSV4_OPT_TRY(dsv4_opt_sparse_attn(&ap));
+    DSV4_TRY(dsv4_opt_sparse_attn(&ap));
 
     /* grouped output projection: z_g = o_g · W_oa[g]ᵀ for the G groups of H/G heads, then out = z · W_obᵀ */
     const int G = o->G, o_r = o->o_r;
-    DSV4_OPT_TRY(opt_linear_apply_grouped(o, &ly->wo_a, G, o->z, G * o_r, o->o, H * d, C));
-    DSV4_OPT_TRY(opt_linear_apply(o, &ly->wo_b, o->aout, 1, D, o->z, G * o_r, C));
-    DSV4_OPT_TRY(opt_allreduce(o, o->aout, (size_t)C * D, L, "attn_out"));
+    DSV4_TRY(opt_linear_apply_grouped(o, &ly->wo_a, G, o->z, G * o_r, o->o, H * d, C));
+    DSV4_TRY(opt_linear_apply(o, &ly->wo_b, o->aout, 1, D, o->z, G * o_r, C));
+    DSV4_TRY(opt_allreduce(o, o->aout, (size_t)C * D, L, "attn_out"));
     PROBE("attn_out", o->aout + (size_t)s * D, D, PR_F32);
     return 0;
 }
@@ -231,12 +231,12 @@ static int moe(dsv4_opt *o, int L)
     /* NS: the rank's shared-expert columns; the routed experts keep their whole width NI */
     const int s = o->opt.dump_seq, C = o->C, D = o->D, E = o->E, K = o->K, NS = o->NI_sh;
     const int nf = E + 2 * NS;
-    DSV4_OPT_TRY(opt_proj_apply(o, &ly->f, o->fproj, nf, o->xn, D, C));
+    DSV4_TRY(opt_proj_apply(o, &ly->f, o->fproj, nf, o->xn, D, C));
     dsv4_moe_route_params rp = {.n_tok = C, .n_experts = E, .k = K, .logits = o->fproj, .logit_stride = nf,
                                 .bias = ly->gate_bias, .tid2eid = ly->tid2eid, .tokens = o->d_in,
                                 .routed_scale = (float)o->cfg.routed_scaling_factor, .ids = o->rids,
                                 .weights = o->rw, .stream = o->stream};
-    DSV4_OPT_TRY(dsv4_opt_moe_route(&rp));
+    DSV4_TRY(dsv4_opt_moe_route(&rp));
     PROBE("router_ids", o->rids + (size_t)s * K, K, PR_I32);
     PROBE("router_weights", o->rw + (size_t)s * K, K, PR_F32);
     if (o->follow) { /* after the probes, as the top-k: the experts run the dump's ids, weighted by our scores */
@@ -245,14 +245,14 @@ static int moe(dsv4_opt *o, int L)
                                  .sel = o->rids, .changed = o->d_follow_changed + 1, .logits = o->fproj,
                                  .logit_stride = nf, .n_experts = E, .routed_scale = rp.routed_scale,
                                  .weights = o->rw, .stream = o->stream};
-        DSV4_OPT_TRY(dsv4_opt_follow_route(&fp));
+        DSV4_TRY(dsv4_opt_follow_route(&fp));
     }
     dsv4_swiglu_params sp = {.n_tok = C, .inter = NS, .limit = (float)o->cfg.swiglu_limit, .gu = o->fproj,
                              .gu_stride = nf, .g_off = E, .u_off = E + NS, .h = o->h_sh, .stream = o->stream};
-    DSV4_OPT_TRY(dsv4_opt_swiglu(&sp));
-    DSV4_OPT_TRY(opt_linear_apply(o, &ly->sh_w2, o->y_sh, 1, D, o->h_sh, NS, C));
-    DSV4_OPT_TRY(opt_experts(o, ly));
-    DSV4_OPT_TRY(opt_allreduce(o, o->fout, (size_t)C * D, L, "ffn_out"));
+    DSV4_TRY(dsv4_opt_swiglu(&sp));
+    DSV4_TRY(opt_linear_apply(o, &ly->sh_w2, o->y_sh, 1, D, o->h_sh, NS, C));
+    DSV4_TRY(opt_experts(o, ly));
+    DSV4_TRY(opt_allreduce(o, o->fout, (size_t)C * D, L, "ffn_out"));
     PROBE("ffn_out", o->fout + (size_t)s * D, D, PR_F32);
     return 0;
 }
@@ -261,12 +261,12 @@ static int layer(dsv4_opt *o, int L, int n_csa, int n_hca)
 {
     const opt_layer *ly = &o->layers[L];
     const int s = o->opt.dump_seq, n = o->n, D = o->D;
-    DSV4_OPT_TRY(mhc_pre(o, L, ly->hc_attn_fn, ly->hc_attn_base, ly->hc_attn_scale, ly->attn_norm, 1));
-    DSV4_OPT_TRY(attention(o, L, n_csa, n_hca));
-    DSV4_OPT_TRY(mhc_post(o, o->aout));
-    DSV4_OPT_TRY(mhc_pre(o, L, ly->hc_ffn_fn, ly->hc_ffn_base, ly->hc_ffn_scale, ly->ffn_norm, 0));
-    DSV4_OPT_TRY(moe(o, L));
-    DSV4_OPT_TRY(mhc_post(o, o->fout));
+    DSV4_TRY(mhc_pre(o, L, ly->hc_attn_fn, ly->hc_attn_base, ly->hc_attn_scale, ly->attn_norm, 1));
+    DSV4_TRY(attention(o, L, n_csa, n_hca));
+    DSV4_TRY(mhc_post(o, o->aout));
+    DSV4_TRY(mhc_pre(o, L, ly->hc_ffn_fn, ly->hc_ffn_base, ly->hc_ffn_scale, ly->ffn_norm, 0));
+    DSV4_TRY(moe(o, L));
+    DSV4_TRY(mhc_post(o, o->fout));
     PROBE("out", o->X + (size_t)s * n * D, (size_t)n * D, PR_BF16);
     return 0;
 }
@@ -286,11 +286,11 @@ static int step_launch(dsv4_opt *o, int n_csa, int n_hca)
                                  .ring_slot = o->ring_slot, .live_csa = o->live_csa, .live_hca = o->live_hca,
                                  .cos_main = o->cos_m, .sin_main = o->sin_m, .cos_cmp = o->cos_c,
                                  .sin_cmp = o->sin_c, .stream = o->stream};
-    DSV4_OPT_TRY(dsv4_opt_step_setup(&su));
+    DSV4_TRY(dsv4_opt_step_setup(&su));
     dsv4_embed_params ep = {.n_tok = C, .n_streams = n, .dim = D, .tokens = o->d_in, .embed = o->embed, .X = o->X,
                             .stream = o->stream};
-    DSV4_OPT_TRY(dsv4_opt_embed(&ep));
-    for (int L = 0; L < o->cfg.num_hidden_layers; L++) DSV4_OPT_TRY(layer(o, L, n_csa, n_hca));
+    DSV4_TRY(dsv4_opt_embed(&ep));
+    for (int L = 0; L < o->cfg.num_hidden_layers; L++) DSV4_TRY(layer(o, L, n_csa, n_hca));
     const int L = -1; /* the PROBE macro's layer: /final */
     dsv4_mhc_pre_params hp = {
         .n_tok = C, .n_streams = n, .dim = D, .head = 1, .hc_eps = (float)o->cfg.hc_eps,
@@ -298,12 +298,12 @@ static int step_launch(dsv4_opt *o, int n_csa, int n_hca)
         .scale = o->hc_head_scale, .norm_w = o->norm, .pre = o->pre, .x = o->xa, .xn = o->xn,
         .kernel = (dsv4_mhc_kernel)o->opt.mhc, .X_f32 = o->Xf, .workspace = o->ws, .workspace_bytes = o->ws_bytes,
         .cublas = o->cublas, .stream = o->stream};
-    DSV4_OPT_TRY(dsv4_opt_mhc_pre(&hp));
+    DSV4_TRY(dsv4_opt_mhc_pre(&hp));
     PROBE("hc_head", o->xa + (size_t)s * D, D, PR_F32);
     PROBE("norm", o->xn + (size_t)s * D, D, PR_BF16);
-    DSV4_OPT_TRY(opt_gemm(o, o->logits, 1, V, o->xn, D, o->head, V, D, C));
+    DSV4_TRY(opt_gemm(o, o->logits, 1, V, o->xn, D, o->head, V, D, C));
     PROBE("logits", o->logits + (size_t)s * V, V, PR_F32);
-    DSV4_OPT_TRY(dsv4_opt_argmax(o->next, o->logits, C, V, V, o->stream));
+    DSV4_TRY(dsv4_opt_argmax(o->next, o->logits, C, V, V, o->stream));
     DSV4_OPT_CUDA(cudaMemcpyAsync(o->h_next, o->next, (size_t)C * 4, cudaMemcpyDeviceToHost, o->stream));
     return 0;
 }
@@ -403,7 +403,7 @@ static void follow_stage(dsv4_opt *o, const int32_t *tokens, int act)
 int dsv4_opt_step(dsv4_opt *o, const int32_t *tokens, const uint8_t *active, dsv4_probe_sink *probe,
                   float *logits, int32_t *next)
 {
-    DSV4_OPT_TRY(opt_step_check(o, tokens, active));
+    DSV4_TRY(opt_step_check(o, tokens, active));
     if (o->group) return opt_ranks_step(o->group, tokens, active, probe, logits, next);
     return opt_step_rank(o, tokens, active, probe, logits, next);
 }
@@ -427,7 +427,7 @@ int opt_step_rank(dsv4_opt *o, const int32_t *tokens, const uint8_t *active, dsv
     int rc = eager ? step_launch(o, n_csa, n_hca) : step_graph(o, n_csa, n_hca);
     o->probe = NULL;
     if (rc) return rc;
-    DSV4_OPT_TRY(opt_wait(o, "the step"));
+    DSV4_TRY(opt_wait(o, "the step"));
     if (logits)
         DSV4_OPT_CUDA(cudaMemcpy(logits, o->logits + (size_t)s * o->V, (size_t)o->V * 4, cudaMemcpyDeviceToHost));
     if (next) memcpy(next, o->h_next, (size_t)C * sizeof *next);
@@ -441,7 +441,7 @@ int dsv4_opt_dump_entries(dsv4_opt *o, dsv4_probe_sink *probe)
     DSV4_CHECK(o, "dsv4_opt_dump_entries: NULL argument");
     if (!probe) return 0;
     if (o->group) { /* the entries are replicated: rank 0 (this object) writes its own */
-        DSV4_OPT_TRY(opt_ranks_usable(o->group));
+        DSV4_TRY(opt_ranks_usable(o->group));
         DSV4_OPT_CUDA(cudaSetDevice(o->opt.device));
     }
     const int s = o->opt.dump_seq, p = o->pos[s];

@@ -81,17 +81,17 @@ static int mhc_pre(dsv4_ref_gpu *g, int L, const gpu_hc *hp, const float *norm_w
     gpu_scratch *sc = &g->sc;
     int n = f->hc_mult, D = f->hidden_size;
     float eps = (float)f->rms_norm_eps;
-    TRY(dsv4_ref_gpu_rmsnorm(sc->vn, sc->X, NULL, S, n * D, eps));
-    TRY(dsv4_ref_gpu_linear(g->blas, sc->mix, sc->vn, hp->fn, S, n * D, (2 + n) * n));
-    TRY(dsv4_ref_gpu_hc_coeff(sc->mix, hp->base, hp->scale, S, n, f->hc_sinkhorn_iters, (float)f->hc_eps, sc->pre,
+    DSV4_TRY(dsv4_ref_gpu_rmsnorm(sc->vn, sc->X, NULL, S, n * D, eps));
+    DSV4_TRY(dsv4_ref_gpu_linear(g->blas, sc->mix, sc->vn, hp->fn, S, n * D, (2 + n) * n));
+    DSV4_TRY(dsv4_ref_gpu_hc_coeff(sc->mix, hp->base, hp->scale, S, n, f->hc_sinkhorn_iters, (float)f->hc_eps, sc->pre,
                               sc->post, sc->comb));
-    TRY(dsv4_ref_gpu_hc_collapse(sc->xa, sc->X, sc->pre, S, n, D));
-    TRY(dsv4_ref_gpu_rmsnorm(sc->xn, sc->xa, norm_w, S, D, eps));
+    DSV4_TRY(dsv4_ref_gpu_hc_collapse(sc->xa, sc->X, sc->pre, S, n, D));
+    DSV4_TRY(dsv4_ref_gpu_rmsnorm(sc->xn, sc->xa, norm_w, S, D, eps));
     if (!probe) return 0;
-    TRY(probe_rows(g, probe, L, attn_site ? "attn_hc_pre" : "ffn_hc_pre", sc->pre, n, p0, S));
-    TRY(probe_rows(g, probe, L, attn_site ? "attn_hc_post" : "ffn_hc_post", sc->post, n, p0, S));
-    TRY(probe_rows(g, probe, L, attn_site ? "attn_hc_comb" : "ffn_hc_comb", sc->comb, (size_t)n * n, p0, S));
-    TRY(probe_rows(g, probe, L, attn_site ? "attn_in" : "ffn_in", sc->xa, D, p0, S));
+    DSV4_TRY(probe_rows(g, probe, L, attn_site ? "attn_hc_pre" : "ffn_hc_pre", sc->pre, n, p0, S));
+    DSV4_TRY(probe_rows(g, probe, L, attn_site ? "attn_hc_post" : "ffn_hc_post", sc->post, n, p0, S));
+    DSV4_TRY(probe_rows(g, probe, L, attn_site ? "attn_hc_comb" : "ffn_hc_comb", sc->comb, (size_t)n * n, p0, S));
+    DSV4_TRY(probe_rows(g, probe, L, attn_site ? "attn_in" : "ffn_in", sc->xa, D, p0, S));
     return 0;
 }
 
@@ -99,7 +99,7 @@ static int mhc_pre(dsv4_ref_gpu *g, int L, const gpu_hc *hp, const float *norm_w
 static int mhc_post(dsv4_ref_gpu *g, const float *out, int S)
 {
     gpu_scratch *sc = &g->sc;
-    TRY(dsv4_ref_gpu_hc_post(sc->X2, sc->X, out, sc->post, sc->comb, S, g->cfg.hc_mult, g->cfg.hidden_size));
+    DSV4_TRY(dsv4_ref_gpu_hc_post(sc->X2, sc->X, out, sc->post, sc->comb, S, g->cfg.hc_mult, g->cfg.hidden_size));
     float *t = sc->X;
     sc->X = sc->X2;
     sc->X2 = t;
@@ -115,8 +115,8 @@ static int compress(dsv4_ref_gpu *g, dsv4_ref_gpu_compressor *c, const float *kv
     if (n_new > 0 && (w0 != *n_entries || w0 + n_new > cap))
         return dsv4_error(DSV4_ERR_USAGE, "ref-gpu: compressed entries %d..%d out of order or past capacity %d "
                           "(have %d)", w0, w0 + n_new - 1, cap, *n_entries);
-    TRY(dsv4_ref_gpu_compressor_run(c, kvp, gp, ape, p0, S, pool));
-    TRY(dsv4_ref_gpu_compressor_finish(pool, w0, n_new, c->d_c, norm_w, (float)g->cfg.rms_norm_eps, g->inv_cmp,
+    DSV4_TRY(dsv4_ref_gpu_compressor_run(c, kvp, gp, ape, p0, S, pool));
+    DSV4_TRY(dsv4_ref_gpu_compressor_finish(pool, w0, n_new, c->d_c, norm_w, (float)g->cfg.rms_norm_eps, g->inv_cmp,
                                        g->n_pairs, r));
     if (n_new > 0) *n_entries = w0 + n_new;
     return 0;
@@ -129,13 +129,13 @@ static int indexer(dsv4_ref_gpu *g, int L, int p0, int S, dsv4_probe_sink *probe
     gpu_layer *w = &g->lw[L];
     gpu_scratch *sc = &g->sc;
     int D = f->hidden_size, HI = f->index_n_heads, dI = f->index_head_dim, qr = f->q_lora_rank;
-    TRY(dsv4_ref_gpu_linear(g->blas, sc->ikv, sc->xn, w->idx_wkv, S, D, 2 * dI));
-    TRY(dsv4_ref_gpu_linear(g->blas, sc->ig, sc->xn, w->idx_wgate, S, D, 2 * dI));
-    TRY(compress(g, &w->icmp, sc->ikv, sc->ig, w->idx_ape, w->idx_norm, w->ipool, &w->n_ientries, w->pool_cap, p0,
+    DSV4_TRY(dsv4_ref_gpu_linear(g->blas, sc->ikv, sc->xn, w->idx_wkv, S, D, 2 * dI));
+    DSV4_TRY(dsv4_ref_gpu_linear(g->blas, sc->ig, sc->xn, w->idx_wgate, S, D, 2 * dI));
+    DSV4_TRY(compress(g, &w->icmp, sc->ikv, sc->ig, w->idx_ape, w->idx_norm, w->ipool, &w->n_ientries, w->pool_cap, p0,
                  S));
-    TRY(dsv4_ref_gpu_linear(g->blas, sc->qI, sc->qr, w->idx_wq_b, S, qr, HI * dI));
-    TRY(dsv4_ref_gpu_rope(sc->qI, S, HI, dI, g->n_pairs, sc->cos_c, sc->sin_c, 0));
-    TRY(dsv4_ref_gpu_linear(g->blas, sc->wI, sc->xn, w->idx_wproj, S, D, HI));
+    DSV4_TRY(dsv4_ref_gpu_linear(g->blas, sc->qI, sc->qr, w->idx_wq_b, S, qr, HI * dI));
+    DSV4_TRY(dsv4_ref_gpu_rope(sc->qI, S, HI, dI, g->n_pairs, sc->cos_c, sc->sin_c, 0));
+    DSV4_TRY(dsv4_ref_gpu_linear(g->blas, sc->wI, sc->xn, w->idx_wproj, S, D, HI));
     int n_pool = w->n_ientries;
     int k = f->index_topk < n_pool ? f->index_topk : n_pool;
     if (k < 0) k = 0;
@@ -145,9 +145,9 @@ static int indexer(dsv4_ref_gpu *g, int L, int p0, int S, dsv4_probe_sink *probe
     for (int s0 = 0; s0 < S; s0 += iq) {
         int ns = S - s0 < iq ? S - s0 : iq;
         if (n_pool > 0) {
-            TRY(dsv4_ref_gpu_index_scores(sc->iscore, sc->qI + (size_t)s0 * HI * dI, w->ipool,
+            DSV4_TRY(dsv4_ref_gpu_index_scores(sc->iscore, sc->qI + (size_t)s0 * HI * dI, w->ipool,
                                           sc->wI + (size_t)s0 * HI, ns, n_pool, HI, dI));
-            TRY(dsv4_ref_gpu_index_select(sc->topk + (size_t)s0 * g->topk, g->topk, sc->iscore, ns, n_pool,
+            DSV4_TRY(dsv4_ref_gpu_index_select(sc->topk + (size_t)s0 * g->topk, g->topk, sc->iscore, ns, n_pool,
                                           (int64_t)p0 + s0, w->ratio, k));
         }
         if (!probe) continue;
@@ -160,10 +160,10 @@ static int indexer(dsv4_ref_gpu *g, int L, int p0, int S, dsv4_probe_sink *probe
             if (n_vis > 0)
                 DSV4_REF_CUDA_CHECK(cudaMemcpy(g->host, sc->iscore + (size_t)(s - s0) * n_pool,
                                                (size_t)n_vis * sizeof(float), cudaMemcpyDeviceToHost));
-            TRY(dsv4_probe(probe, L, "indexer_scores", p, g->host, (size_t)n_vis));
+            DSV4_TRY(dsv4_probe(probe, L, "indexer_scores", p, g->host, (size_t)n_vis));
         }
     }
-    if (probe) TRY(probe_rows_i32(g, probe, L, "topk_idx", sc->topk, g->topk, (size_t)k, p0, S));
+    if (probe) DSV4_TRY(probe_rows_i32(g, probe, L, "topk_idx", sc->topk, g->topk, (size_t)k, p0, S));
     return k;
 }
 
@@ -179,22 +179,22 @@ static int attention(dsv4_ref_gpu *g, int L, int p0, int S, dsv4_probe_sink *pro
     int sliding = w->attn == DSV4_ATTN_SLIDING;
     const float *cosv = sliding ? sc->cos_m : sc->cos_c, *sinv = sliding ? sc->sin_m : sc->sin_c;
 
-    TRY(dsv4_ref_gpu_linear(g->blas, sc->qr, sc->xn, w->wq_a, S, D, qr));
-    TRY(dsv4_ref_gpu_rmsnorm(sc->qr, sc->qr, w->q_norm, S, qr, eps));
-    TRY(dsv4_ref_gpu_linear(g->blas, sc->q, sc->qr, w->wq_b, S, qr, H * d));
-    TRY(dsv4_ref_gpu_rmsnorm(sc->q, sc->q, NULL, S * H, d, eps));
-    TRY(dsv4_ref_gpu_rope(sc->q, S, H, d, np, cosv, sinv, 0));
+    DSV4_TRY(dsv4_ref_gpu_linear(g->blas, sc->qr, sc->xn, w->wq_a, S, D, qr));
+    DSV4_TRY(dsv4_ref_gpu_rmsnorm(sc->qr, sc->qr, w->q_norm, S, qr, eps));
+    DSV4_TRY(dsv4_ref_gpu_linear(g->blas, sc->q, sc->qr, w->wq_b, S, qr, H * d));
+    DSV4_TRY(dsv4_ref_gpu_rmsnorm(sc->q, sc->q, NULL, S * H, d, eps));
+    DSV4_TRY(dsv4_ref_gpu_rope(sc->q, S, H, d, np, cosv, sinv, 0));
 
-    TRY(dsv4_ref_gpu_linear(g->blas, sc->kv, sc->xn, w->wkv, S, D, d));
-    TRY(dsv4_ref_gpu_rmsnorm(sc->kv, sc->kv, w->kv_norm, S, d, eps));
-    TRY(dsv4_ref_gpu_rope(sc->kv, S, 1, d, np, cosv, sinv, 0));
-    if (probe) TRY(probe_rows(g, probe, L, "kv", sc->kv, d, p0, S));
+    DSV4_TRY(dsv4_ref_gpu_linear(g->blas, sc->kv, sc->xn, w->wkv, S, D, d));
+    DSV4_TRY(dsv4_ref_gpu_rmsnorm(sc->kv, sc->kv, w->kv_norm, S, d, eps));
+    DSV4_TRY(dsv4_ref_gpu_rope(sc->kv, S, 1, d, np, cosv, sinv, 0));
+    if (probe) DSV4_TRY(probe_rows(g, probe, L, "kv", sc->kv, d, p0, S));
 
     if (w->ratio > 0) {
         int width = w->cmp.width;
-        TRY(dsv4_ref_gpu_linear(g->blas, sc->ckv, sc->xn, w->cmp_wkv, S, D, width));
-        TRY(dsv4_ref_gpu_linear(g->blas, sc->cg, sc->xn, w->cmp_wgate, S, D, width));
-        TRY(compress(g, &w->cmp, sc->ckv, sc->cg, w->cmp_ape, w->cmp_norm, w->pool, &w->n_entries, w->pool_cap, p0,
+        DSV4_TRY(dsv4_ref_gpu_linear(g->blas, sc->ckv, sc->xn, w->cmp_wkv, S, D, width));
+        DSV4_TRY(dsv4_ref_gpu_linear(g->blas, sc->cg, sc->xn, w->cmp_wgate, S, D, width));
+        DSV4_TRY(compress(g, &w->cmp, sc->ckv, sc->cg, w->cmp_ape, w->cmp_norm, w->pool, &w->n_entries, w->pool_cap, p0,
                      S));
     }
     int n_topk = 0;
@@ -224,14 +224,14 @@ static int attention(dsv4_ref_gpu *g, int L, int p0, int S, dsv4_probe_sink *pro
     ap.ratio = w->ratio;
     ap.p0 = p0;
     ap.m_max = g->m_max;
-    TRY(dsv4_ref_gpu_attention(&ap));
+    DSV4_TRY(dsv4_ref_gpu_attention(&ap));
     int first = S - Wn > 0 ? S - Wn : 0;
-    TRY(dsv4_ref_gpu_ring_write(w->win, Wn, sc->kv + (size_t)first * d, (int64_t)p0 + first, S - first, d));
+    DSV4_TRY(dsv4_ref_gpu_ring_write(w->win, Wn, sc->kv + (size_t)first * d, (int64_t)p0 + first, S - first, d));
 
     int gin = H * d / f->o_groups;
-    TRY(dsv4_ref_gpu_grouped_out(g->blas, sc->aout, sc->z, sc->o, w->wo_a, w->wo_b, S, gin, f->o_groups,
+    DSV4_TRY(dsv4_ref_gpu_grouped_out(g->blas, sc->aout, sc->z, sc->o, w->wo_a, w->wo_b, S, gin, f->o_groups,
                                  f->o_lora_rank, D));
-    if (probe) TRY(probe_rows(g, probe, L, "attn_out", sc->aout, D, p0, S));
+    if (probe) DSV4_TRY(probe_rows(g, probe, L, "attn_out", sc->aout, D, p0, S));
     return 0;
 }
 
@@ -243,19 +243,19 @@ static int moe(dsv4_ref_gpu *g, int L, int p0, int S, dsv4_probe_sink *probe)
     gpu_scratch *sc = &g->sc;
     int D = f->hidden_size, E = f->n_routed_experts, k = f->num_experts_per_tok, NI = f->moe_intermediate_size;
     float limit = (float)f->swiglu_limit;
-    TRY(dsv4_ref_gpu_linear(g->blas, sc->rlogits, sc->xn, w->gate_w, S, D, E));
+    DSV4_TRY(dsv4_ref_gpu_linear(g->blas, sc->rlogits, sc->xn, w->gate_w, S, D, E));
     int hash = w->mlp == DSV4_MLP_HASH_MOE;
-    TRY(dsv4_ref_gpu_route(sc->rlogits, S, E, k, hash ? NULL : w->gate_bias, w->tid2eid, sc->tokens,
+    DSV4_TRY(dsv4_ref_gpu_route(sc->rlogits, S, E, k, hash ? NULL : w->gate_bias, w->tid2eid, sc->tokens,
                            (float)f->routed_scaling_factor, sc->rids, sc->rw, sc->rsbuf));
     if (probe) {
-        TRY(probe_rows_i32(g, probe, L, "router_ids", sc->rids, k, k, p0, S));
-        TRY(probe_rows(g, probe, L, "router_weights", sc->rw, k, p0, S));
+        DSV4_TRY(probe_rows_i32(g, probe, L, "router_ids", sc->rids, k, k, p0, S));
+        DSV4_TRY(probe_rows(g, probe, L, "router_weights", sc->rw, k, p0, S));
     }
     /* shared expert over all tokens, into fout */
-    TRY(dsv4_ref_gpu_linear(g->blas, sc->eg, sc->xn, w->sh_w1, S, D, NI));
-    TRY(dsv4_ref_gpu_linear(g->blas, sc->eu, sc->xn, w->sh_w3, S, D, NI));
-    TRY(dsv4_ref_gpu_swiglu(sc->eg, sc->eg, sc->eu, (size_t)S * NI, limit));
-    TRY(dsv4_ref_gpu_linear(g->blas, sc->fout, sc->eg, w->sh_w2, S, NI, D));
+    DSV4_TRY(dsv4_ref_gpu_linear(g->blas, sc->eg, sc->xn, w->sh_w1, S, D, NI));
+    DSV4_TRY(dsv4_ref_gpu_linear(g->blas, sc->eu, sc->xn, w->sh_w3, S, D, NI));
+    DSV4_TRY(dsv4_ref_gpu_swiglu(sc->eg, sc->eg, sc->eu, (size_t)S * NI, limit));
+    DSV4_TRY(dsv4_ref_gpu_linear(g->blas, sc->fout, sc->eg, w->sh_w2, S, NI, D));
 
     /* group the (token, expert) pairs by expert: slot_of[s·k + j] = row of that pair in xg / yg */
     size_t nk = (size_t)S * k;
@@ -280,21 +280,21 @@ static int moe(dsv4_ref_gpu *g, int L, int p0, int S, dsv4_probe_sink *probe)
     }
     DSV4_REF_CUDA_CHECK(cudaMemcpy(sc->slot_of, g->h_slot_of, nk * sizeof(int32_t), cudaMemcpyHostToDevice));
     DSV4_REF_CUDA_CHECK(cudaMemcpy(sc->row_tok, g->h_row_tok, nk * sizeof(int32_t), cudaMemcpyHostToDevice));
-    TRY(dsv4_ref_gpu_gather_rows(sc->xg, sc->xn, sc->row_tok, (int)nk, D));
+    DSV4_TRY(dsv4_ref_gpu_gather_rows(sc->xg, sc->xn, sc->row_tok, (int)nk, D));
     for (int e = 0; e < E; e++) {
         if (!count[e]) continue;
         size_t r0 = start[e];
-        TRY(dsv4_ref_gpu_linear(g->blas, sc->eg + r0 * NI, sc->xg + r0 * D, w->w1[e], count[e], D, NI));
-        TRY(dsv4_ref_gpu_linear(g->blas, sc->eu + r0 * NI, sc->xg + r0 * D, w->w3[e], count[e], D, NI));
+        DSV4_TRY(dsv4_ref_gpu_linear(g->blas, sc->eg + r0 * NI, sc->xg + r0 * D, w->w1[e], count[e], D, NI));
+        DSV4_TRY(dsv4_ref_gpu_linear(g->blas, sc->eu + r0 * NI, sc->xg + r0 * D, w->w3[e], count[e], D, NI));
     }
-    TRY(dsv4_ref_gpu_swiglu(sc->eg, sc->eg, sc->eu, nk * NI, limit));
+    DSV4_TRY(dsv4_ref_gpu_swiglu(sc->eg, sc->eg, sc->eu, nk * NI, limit));
     for (int e = 0; e < E; e++) {
         if (!count[e]) continue;
         size_t r0 = start[e];
-        TRY(dsv4_ref_gpu_linear(g->blas, sc->yg + r0 * D, sc->eg + r0 * NI, w->w2[e], count[e], NI, D));
+        DSV4_TRY(dsv4_ref_gpu_linear(g->blas, sc->yg + r0 * D, sc->eg + r0 * NI, w->w2[e], count[e], NI, D));
     }
-    TRY(dsv4_ref_gpu_moe_combine(sc->fout, sc->yg, sc->slot_of, sc->rw, S, k, D));
-    if (probe) TRY(probe_rows(g, probe, L, "ffn_out", sc->fout, D, p0, S));
+    DSV4_TRY(dsv4_ref_gpu_moe_combine(sc->fout, sc->yg, sc->slot_of, sc->rw, S, k, D));
+    if (probe) DSV4_TRY(probe_rows(g, probe, L, "ffn_out", sc->fout, D, p0, S));
     return 0;
 }
 
@@ -302,13 +302,13 @@ static int layer_forward(dsv4_ref_gpu *g, int L, int p0, int S, dsv4_probe_sink 
 {
     gpu_layer *w = &g->lw[L];
     gpu_scratch *sc = &g->sc;
-    TRY(mhc_pre(g, L, &w->hc_attn, w->attn_norm, p0, S, 1, probe));
-    TRY(attention(g, L, p0, S, probe));
-    TRY(mhc_post(g, sc->aout, S));
-    TRY(mhc_pre(g, L, &w->hc_ffn, w->ffn_norm, p0, S, 0, probe));
-    TRY(moe(g, L, p0, S, probe));
-    TRY(mhc_post(g, sc->fout, S));
-    if (probe) TRY(probe_rows(g, probe, L, "out", sc->X, (size_t)g->cfg.hc_mult * g->cfg.hidden_size, p0, S));
+    DSV4_TRY(mhc_pre(g, L, &w->hc_attn, w->attn_norm, p0, S, 1, probe));
+    DSV4_TRY(attention(g, L, p0, S, probe));
+    DSV4_TRY(mhc_post(g, sc->aout, S));
+    DSV4_TRY(mhc_pre(g, L, &w->hc_ffn, w->ffn_norm, p0, S, 0, probe));
+    DSV4_TRY(moe(g, L, p0, S, probe));
+    DSV4_TRY(mhc_post(g, sc->fout, S));
+    if (probe) DSV4_TRY(probe_rows(g, probe, L, "out", sc->X, (size_t)g->cfg.hc_mult * g->cfg.hidden_size, p0, S));
     return 0;
 }
 
@@ -319,13 +319,13 @@ static int head_forward(dsv4_ref_gpu *g, int p0, int S, dsv4_probe_sink *probe, 
     gpu_scratch *sc = &g->sc;
     int n = f->hc_mult, D = f->hidden_size, V = f->vocab_size;
     float eps = (float)f->rms_norm_eps;
-    TRY(dsv4_ref_gpu_rmsnorm(sc->vn, sc->X, NULL, S, n * D, eps));
-    TRY(dsv4_ref_gpu_linear(g->blas, sc->hm, sc->vn, g->hc_head_fn, S, n * D, n));
-    TRY(dsv4_ref_gpu_hc_head_pre(sc->hm, g->hc_head_base, g->hc_head_scale, S, n, (float)f->hc_eps, sc->hpre));
-    TRY(dsv4_ref_gpu_hc_collapse(sc->y, sc->X, sc->hpre, S, n, D));
-    if (probe) TRY(probe_rows(g, probe, -1, "hc_head", sc->y, D, p0, S));
-    TRY(dsv4_ref_gpu_rmsnorm(sc->y, sc->y, g->norm, S, D, eps));
-    if (probe) TRY(probe_rows(g, probe, -1, "norm", sc->y, D, p0, S));
+    DSV4_TRY(dsv4_ref_gpu_rmsnorm(sc->vn, sc->X, NULL, S, n * D, eps));
+    DSV4_TRY(dsv4_ref_gpu_linear(g->blas, sc->hm, sc->vn, g->hc_head_fn, S, n * D, n));
+    DSV4_TRY(dsv4_ref_gpu_hc_head_pre(sc->hm, g->hc_head_base, g->hc_head_scale, S, n, (float)f->hc_eps, sc->hpre));
+    DSV4_TRY(dsv4_ref_gpu_hc_collapse(sc->y, sc->X, sc->hpre, S, n, D));
+    if (probe) DSV4_TRY(probe_rows(g, probe, -1, "hc_head", sc->y, D, p0, S));
+    DSV4_TRY(dsv4_ref_gpu_rmsnorm(sc->y, sc->y, g->norm, S, D, eps));
+    if (probe) DSV4_TRY(probe_rows(g, probe, -1, "norm", sc->y, D, p0, S));
     int32_t rows[LOGIT_ROWS];
     int nr = 0;
     for (int s = 0; s < S; s++) {
@@ -334,13 +334,13 @@ static int head_forward(dsv4_ref_gpu *g, int p0, int S, dsv4_probe_sink *probe, 
         if (nr < LOGIT_ROWS && s < S - 1) continue;
         if (!nr) continue;
         DSV4_REF_CUDA_CHECK(cudaMemcpy(sc->lrows, rows, (size_t)nr * sizeof(int32_t), cudaMemcpyHostToDevice));
-        TRY(dsv4_ref_gpu_gather_rows(sc->yrows, sc->y, sc->lrows, nr, D));
-        TRY(dsv4_ref_gpu_linear(g->blas, sc->logits, sc->yrows, g->head, nr, D, V));
+        DSV4_TRY(dsv4_ref_gpu_gather_rows(sc->yrows, sc->y, sc->lrows, nr, D));
+        DSV4_TRY(dsv4_ref_gpu_linear(g->blas, sc->logits, sc->yrows, g->head, nr, D, V));
         DSV4_REF_CUDA_CHECK(cudaMemcpy(g->host, sc->logits, (size_t)nr * V * sizeof(float), cudaMemcpyDeviceToHost));
         for (int i = 0; i < nr; i++) {
             int p = p0 + rows[i];
             const float *lg = g->host + (size_t)i * V;
-            if (dsv4_probe_wants(probe, p)) TRY(dsv4_probe(probe, -1, "logits", p, lg, V));
+            if (dsv4_probe_wants(probe, p)) DSV4_TRY(dsv4_probe(probe, -1, "logits", p, lg, V));
             if (rows[i] == S - 1 && logits_last) memcpy(logits_last, lg, (size_t)V * sizeof(float));
         }
         nr = 0;
@@ -359,11 +359,11 @@ static int forward_call(dsv4_ref_gpu *g, int p0, const int32_t *tokens, int S, d
         DSV4_CHECK(tokens[s] >= 0 && tokens[s] < V, "reference: token %d at position %d outside [0, %d)", tokens[s],
                    p0 + s, V);
     DSV4_REF_CUDA_CHECK(cudaMemcpy(sc->tokens, tokens, (size_t)S * sizeof(int32_t), cudaMemcpyHostToDevice));
-    TRY(dsv4_ref_gpu_embed(sc->X, g->embed, sc->tokens, S, n, D));
-    TRY(dsv4_ref_gpu_rope_table(sc->cos_m, sc->sin_m, g->inv_main, g->n_pairs, p0, S));
-    TRY(dsv4_ref_gpu_rope_table(sc->cos_c, sc->sin_c, g->inv_cmp, g->n_pairs, p0, S));
-    for (int L = 0; L < f->num_hidden_layers; L++) TRY(layer_forward(g, L, p0, S, probe));
-    TRY(head_forward(g, p0, S, probe, logits_last));
+    DSV4_TRY(dsv4_ref_gpu_embed(sc->X, g->embed, sc->tokens, S, n, D));
+    DSV4_TRY(dsv4_ref_gpu_rope_table(sc->cos_m, sc->sin_m, g->inv_main, g->n_pairs, p0, S));
+    DSV4_TRY(dsv4_ref_gpu_rope_table(sc->cos_c, sc->sin_c, g->inv_cmp, g->n_pairs, p0, S));
+    for (int L = 0; L < f->num_hidden_layers; L++) DSV4_TRY(layer_forward(g, L, p0, S, probe));
+    DSV4_TRY(head_forward(g, p0, S, probe, logits_last));
     DSV4_REF_CUDA_CHECK(cudaDeviceSynchronize());
     return 0;
 }
@@ -374,7 +374,7 @@ static int gpu_forward(dsv4_ref *r, const int32_t *tokens, int n, dsv4_probe_sin
     dsv4_ref_gpu *g = (dsv4_ref_gpu *)r->impl;
     for (int i = 0; i < n; i += g->chunk) {
         int S = n - i < g->chunk ? n - i : g->chunk;
-        TRY(forward_call(g, r->pos + i, tokens + i, S, probe, i + S == n ? logits_last : NULL));
+        DSV4_TRY(forward_call(g, r->pos + i, tokens + i, S, probe, i + S == n ? logits_last : NULL));
     }
     return 0;
 }

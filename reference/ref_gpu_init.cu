@@ -238,13 +238,13 @@ int ref_gpu_init_model(dsv4_model *m, int max_tokens, dsv4_ref_gpu *g)
 {
     g->cfg = *dsv4_model_config(m);
     const dsv4_config *f = &g->cfg;
-    TRY(dsv4_ref_check_config(f, max_tokens));
+    DSV4_TRY(dsv4_ref_check_config(f, max_tokens));
     int n_dev = 0;
     cudaError_t e = cudaGetDeviceCount(&n_dev);
     if (e != cudaSuccess || n_dev < 1)
         return dsv4_error(DSV4_ERR_CUDA, "ref-gpu: no CUDA device (%s)",
                           e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
-    TRY(dsv4_ref_gpu_blas_init(&g->blas));
+    DSV4_TRY(dsv4_ref_gpu_blas_init(&g->blas));
     g->n_pairs = f->qk_rope_head_dim / 2;
     g->topk = f->index_topk > 0 ? f->index_topk : 1;
     g->chunk = max_tokens < GPU_CHUNK ? max_tokens : GPU_CHUNK;
@@ -254,7 +254,7 @@ int ref_gpu_init_model(dsv4_model *m, int max_tokens, dsv4_ref_gpu *g)
     if (g->n_pairs > 512) return dsv4_error(DSV4_ERR_UNSUPPORTED, "ref-gpu: %d rope pairs", g->n_pairs);
     dsv4_rope_inv_freq(&f->rope_main, f->qk_rope_head_dim, inv);
     dsv4_rope_inv_freq(&f->rope_compress, f->qk_rope_head_dim, inv + g->n_pairs);
-    TRY(ref_gpu_alloc((void **)&g->inv_main, 2 * (size_t)(g->n_pairs + 1) * sizeof(float), "ref-gpu rope tables"));
+    DSV4_TRY(ref_gpu_alloc((void **)&g->inv_main, 2 * (size_t)(g->n_pairs + 1) * sizeof(float), "ref-gpu rope tables"));
     g->inv_cmp = g->inv_main + g->n_pairs;
     DSV4_REF_CUDA_CHECK(cudaMemcpy(g->inv_main, inv, 2 * (size_t)g->n_pairs * sizeof(float), cudaMemcpyHostToDevice));
 
@@ -264,8 +264,8 @@ int ref_gpu_init_model(dsv4_model *m, int max_tokens, dsv4_ref_gpu *g)
     binder b;
     memset(&b, 0, sizeof b);
     b.m = m;
-    TRY(bind_all(g, &b));
-    TRY(ref_gpu_alloc((void **)&g->w_arena, b.off * sizeof(float), "ref-gpu weights (f32)"));
+    DSV4_TRY(bind_all(g, &b));
+    DSV4_TRY(ref_gpu_alloc((void **)&g->w_arena, b.off * sizeof(float), "ref-gpu weights (f32)"));
     size_t total = b.off;
     b.arena = g->w_arena;
     b.off = 0;
@@ -275,22 +275,22 @@ int ref_gpu_init_model(dsv4_model *m, int max_tokens, dsv4_ref_gpu *g)
     cudaFreeHost(b.staging);
     if (rc) return rc;
     if (b.off != total) return dsv4_error(DSV4_ERR_USAGE, "ref-gpu: weight arena %zu != %zu floats", b.off, total);
-    TRY(upload_tid2eid(g, m));
+    DSV4_TRY(upload_tid2eid(g, m));
 
     /* decode state sized by max_tokens */
     rc = 0;
     size_t st = layout_state(g, max_tokens, NULL, &rc);
-    TRY(ref_gpu_alloc((void **)&g->state_mem, st * sizeof(float), "ref-gpu decode state"));
+    DSV4_TRY(ref_gpu_alloc((void **)&g->state_mem, st * sizeof(float), "ref-gpu decode state"));
     DSV4_REF_CUDA_CHECK(cudaMemset(g->state_mem, 0, st * sizeof(float)));
     layout_state(g, max_tokens, g->state_mem, &rc);
     if (rc) return rc;
-    TRY(dsv4_ref_gpu_attention_prepare(g->m_max, f->head_dim, g->topk));
+    DSV4_TRY(dsv4_ref_gpu_attention_prepare(g->m_max, f->head_dim, g->topk));
 
     /* scratch of one call of up to chunk tokens */
     size_t iq = ISCORE_FLOATS / (size_t)g->pool_cap_max;
     g->iq = (int)(iq < (size_t)g->chunk ? (iq < 1 ? 1 : iq) : (size_t)g->chunk);
     size_t scr = layout_scratch(g, g->chunk, &g->sc, NULL);
-    TRY(ref_gpu_alloc((void **)&g->scratch_mem, scr * sizeof(float), "ref-gpu scratch"));
+    DSV4_TRY(ref_gpu_alloc((void **)&g->scratch_mem, scr * sizeof(float), "ref-gpu scratch"));
     layout_scratch(g, g->chunk, &g->sc, g->scratch_mem);
 
     /* host staging: the widest probe rows of a chunk, or a block of logits rows */

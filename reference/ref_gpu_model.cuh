@@ -81,12 +81,6 @@ typedef struct dsv4_ref_gpu {
     int32_t *h_rids, *h_row_tok, *h_slot_of, *h_count; /* host MoE grouping: [chunk·k] ×3, [2·E] */
 } dsv4_ref_gpu;
 
-#define TRY(call)                                                                                                \
-    do {                                                                                                         \
-        int rc_ = (call);                                                                                        \
-        if (rc_) return rc_;                                                                                     \
-    } while (0)
-
 /* Fill g for model m and up to max_tokens positions: config checks, cuBLAS, RoPE tables, the weight arena
  * (counted, allocated, uploaded), the decode state and the scratch of one call, the host staging. On failure g
  * holds what was allocated so far (the caller frees it). */

@@ -51,6 +51,12 @@ const char *dsv4_err_name(int code);
     do {                                                                                                         \
         if (!(cond)) return dsv4_error(DSV4_ERR_USAGE, __VA_ARGS__);                                             \
     } while (0)
+/* Internal use: evaluate a call returning a dsv4 error code, and return that code from the caller if nonzero. */
+#define DSV4_TRY(call)                                                                                           \
+    do {                                                                                                         \
+        int rc_ = (call);                                                                                        \
+        if (rc_) return rc_;                                                                                     \
+    } while (0)
 
 /* ---------------------------------------------------------------------------------------------------------
  * dtypes as safetensors names them.
