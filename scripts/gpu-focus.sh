@@ -26,8 +26,9 @@ for step in "$@"; do
     tests)
         (cd "$b" && timeout 200 ctest -R '^(test_opt_nccl|test_kernel_qweight|test_opt_fp8)$' --output-on-failure) \
             >"$out/tests.log" 2>&1
+        rc=$?
         grep -E "^fp4_experts" "$b/Testing/Temporary/LastTest.log" | cut -c1-200 | tail -n 8
-        echo "== tests rc $? at ${SECONDS}s"
+        echo "== tests rc $rc at ${SECONDS}s"
         grep -E "Test +#|tests passed" "$out/tests.log"
         ;;
     nccl)
