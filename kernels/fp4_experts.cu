@@ -34,16 +34,10 @@ enum {
     F4_UP_WARPS = 4,
     F4_DOWN_WARPS = 8,
     F4_SS = 128,      /* columns per super-step: 4 lanes x 32 codes */
-    F4_UP_DEPTH = 2,  /* super-steps per weight batch (up: 2 m-tiles; down: F4_DOWN_DEPTH below) */
+    F4_UP_DEPTH = 2,  /* super-steps per weight batch, up (2 m-tiles) and down (1): deeper batches, rings of */
+    F4_DOWN_DEPTH = 2, /* single super-steps and L2 prefetch ahead were all slower on the H200 (docs/kernels.md) */
     F4_UP_SLOT_BLOCKS = 128 /* blocks along the expert slots; each loops over slots y, y + 128, ... */
 };
-
-/* Down's batch depth: the deepest that stays within 128 registers without spills on each architecture. */
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1200
-#define F4_DOWN_DEPTH 3
-#else
-#define F4_DOWN_DEPTH 2
-#endif
 
 /* Copies the ids of pairs [pair0, pair0 + n_pairs) into sids (shared: the pair scans below read them many times)
  * and builds the bitmap of the experts in [e_lo, e_hi) (within [0, F4_MAX_E)) they touch into bits[F4_MAX_E / 32].
@@ -82,6 +76,40 @@ template <typename T> static __device__ int f4_warp_pairs_of(T *list, const int3
     }
     __syncwarp();
     return cnt;
+}
+
+/* The multiplies of one super-step: 8 mma steps per m-tile over this lane's 32 codes of each row; TWO: some
+ * lanes' scales need the second multiply m2 (per lane: 0 where not). */
+template <int MT, bool TWO>
+static __device__ __forceinline__ void f4_superstep(float acc[MT][4], const uint4 (&w)[MT][2],
+                                                    const uint32_t (&m1)[MT][2], const uint32_t (&m2)[MT][2],
+                                                    const uint32_t X[16])
+{
+#pragma unroll
+    for (int s = 0; s < 8; s++) {
+        const int q = s >> 1, u = s & 1;
+        const uint32_t bb[2] = {__byte_perm(X[4 * q + u], X[4 * q + u + 2], 0x5410),
+                                __byte_perm(X[4 * q + u], X[4 * q + u + 2], 0x7632)};
+#pragma unroll
+        for (int m = 0; m < MT; m++) {
+            uint32_t a[4];
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                const uint32_t wd = qw_word(w[m][r], q);
+                uint32_t lo = u ? qw_e2m1_pair_raw<2>(wd) : qw_e2m1_pair_raw<0>(wd);
+                uint32_t hi = u ? qw_e2m1_pair_raw<3>(wd) : qw_e2m1_pair_raw<1>(wd);
+                lo = qw_bf16x2_mul(lo, m1[m][r]);
+                hi = qw_bf16x2_mul(hi, m1[m][r]);
+                if (TWO && m2[m][r]) {
+                    lo = qw_bf16x2_mul(lo, m2[m][r]);
+                    hi = qw_bf16x2_mul(hi, m2[m][r]);
+                }
+                a[r] = lo;     /* a[0]: row g, a[1]: row g+8 (k 2t, 2t+1) */
+                a[2 + r] = hi; /* a[2], a[3]: k 2t+8, 2t+9 */
+            }
+            dsv4_mma_bf16_16816(acc[m], a, bb);
+        }
+    }
 }
 
 /* One warp: acc[m] += W_m[16 rows, cols] · x[8 tokens, cols]ᵀ over super-steps ss0, ss0 + stride, ... of K columns.
@@ -153,41 +181,27 @@ static __device__ __forceinline__ void f4_warp_tile(float acc[MT][4], const uint
 #pragma unroll
             for (int i = 0; i < 16; i++) X[i] = Xn[i];
             if (X_AHEAD || d + 1 < DEPTH) load_x(Xn, b + (d + 1) * stride); /* the next super-step's */
-            uint32_t m1[MT][2], m2[MT][2];
+            /* Scales above 2 (e8m0 bytes > 128) need a second multiply. They are rare, so when no lane has one
+             * the warp runs a copy of the multiplies without it: no predicated multiplies on the common path
+             * (A/B on the H200 at C = 64: up 758 -> 680 us, down 416 -> 388 us). */
             bool two = false;
 #pragma unroll
             for (int m = 0; m < MT; m++)
 #pragma unroll
-                for (int r = 0; r < 2; r++) {
-                    qw_e8m0_mults(csc[d][m][r], &m1[m][r], &m2[m][r]);
-                    two |= m2[m][r] != 0;
-                }
-            /* scales above 2 need a second multiply; they are rare, so the warp skips that code as a whole */
-            two = __any_sync(0xffffffffu, two);
+                for (int r = 0; r < 2; r++) two |= csc[d][m][r] > 128;
+            uint32_t m1[MT][2], m2[MT][2];
+            if (__any_sync(0xffffffffu, two)) {
 #pragma unroll
-            for (int s = 0; s < 8; s++) {
-                const int q = s >> 1, u = s & 1;
-                const uint32_t bb[2] = {__byte_perm(X[4 * q + u], X[4 * q + u + 2], 0x5410),
-                                        __byte_perm(X[4 * q + u], X[4 * q + u + 2], 0x7632)};
+                for (int m = 0; m < MT; m++)
 #pragma unroll
-                for (int m = 0; m < MT; m++) {
-                    uint32_t a[4];
+                    for (int r = 0; r < 2; r++) qw_e8m0_mults(csc[d][m][r], &m1[m][r], &m2[m][r]);
+                f4_superstep<MT, true>(acc, cur[d], m1, m2, X);
+            } else {
 #pragma unroll
-                    for (int r = 0; r < 2; r++) {
-                        const uint32_t w = qw_word(cur[d][m][r], q);
-                        uint32_t lo = u ? qw_e2m1_pair_raw<2>(w) : qw_e2m1_pair_raw<0>(w);
-                        uint32_t hi = u ? qw_e2m1_pair_raw<3>(w) : qw_e2m1_pair_raw<1>(w);
-                        lo = qw_bf16x2_mul(lo, m1[m][r]);
-                        hi = qw_bf16x2_mul(hi, m1[m][r]);
-                        if (two && m2[m][r]) { /* warp-uniform `two`, per-lane m2 */
-                            lo = qw_bf16x2_mul(lo, m2[m][r]);
-                            hi = qw_bf16x2_mul(hi, m2[m][r]);
-                        }
-                        a[r] = lo;     /* a[0]: row g, a[1]: row g+8 (k 2t, 2t+1) */
-                        a[2 + r] = hi; /* a[2], a[3]: k 2t+8, 2t+9 */
-                    }
-                    dsv4_mma_bf16_16816(acc[m], a, bb);
-                }
+                for (int m = 0; m < MT; m++)
+#pragma unroll
+                    for (int r = 0; r < 2; r++) m1[m][r] = qw_e8m0_mult1(csc[d][m][r]);
+                f4_superstep<MT, false>(acc, cur[d], m1, m1, X);
             }
         }
     }

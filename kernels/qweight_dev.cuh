@@ -72,4 +72,10 @@ static __device__ __forceinline__ void qw_e8m0_mults(uint8_t b, uint32_t *m1, ui
     }
 }
 
+/* The one multiplier of qw_e8m0_mults when b <= 128 (every scale up to 2): (2^(b-1), 2^(b-1)) as bf16x2. */
+static __device__ __forceinline__ uint32_t qw_e8m0_mult1(uint8_t b)
+{
+    return (((uint32_t)b + 126u) << 7) * 0x10001u;
+}
+
 #endif /* DSV4_KERNELS_QWEIGHT_DEV_CUH */

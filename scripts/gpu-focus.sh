@@ -9,6 +9,11 @@
 #   ncu-fp4-c64  the C = 64 up and down launches only (bench_qweight --quick launches 58 and 59 of the FP4
 #            kernels), with the stall reasons: warp state, scheduler, source counters, into $OUT/ncu-c64.txt
 #   ref      the GPU reference tests: test_ref_gpu_ops, e2e_ref_gpu
+#   bench-q  bench_qweight --quick into $OUT/qweight.txt (run before any test step: nothing else on the GPU)
+#   bench-fp8  dsv4 bench --weights fp8 (all on, 5 layers) into $OUT/bench-fp8.json
+#   fp8      the quantised-weight checks after a kernel change: test_kernel_qweight, test_opt_fp8, e2e_opt_fp8_gpu,
+#            e2e_opt_gpu (its tiny-fp8 cases run the FP4 experts), with, in the background, memcheck and racecheck
+#            of test_kernel_qweight and of the --weights fp8 `dsv4 run` job (scripts/gpu-sanitize*.sh)
 #   device call: command "bash scripts/gpu-focus.sh tests nccl ncu-fp4", carry [".debs"]
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -62,6 +67,31 @@ for step in "$@"; do
         (cd "$b" && timeout 200 ctest -R '^(test_ref_gpu_ops|e2e_ref_gpu)$' --output-on-failure) >"$out/ref.log" 2>&1
         echo "== ref rc $? at ${SECONDS}s"
         grep -E "Test +#|tests passed" "$out/ref.log"
+        ;;
+    bench-q)
+        timeout 120 "$b/bench_qweight" --quick >"$out/qweight.txt" 2>&1
+        echo "== bench_qweight rc $? at ${SECONDS}s"
+        grep -E "^(ceilings|fp4_experts|moe_experts|spot)" "$out/qweight.txt" | cut -c1-160
+        ;;
+    bench-fp8)
+        timeout 120 "$b/dsv4" bench --weights fp8 --variants all-on --scaling none --no-baseline --layers 5 \
+            --json "$out/bench-fp8.json" >"$out/bench-fp8.log" 2>&1
+        echo "== dsv4 bench --weights fp8 rc $? at ${SECONDS}s"
+        tail -n 12 "$out/bench-fp8.log" | cut -c1-160
+        ;;
+    fp8)
+        (OUT=$out TOOLS="memcheck racecheck" bash "$root/scripts/gpu-sanitize.sh" 240 test_kernel_qweight \
+            >"$out/sanitize-qweight.txt" 2>&1) &
+        (OUT=$out JOBS=fp8 bash "$root/scripts/gpu-sanitize-model.sh" 240 >"$out/sanitize-fp8-job.txt" 2>&1) &
+        mkdir -p /tmp/e2e-fp8
+        (cd "$b" && DSV4_E2E_LOG=/tmp/e2e-fp8 timeout 300 ctest \
+            -R '^(test_kernel_qweight|test_opt_fp8|e2e_opt_fp8_gpu|e2e_opt_gpu)$' --output-on-failure -V) \
+            >"$out/fp8.log" 2>&1
+        echo "== fp8 tests rc $? at ${SECONDS}s"
+        grep -E "^[0-9]+: fp4_experts|Test +#|tests passed|e2e_opt_gpu:|== .*FAIL" "$out/fp8.log" | cut -c1-200 |
+            grep -v "reported only" | tail -n 40
+        wait
+        cat "$out/sanitize-qweight.txt" "$out/sanitize-fp8-job.txt"
         ;;
     *) echo "gpu-focus: unknown step '$step'" >&2; exit 2 ;;
     esac

@@ -234,10 +234,21 @@ END_TEST
  * outside [0, 1024) and duplicates within a token - or expert parallel: the weights hold only experts [3, E - 2)
  * and the other pairs must add nothing. */
 enum { F4_DISTINCT, F4_TRAPS, F4_EXPERT_PARALLEL };
+/* Scale bytes of a case: 116..130 (about one in eight above 128, so nearly every warp's super-step takes the
+ * kernels' two-multiply copy), 104..128 (every one takes the one-multiply copy), or 116..128 with one in 2,000
+ * at 129..130 (both copies in one launch, a few super-steps of each warp on the rare one). */
+enum { F4_SC_MIXED, F4_SC_SMALL, F4_SC_RARE };
 typedef struct f4_case {
     const char *name;
-    int C, E, k, D, I, routing;
+    int C, E, k, D, I, routing, scales;
 } f4_case;
+
+static uint8_t f4_scale_byte(int kind)
+{
+    if (kind == F4_SC_SMALL) return (uint8_t)(104 + rnd32() % 25);
+    if (kind == F4_SC_RARE) return (uint8_t)(rnd32() % 2000 == 0 ? 129 + rnd32() % 2 : 116 + rnd32() % 13);
+    return (uint8_t)(116 + rnd32() % 15);
+}
 
 static const f4_case f4_cases[] = {
     {"minimal", 1, 4, 1, 32, 32},
@@ -248,6 +259,9 @@ static const f4_case f4_cases[] = {
     {"k=16, busy experts", 64, 20, 16, 64, 64},
     {"ids -1/1024/5000 and duplicates", 9, 8, 4, 64, 64, F4_TRAPS},
     {"expert parallel [3, E-2)", 12, 10, 3, 64, 96, F4_EXPERT_PARALLEL},
+    {"Flash D/I, C=3, scales <= 2", 3, 12, 6, 4096, 2048, F4_DISTINCT, F4_SC_SMALL},
+    {"C=70, scales <= 2", 70, 8, 6, 64, 96, F4_DISTINCT, F4_SC_SMALL},
+    {"Flash D/I, C=2, rare scales > 2", 2, 12, 6, 4096, 2048, F4_DISTINCT, F4_SC_RARE},
 };
 enum { N_F4 = sizeof(f4_cases) / sizeof(f4_cases[0]) };
 
@@ -275,8 +289,10 @@ START_TEST(test_fp4_experts)
     uint8_t *s13 = (uint8_t *)malloc(n13 / 16), *s2 = (uint8_t *)malloc(n2 / 16);
     for (size_t i = 0; i < n13; i++) w13[i] = (uint8_t)rnd32();
     for (size_t i = 0; i < n2; i++) w2[i] = (uint8_t)rnd32();
-    for (size_t i = 0; i < n13 / 16; i++) s13[i] = (uint8_t)(116 + rnd32() % 15);
-    for (size_t i = 0; i < n2 / 16; i++) s2[i] = (uint8_t)(116 + rnd32() % 15);
+    int n_big = 0; /* scale bytes above 128 */
+    for (size_t i = 0; i < n13 / 16; i++) s13[i] = f4_scale_byte(k->scales), n_big += s13[i] > 128;
+    for (size_t i = 0; i < n2 / 16; i++) s2[i] = f4_scale_byte(k->scales), n_big += s2[i] > 128;
+    ck_assert_msg(k->scales == F4_SC_SMALL ? n_big == 0 : n_big > 0, "%s: %d scales > 2", k->name, n_big);
     uint16_t *x = (uint16_t *)malloc((size_t)C * D * 2);
     for (size_t i = 0; i < (size_t)C * D; i++) x[i] = rand_bf16(1.0);
     int32_t *ids = (int32_t *)malloc((size_t)C * K * 4);
@@ -373,10 +389,10 @@ START_TEST(test_fp4_experts)
             omag[(size_t)c * D + r] = mg + fabs(sh[(size_t)c * D + r]);
         }
     gate go = gate_eval(out, oref, omag, no), gob = gate_eval(out, obad, omag, no);
-    printf("fp4_experts %-36s C=%d E=%d k=%d D=%d I=%d: h rel L2 %.3g, max %.3g (units of 1e-5 + 1 bf16 ulp); "
+    printf("fp4_experts %-36s C=%d E=%d k=%d D=%d I=%d, %d scales > 2: h rel L2 %.3g, max %.3g (units of 1e-5 + 1 bf16 ulp); "
            "out rel L2 %.3g, max err/Σ|t| %.3g at (tok %zu, row %zu) got %.7g ref %.7g; swapped nibbles: h max %.3g, "
            "out rel L2 %.3g\n",
-           k->name, C, E, K, D, I, gh.rel_l2, gh.worst, go.rel_l2, go.worst, go.worst_i / D, go.worst_i % D,
+           k->name, C, E, K, D, I, n_big, gh.rel_l2, gh.worst, go.rel_l2, go.worst, go.worst_i / D, go.worst_i % D,
            out[go.worst_i], oref[go.worst_i], ghb.worst, gob.rel_l2);
     ck_assert_msg(!gh.nonfinite && gh.worst <= 1e-5 && gh.rel_l2 <= 4e-3,
                   "%s: h max %.3g (tol 1e-5 units), rel L2 %.3g (tol 4e-3), %d non-finite (first at %zu)", k->name,
