@@ -3,8 +3,9 @@
  *
  * MMA variant, three parts (style rule 11):
  *   1. work split (host, attn_plan): tiles of ATTN_T = 32 entries; each block takes a run of tiles of one
- *      sequence for one group of up to 64 heads; the number of splits minimises waves x tiles-per-split for the
- *      device's SM count. The split depends only on the shapes and the device, never on timing.
+ *      sequence for one group of up to 64 heads; the number of splits minimises waves x (tiles per split + a
+ *      split's fixed work) for the device's SM count (sparse_attn_plan.h). The split depends only on the shapes
+ *      and the device, never on timing.
  *   2. partial kernel (attn_mma_partial): Q of the head group in shared memory; KV tiles gathered by cp.async
  *      (double buffer); S = Q.K^T and O += P.V on mma.sync m16n8k16 bf16 with fp32 accumulators; online softmax
  *      with the running (max, sum) per head in shared memory. With one split it finalises directly.
@@ -23,8 +24,9 @@
 
 #include "common.cuh"
 #include "sparse_attn.cuh"
+#include "sparse_attn_plan.h"
 
-enum { ATTN_T = 32, ATTN_WARPS = 8, ATTN_THREADS = ATTN_WARPS * 32, ATTN_MAX_D = 512, ATTN_SIMT_THREADS = 128 };
+enum { ATTN_T = DSV4_ATTN_TILE, ATTN_WARPS = 8, ATTN_THREADS = ATTN_WARPS * 32, ATTN_MAX_D = 512, ATTN_SIMT_THREADS = 128 };
 enum { ATTN_S_PITCH = ATTN_T + 4, ATTN_P_PITCH = ATTN_T + 8, ATTN_SIMT_MAX_IDX = 16384 };
 
 typedef struct attn_kparams {
@@ -417,22 +419,12 @@ static int attn_plan(const dsv4_sparse_attn_params *p, attn_kparams *kp, int *mt
         return dsv4_error(DSV4_ERR_UNSUPPORTED, "sparse_attn: head_dim %d needs %zu B of shared memory, device has %d",
                           p->head_dim, attn_mma_smem(mt, p->head_dim), smem_max);
     const int groups = dsv4_ceil_div(p->n_heads, 16 * mt), nt = dsv4_ceil_div(p->n_idx, ATTN_T);
-    const int64_t blocks0 = (int64_t)p->n_seq * groups;
-    int best = 1;
-    int64_t best_cost = INT64_MAX;
-    for (int ns = 1; ns <= nt; ns++) {
-        int tps = dsv4_ceil_div(nt, ns);
-        if (dsv4_ceil_div(nt, tps) != ns) continue; /* same as a smaller split */
-        int64_t cost = (int64_t)dsv4_ceil_div(blocks0 * ns, sms) * tps;
-        if (cost < best_cost) {
-            best_cost = cost;
-            best = ns;
-        }
-    }
+    int n_split = 1, tps = nt;
+    dsv4_attn_choose_split((int64_t)p->n_seq * groups, nt, sms, 16 * mt, &n_split, &tps);
     kp->head_group = 16 * mt;
     kp->n_tiles = nt;
-    kp->tiles_per_split = dsv4_ceil_div(nt, best);
-    kp->n_split = best;
+    kp->tiles_per_split = tps;
+    kp->n_split = n_split;
     *mt_out = mt;
     return 0;
 }
