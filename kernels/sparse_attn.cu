@@ -26,7 +26,8 @@
 #include "sparse_attn.cuh"
 #include "sparse_attn_plan.h"
 
-enum { ATTN_T = DSV4_ATTN_TILE, ATTN_WARPS = 8, ATTN_THREADS = ATTN_WARPS * 32, ATTN_MAX_D = 512, ATTN_SIMT_THREADS = 128 };
+enum { ATTN_T = DSV4_ATTN_TILE, ATTN_WARPS = 8, ATTN_THREADS = ATTN_WARPS * 32, ATTN_MAX_D = 512 };
+enum { ATTN_SIMT_THREADS = 128 };
 enum { ATTN_S_PITCH = ATTN_T + 4, ATTN_P_PITCH = ATTN_T + 8, ATTN_SIMT_MAX_IDX = 16384 };
 
 typedef struct attn_kparams {
