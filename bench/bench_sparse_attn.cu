@@ -1,7 +1,9 @@
 /* bench_sparse_attn.cu - micro-benchmark of kernels/sparse_attn.cu, both variants of `attn`, Flash shapes:
- * 64 heads x 512, 128 window + 512 selected entries, bf16 output, C = 1, 16, 64 sequences.
+ * 64 heads x 512, 128 window + 512 selected entries (a CSA layer), bf16 output, C = 1, 16, 64 sequences; and, mma
+ * only, the longest HCA list (128 window + 8192 compressed entries of a 1M-position pool), where the work split
+ * matters most (kernels/sparse_attn_plan.h).
  *   run: build/bench_sparse_attn [--quick] [--verbose]
- * Bytes counted (the fewest a step must move): the 640 gathered KV rows and q of each sequence, read once, and the
+ * Bytes counted (the fewest a step must move): the n gathered KV rows and q of each sequence, read once, and the
  * bf16 output, written once. FLOPs: 2*H*d*n (Q.K^T) + 2*H*d*n (P.V) per sequence. Each rep gathers a different
  * random entry set out of a KV pool of >= 256 MB, so the rows come from HBM, not L2 (60 MB).
  * Spot check (first call of each variant, before the timing): heads 0 and 63 of the first and last sequence against
@@ -13,18 +15,18 @@
 #include "../kernels/sparse_attn.cuh"
 #include "bench_common.cuh"
 
-enum { H = 64, D = 512, ROPE = 64, N_IDX = 640 };
+enum { H = 64, D = 512, ROPE = 64, N_CSA = 640, N_HCA_MAX = 128 + (1 << 20) / 128 };
 
 typedef struct attn_bench {
     dsv4_sparse_attn_params p;
-    int32_t *idx_sets; /* [n_sets][C, N_IDX] */
+    int32_t *idx_sets; /* [n_sets][C, p.n_idx] */
     int n_sets;
 } attn_bench;
 
 static void attn_fn(void *ctx, int rep)
 {
     attn_bench *b = (attn_bench *)ctx;
-    b->p.idx = b->idx_sets + (size_t)(rep % b->n_sets) * b->p.n_seq * N_IDX;
+    b->p.idx = b->idx_sets + (size_t)(rep % b->n_sets) * b->p.n_seq * b->p.n_idx;
     BENCH_OK(dsv4_opt_sparse_attn(&b->p));
 }
 
@@ -32,33 +34,33 @@ static void attn_fn(void *ctx, int rep)
 static void check_attn(const attn_bench *b, const char *var)
 {
     const dsv4_sparse_attn_params *p = &b->p;
-    const int C = p->n_seq, np = ROPE / 2;
+    const int C = p->n_seq, np = ROPE / 2, n_idx = p->n_idx;
     uint16_t *q = (uint16_t *)bench_to_host(p->q, (size_t)C * H * D * 2), *o = (uint16_t *)bench_to_host(p->out, (size_t)C * H * D * 2);
-    int32_t *idx = (int32_t *)bench_to_host(b->idx_sets, (size_t)C * N_IDX * 4);
+    int32_t *idx = (int32_t *)bench_to_host(b->idx_sets, (size_t)C * n_idx * 4);
     float *sink = (float *)bench_to_host(p->sink, H * 4), *cs = (float *)bench_to_host(p->rope_cos, (size_t)C * np * 4);
     float *sn = (float *)bench_to_host(p->rope_sin, (size_t)C * np * 4), got[D];
-    uint16_t *rows = (uint16_t *)malloc((size_t)N_IDX * D * 2);
-    double s[N_IDX], want[D];
+    uint16_t *rows = (uint16_t *)malloc((size_t)n_idx * D * 2);
+    double *s = (double *)malloc((size_t)n_idx * sizeof(double)), want[D];
     const int seqs[2] = {0, C - 1}, heads[2] = {0, H - 1};
     for (int t = 0; t < (C > 1 ? 2 : 1); t++) {
         const int c = seqs[t];
-        for (int j = 0; j < N_IDX; j++)
-            BENCH_CHECK(cudaMemcpy(rows + (size_t)j * D, p->kv + (size_t)c * p->kv_seq_stride + (size_t)idx[c * N_IDX + j] * D,
+        for (int j = 0; j < n_idx; j++)
+            BENCH_CHECK(cudaMemcpy(rows + (size_t)j * D, p->kv + (size_t)c * p->kv_seq_stride + (size_t)idx[c * n_idx + j] * D,
                                    D * 2, cudaMemcpyDeviceToHost));
         for (int hi = 0; hi < 2; hi++) {
             const int h = heads[hi];
             const uint16_t *qh = q + ((size_t)c * H + h) * D;
             double mx = sink[h], sum = 0.0;
-            for (int j = 0; j < N_IDX; j++) {
+            for (int j = 0; j < n_idx; j++) {
                 double a = 0.0;
                 for (int d = 0; d < D; d++) a += (double)bench_bf16_to_f32(qh[d]) * bench_bf16_to_f32(rows[(size_t)j * D + d]);
                 s[j] = a * p->scale;
                 mx = fmax(mx, s[j]);
             }
             sum = exp(sink[h] - mx);
-            for (int j = 0; j < N_IDX; j++) sum += exp(s[j] - mx);
+            for (int j = 0; j < n_idx; j++) sum += exp(s[j] - mx);
             for (int d = 0; d < D; d++) want[d] = 0.0;
-            for (int j = 0; j < N_IDX; j++) {
+            for (int j = 0; j < n_idx; j++) {
                 const double pj = exp(s[j] - mx) / sum;
                 for (int d = 0; d < D; d++) want[d] += pj * bench_bf16_to_f32(rows[(size_t)j * D + d]);
             }
@@ -74,7 +76,7 @@ static void check_attn(const attn_bench *b, const char *var)
             bench_check_close(what, got, want, D, 1e-3, 2e-2);
         }
     }
-    free(q), free(o), free(idx), free(sink), free(cs), free(sn), free(rows);
+    free(q), free(o), free(idx), free(sink), free(cs), free(sn), free(rows), free(s);
 }
 
 int main(int argc, char **argv)
@@ -82,11 +84,12 @@ int main(int argc, char **argv)
     bench_init(argc, argv);
     bench_ceilings cl = bench_measure_ceilings();
     bench_header();
-    const int Cs[3] = {1, 16, 64};
-    for (int ci = 0; ci < 3; ci++) {
-        const int C = Cs[ci];
-        const int n_slots = C >= 256 ? 1024 : 262144 / C; /* C * n_slots * 1 KB = 256 MB of KV */
-        const double set_bytes = (double)C * N_IDX * D * 2;
+    const int Cs[3] = {1, 16, 64}, Ns[2] = {N_CSA, N_HCA_MAX};
+    for (int k = 0; k < 6; k++) { /* the CSA list at C = 1, 16, 64, then the longest HCA list */
+        const int C = Cs[k % 3], n_idx = Ns[k / 3];
+        int n_slots = C >= 256 ? 1024 : 262144 / C; /* C * n_slots * 1 KB = 256 MB of KV */
+        if (n_slots < 2 * n_idx) n_slots = 2 * n_idx; /* the long list: mostly distinct rows (1 GB at C = 64) */
+        const double set_bytes = (double)C * n_idx * D * 2;
         int n_sets = (int)ceil(3.0 * BENCH_L2_BYTES / set_bytes);
         if (n_sets < 4) n_sets = 4;
         if (n_sets > BENCH_WARMUP + BENCH_REPS) n_sets = BENCH_WARMUP + BENCH_REPS;
@@ -100,19 +103,19 @@ int main(int argc, char **argv)
         BENCH_CHECK(cudaMalloc(&cs, (size_t)C * ROPE / 2 * 4));
         BENCH_CHECK(cudaMalloc(&sn, (size_t)C * ROPE / 2 * 4));
         BENCH_CHECK(cudaMalloc(&out, (size_t)C * H * D * 2));
-        BENCH_CHECK(cudaMalloc((void **)&b.idx_sets, (size_t)n_sets * C * N_IDX * 4));
+        BENCH_CHECK(cudaMalloc((void **)&b.idx_sets, (size_t)n_sets * C * n_idx * 4));
         bench_fill_bf16(q, (size_t)C * H * D, 11, 4.0f);
         bench_fill_bf16(kv, (size_t)C * n_slots * D, 12, 1.0f);
         bench_fill_f32(sink, H, 13, 1.0f);
         bench_fill_f32(cs, (size_t)C * ROPE / 2, 14, 1.0f);
         bench_fill_f32(sn, (size_t)C * ROPE / 2, 15, 1.0f);
-        int32_t *hidx = (int32_t *)malloc((size_t)n_sets * C * N_IDX * 4);
+        int32_t *hidx = (int32_t *)malloc((size_t)n_sets * C * n_idx * 4);
         uint64_t st = 99;
-        for (size_t i = 0; i < (size_t)n_sets * C * N_IDX; i++) {
+        for (size_t i = 0; i < (size_t)n_sets * C * n_idx; i++) {
             st = st * 6364136223846793005ull + 1442695040888963407ull;
             hidx[i] = (int32_t)((st >> 33) % (uint64_t)n_slots);
         }
-        BENCH_CHECK(cudaMemcpy(b.idx_sets, hidx, (size_t)n_sets * C * N_IDX * 4, cudaMemcpyHostToDevice));
+        BENCH_CHECK(cudaMemcpy(b.idx_sets, hidx, (size_t)n_sets * C * n_idx * 4, cudaMemcpyHostToDevice));
         free(hidx);
         b.n_sets = n_sets;
 
@@ -121,7 +124,7 @@ int main(int argc, char **argv)
         p->n_heads = H;
         p->head_dim = D;
         p->rope_dim = ROPE;
-        p->n_idx = N_IDX;
+        p->n_idx = n_idx;
         p->n_slots = n_slots;
         p->scale = 1.0f / sqrtf((float)D);
         p->q = (const uint16_t *)q;
@@ -135,9 +138,9 @@ int main(int argc, char **argv)
         p->out_dtype = DSV4_OUT_BF16;
         p->stream = 0;
         void *ws = NULL;
-        const double bytes = (double)C * (N_IDX * D * 2 + H * D * 2 + H * D * 2);
-        const double flops = (double)C * 4.0 * H * D * N_IDX;
-        for (int v = 0; v < 2; v++) {
+        const double bytes = (double)C * (n_idx * D * 2 + H * D * 2 + H * D * 2);
+        const double flops = (double)C * 4.0 * H * D * n_idx;
+        for (int v = 0; v < (n_idx == N_CSA ? 2 : 1); v++) { /* simt: the CSA list only (its long lists take ms) */
             p->kernel = v == 0 ? DSV4_ATTN_KERNEL_MMA : DSV4_ATTN_KERNEL_SIMT;
             p->workspace_bytes = dsv4_opt_sparse_attn_workspace_bytes(p);
             if (p->workspace_bytes) BENCH_CHECK(cudaMalloc(&ws, p->workspace_bytes));
@@ -148,7 +151,7 @@ int main(int argc, char **argv)
             check_attn(&b, v == 0 ? "mma" : "simt");
             double us = bench_median_us(attn_fn, &b);
             char shape[64];
-            snprintf(shape, sizeof(shape), "64x512 n=640 ws=%zuKB", p->workspace_bytes >> 10);
+            snprintf(shape, sizeof(shape), "64x512 n=%d ws=%zuKB", n_idx, p->workspace_bytes >> 10);
             bench_row(&cl, "sparse_attn", v == 0 ? "mma" : "simt", "-", C, shape, us, bytes, flops);
             cudaFree(ws);
             ws = NULL;
