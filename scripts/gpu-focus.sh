@@ -14,6 +14,9 @@
 #   fp8      the quantised-weight checks after a kernel change: test_kernel_qweight, test_opt_fp8, e2e_opt_fp8_gpu,
 #            e2e_opt_gpu (its tiny-fp8 cases run the FP4 experts), with, in the background, memcheck and racecheck
 #            of test_kernel_qweight and of the --weights fp8 `dsv4 run` job (scripts/gpu-sanitize*.sh)
+#   split    the attention work split after session 4's change: bench_sparse_attn --quick (the CSA list and the
+#            longest HCA list) into $OUT/attn.txt, and `dsv4 bench --layers auto --weights fp8 --batch 64`, the run
+#            that ran out of memory before it, into $OUT/bench-auto.log
 #   device call: command "bash scripts/gpu-focus.sh tests nccl ncu-fp4", carry [".debs"]
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -92,6 +95,15 @@ for step in "$@"; do
             grep -v "reported only" | tail -n 40
         wait
         cat "$out/sanitize-qweight.txt" "$out/sanitize-fp8-job.txt"
+        ;;
+    split)
+        timeout 150 "$b/bench_sparse_attn" --quick >"$out/attn.txt" 2>&1
+        echo "== bench_sparse_attn rc $? at ${SECONDS}s"
+        grep -E "^(ceilings|sparse_attn|spot)" "$out/attn.txt" | cut -c1-160
+        timeout 200 "$b/dsv4" bench --weights fp8 --variants all-on --scaling none --no-baseline --batch 64 \
+            --json "$out/bench-auto.json" >"$out/bench-auto.log" 2>&1
+        echo "== dsv4 bench --layers auto --weights fp8 --batch 64 rc $? at ${SECONDS}s"
+        grep -E "memory plan|scratch|ctx|error|fail" "$out/bench-auto.log" | head -n 12 | cut -c1-160
         ;;
     *) echo "gpu-focus: unknown step '$step'" >&2; exit 2 ;;
     esac
