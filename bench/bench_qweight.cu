@@ -15,6 +15,7 @@
 #include <cuda_fp8.h>
 #include <string.h>
 
+#include "../kernels/fp4_layout.h"
 #include "../kernels/moe.cuh"
 #include "../kernels/qweight.cuh"
 #include "bench_common.cuh"
@@ -191,6 +192,17 @@ static uint32_t host_rand(void)
     return (uint32_t)(host_rs >> 33);
 }
 
+/* A row of the kernel's repacked codes back to the checkpoint layout the decoders read. */
+static void f4_unpack_row(uint8_t *w, size_t bytes)
+{
+    for (size_t i = 0; i + 4 <= bytes; i += 4) {
+        uint32_t v;
+        memcpy(&v, w + i, 4);
+        v = dsv4_fp4_unpack_word(v);
+        memcpy(w + i, &v, 4);
+    }
+}
+
 /* Σ_i dequant(w)[i]·v[i]; *mag += Σ|terms| */
 static double f4_row_dot(const uint8_t *w, const uint8_t *s, const uint16_t *v, int n, double *mag)
 {
@@ -224,6 +236,7 @@ static void f4_spot_check(const dsv4_fp4_experts_params *p, const int32_t *ids, 
                 for (int half = 0; half < 2; half++) {
                     const size_t row = (size_t)e * 2 * I + (size_t)half * I + ms[mi];
                     BENCH_CHECK(cudaMemcpy(wr, p->w13 + row * (D / 2), D / 2, cudaMemcpyDeviceToHost));
+                    f4_unpack_row(wr, D / 2);
                     BENCH_CHECK(cudaMemcpy(sr, p->s13 + row * (D / 32), D / 32, cudaMemcpyDeviceToHost));
                     double mag = 0.0;
                     gu[half] = f4_row_dot(wr, sr, x + (size_t)c * D, D, &mag);
@@ -242,6 +255,7 @@ static void f4_spot_check(const dsv4_fp4_experts_params *p, const int32_t *ids, 
             for (int j = 0; j < K; j++) {
                 const size_t row = (size_t)ids[c * K + j] * D + ds[di];
                 BENCH_CHECK(cudaMemcpy(wr, p->w2 + row * (I / 2), I / 2, cudaMemcpyDeviceToHost));
+                f4_unpack_row(wr, I / 2);
                 BENCH_CHECK(cudaMemcpy(sr, p->s2 + row * (I / 32), I / 32, cudaMemcpyDeviceToHost));
                 a += f4_row_dot(wr, sr, h + ((size_t)c * K + j) * I, I, &mag);
             }
@@ -272,6 +286,8 @@ static void bench_fp4(const bench_ceilings *cl)
     BENCH_CHECK(cudaMalloc(&out, (size_t)XC_MAX * XD * 4));
     qb_fill_u8(w13, n13, 41, 0, 0, 0);
     qb_fill_u8(w2, n2, 42, 0, 0, 0);
+    BENCH_OK(dsv4_opt_fp4_repack((uint8_t *)w13, n13, 0)); /* random codes either way; the spot checks unpack */
+    BENCH_OK(dsv4_opt_fp4_repack((uint8_t *)w2, n2, 0));
     qb_fill_u8(s13, n13 / 16, 43, 2, 118, 8);
     qb_fill_u8(s2, n2 / 16, 44, 2, 118, 8);
     bench_fill_bf16(b13, n13 * 2, 45, 0.05f);

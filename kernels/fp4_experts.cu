@@ -25,6 +25,7 @@
 #include "opt_common.cuh"
 #include "qweight.cuh"
 #include "qweight_dev.cuh"
+#include "fp4_layout.h"
 
 enum {
     F4_TOK = 64,      /* tokens per chunk (grid.z) */
@@ -95,9 +96,10 @@ static __device__ __forceinline__ void f4_superstep(float acc[MT][4], const uint
             uint32_t a[4];
 #pragma unroll
             for (int r = 0; r < 2; r++) {
+                /* pairs (nibbles 0, 4), (1, 5) for u = 0; (2, 6), (3, 7) for u = 1; the repacked layout */
                 const uint32_t wd = qw_word(w[m][r], q);
-                uint32_t lo = u ? qw_e2m1_pair_raw<2>(wd) : qw_e2m1_pair_raw<0>(wd);
-                uint32_t hi = u ? qw_e2m1_pair_raw<3>(wd) : qw_e2m1_pair_raw<1>(wd);
+                uint32_t lo = dsv4_fp4_pair_repacked(wd, u ? 2 : 0);
+                uint32_t hi = dsv4_fp4_pair_repacked(wd, u ? 3 : 1);
                 lo = qw_bf16x2_mul(lo, m1[m][r]);
                 hi = qw_bf16x2_mul(hi, m1[m][r]);
                 if (TWO && m2[m][r]) {
@@ -336,6 +338,25 @@ static size_t f4_down_smem(int n_tok, int k)
 {
     const size_t pairs = (size_t)(n_tok < F4_TOK ? n_tok : F4_TOK) * k;
     return pairs * 16 * sizeof(float) + (size_t)F4_DOWN_WARPS * pairs * sizeof(int16_t);
+}
+
+__global__ void fp4_repack_kernel(uint32_t *w, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        w[i] = dsv4_fp4_repack_word(w[i]);
+}
+
+int dsv4_opt_fp4_repack(uint8_t *codes, size_t n_bytes, cudaStream_t stream)
+{
+    DSV4_CHECK(codes != NULL && n_bytes % 4 == 0 && ((uintptr_t)codes & 3) == 0,
+               "fp4_repack: %zu bytes at %p (want a 4-aligned buffer of whole 32-bit words)", n_bytes, (void *)codes);
+    const size_t n = n_bytes / 4;
+    if (n == 0) return 0;
+    const size_t blocks = (n + 255) / 256;
+    fp4_repack_kernel<<<(unsigned)(blocks < 65535 * 16 ? blocks : 65535 * 16), 256, 0, stream>>>(
+        reinterpret_cast<uint32_t *>(codes), n);
+    DSV4_LAUNCH_CHECK("fp4_repack_kernel");
+    return 0;
 }
 
 int dsv4_opt_fp4_experts(const dsv4_fp4_experts_params *p)

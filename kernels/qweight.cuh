@@ -1,7 +1,8 @@
 /* qweight.cuh - kernels that read the checkpoint's quantised weights as they are on disk (issue 11; model-spec §2,
  * §3): FP8 e4m3 linears with one scale per 128x128 block, and the routed experts in FP4 e2m1 (two codes per byte,
- * LOW nibble = EVEN input column) with one e8m0 scale per 32 input columns. Nothing is expanded to a bf16 copy in
- * GPU memory: the kernels dequantise in registers or shared memory and multiply on bf16 tensor cores (mma.sync
+ * LOW nibble = EVEN input column) with one e8m0 scale per 32 input columns; the FP4 codes are held with the bits
+ * of each 32-bit word permuted (dsv4_opt_fp4_repack below: lossless, cheaper to decode). Nothing is expanded to a
+ * bf16 copy in GPU memory: the kernels dequantise in registers or shared memory and multiply on bf16 tensor cores (mma.sync
  * m16n8k16, fp32 accumulation). sm_90 and sm_120; no sm_90a-only instructions.
  *
  * Numerics: the product is that of the dequantised weight (exact in bf16: e4m3 and e2m1 values times a power of
@@ -58,9 +59,9 @@ typedef struct dsv4_fp4_experts_params {
     const uint16_t *x;      /* [C, D] bf16 MoE input (after ffn_norm); device */
     const int32_t *ids;     /* [C, k]; device */
     const float *weights;   /* [C, k]; device */
-    const uint8_t *w13;     /* [E][2I, D/2]; device */
+    const uint8_t *w13;     /* [E][2I, D/2], repacked (dsv4_opt_fp4_repack); device */
     const uint8_t *s13;     /* [E][2I, D/32] e8m0; device */
-    const uint8_t *w2;      /* [E][D, I/2]; device */
+    const uint8_t *w2;      /* [E][D, I/2], repacked; device */
     const uint8_t *s2;      /* [E][D, I/32] e8m0; device */
     int e_begin, e_end;     /* expert parallel: the weights hold only experts [e_begin, e_end) (expert e at index
                                e - e_begin), pairs of other experts add nothing; e_end = 0: every expert */
@@ -72,6 +73,12 @@ typedef struct dsv4_fp4_experts_params {
 } dsv4_fp4_experts_params;
 
 int dsv4_opt_fp4_experts(const dsv4_fp4_experts_params *p);
+
+/* The FP4 expert kernel reads its codes (w13, w2) in the repacked layout of fp4_layout.h: this permutes the bits of
+ * each 32-bit word of `codes` (device, 4-aligned, n_bytes a multiple of 4) from the checkpoint's layout into it, in
+ * place, on `stream`. Rows of D/2 or I/2 bytes are whole words, so any row range of a repacked matrix is the repack
+ * of the same rows (expert parallel slices stay valid). */
+int dsv4_opt_fp4_repack(uint8_t *codes, size_t n_bytes, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -50,12 +50,7 @@ template <int HI> static __device__ __forceinline__ uint32_t qw_e4m3_pair_raw(ui
 }
 #define QW_BF16X2_2POW120 0x7B807B80u /* bf16 2^120 in both halves */
 
-/* Nibbles J and J+4 of a word (8 e2m1 codes) -> bf16x2 (lo = nibble J, hi = nibble J+4), times 2^-126. */
-template <int J> static __device__ __forceinline__ uint32_t qw_e2m1_pair_raw(uint32_t w)
-{
-    const uint32_t mag = (6 - 4 * J) >= 0 ? w << (6 - 4 * J) : w >> (4 * J - 6);
-    return (mag & 0x01C001C0u) | ((w << (12 - 4 * J)) & 0x80008000u);
-}
+/* e2m1 pairs -> bf16x2 (code times 2^-126): dsv4_fp4_pair_repacked (fp4_layout.h), on the repacked layout. */
 
 /* The bf16x2 multipliers that restore an e2m1 code times 2^-126 to code·2^(b-127): one multiply when b <= 128
  * (2^(b-1) is a finite bf16), else two (2^126, then 2^(b-127)); b = 255 (NaN scale) gives NaN. */

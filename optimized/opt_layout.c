@@ -235,6 +235,12 @@ static int experts(dsv4_opt *o, opt_weight_src *src, opt_carver *cv, opt_layer *
         snprintf(name, sizeof name, "layers.%d.ffn.experts.%zu.w2.weight", L, e0 + e);
         DSV4_TRY(src->fp4(src, o, ly->q2 + e * D * NI / 2, ly->s2 + e * D * NI / 32, (int)D, (int)NI, NI, name));
     }
+    if (!cv->base) return 0;
+    /* into the kernel's bit layout (kernels/fp4_layout.h), once the fills have landed (the loader's copies are
+     * synchronous from pageable memory, the generator's on o->stream) */
+    DSV4_OPT_CUDA(cudaDeviceSynchronize());
+    DSV4_TRY(dsv4_opt_fp4_repack(ly->q13, EL * 2 * NI * D / 2, o->stream));
+    DSV4_TRY(dsv4_opt_fp4_repack(ly->q2, EL * D * NI / 2, o->stream));
     return 0;
 }
 

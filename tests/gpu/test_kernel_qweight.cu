@@ -323,6 +323,9 @@ START_TEST(test_fp4_experts)
     p.weights = (const float *)to_dev(wt, (size_t)C * K * 4);
     p.w13 = (const uint8_t *)to_dev(w13, n13), p.s13 = (const uint8_t *)to_dev(s13, n13 / 16);
     p.w2 = (const uint8_t *)to_dev(w2, n2), p.s2 = (const uint8_t *)to_dev(s2, n2 / 16);
+    /* the kernel's bit layout; the references below read the checkpoint layout kept in w13 / w2 */
+    ck_assert_msg(dsv4_opt_fp4_repack((uint8_t *)p.w13, n13, 0) == 0, "%s", dsv4_last_error());
+    ck_assert_msg(dsv4_opt_fp4_repack((uint8_t *)p.w2, n2, 0) == 0, "%s", dsv4_last_error());
     p.h = (uint16_t *)to_dev(NULL, (size_t)C * K * I * 2);
     p.shared = (const float *)to_dev(sh, (size_t)C * D * 4), p.shared_stride = D;
     p.out = (float *)to_dev(NULL, (size_t)C * D * 4);
@@ -427,6 +430,10 @@ START_TEST(test_fp4_rejects)
     p.w13 = p.s13 = p.w2 = p.s2 = d, p.h = (uint16_t *)d, p.out = (float *)d;
     ck_assert_int_eq(dsv4_opt_fp4_experts(&p), DSV4_ERR_USAGE); /* misaligned x */
     ck_assert_ptr_nonnull(strstr(dsv4_last_error(), "aligned"));
+    ck_assert_int_eq(dsv4_opt_fp4_repack(NULL, 16, 0), DSV4_ERR_USAGE);
+    ck_assert_int_eq(dsv4_opt_fp4_repack(d + 2, 16, 0), DSV4_ERR_USAGE); /* not on a word */
+    ck_assert_int_eq(dsv4_opt_fp4_repack(d, 18, 0), DSV4_ERR_USAGE);     /* not whole words */
+    ck_assert_ptr_nonnull(strstr(dsv4_last_error(), "whole 32-bit words"));
     cudaFree(d);
 }
 END_TEST
