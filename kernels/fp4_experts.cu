@@ -89,17 +89,16 @@ static __device__ __forceinline__ void f4_superstep(float acc[MT][4], const uint
 #pragma unroll
     for (int s = 0; s < 8; s++) {
         const int q = s >> 1, u = s & 1;
-        const uint32_t bb[2] = {__byte_perm(X[4 * q + u], X[4 * q + u + 2], 0x5410),
-                                __byte_perm(X[4 * q + u], X[4 * q + u + 2], 0x7632)};
+        /* columns 4u..4u+3 of word q: pairs 2u (k 2t, 2t+1) and 2u+1 (k 2t+8, 2t+9), the activations' pairs */
+        const uint32_t bb[2] = {X[4 * q + 2 * u], X[4 * q + 2 * u + 1]};
 #pragma unroll
         for (int m = 0; m < MT; m++) {
             uint32_t a[4];
 #pragma unroll
             for (int r = 0; r < 2; r++) {
-                /* pairs (nibbles 0, 4), (1, 5) for u = 0; (2, 6), (3, 7) for u = 1; the repacked layout */
                 const uint32_t wd = qw_word(w[m][r], q);
-                uint32_t lo = dsv4_fp4_pair_repacked(wd, u ? 2 : 0);
-                uint32_t hi = dsv4_fp4_pair_repacked(wd, u ? 3 : 1);
+                uint32_t lo = dsv4_fp4_pair_repacked(wd, 2 * u);
+                uint32_t hi = dsv4_fp4_pair_repacked(wd, 2 * u + 1);
                 lo = qw_bf16x2_mul(lo, m1[m][r]);
                 hi = qw_bf16x2_mul(hi, m1[m][r]);
                 if (TWO && m2[m][r]) {

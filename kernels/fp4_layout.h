@@ -3,19 +3,20 @@
  *
  * The checkpoint packs two codes per byte (low nibble = even column): a 32-bit word (little endian) holds the codes
  * of 8 consecutive columns, nibble k = column k, bits 4k (mantissa), 4k+1..4k+2 (exponent), 4k+3 (sign). The kernel
- * turns pair J = (nibble J, nibble J+4) into a bf16x2 of (code·2^-126) by putting the 3 magnitude bits at bf16 bits
- * 6..8 and the sign at bit 15 of each half (qweight_dev.cuh): target bits T = {6,7,8,15, 22,23,24,31}.
- * From the checkpoint's layout each pair costs two shifts and two LOP3 (two masks; a LOP3 takes one immediate).
+ * turns pair J = columns (2J, 2J + 1) of a word into a bf16x2 of (code·2^-126) by putting the 3 magnitude bits at
+ * bf16 bits 6..8 and the sign at bit 15 of each half (qweight_dev.cuh): target bits T = {6,7,8,15, 22,23,24,31}.
+ * Pairing adjacent columns matches the activations' own bf16 pairs, so the mma's B fragment is a plain register
+ * (no byte permute per step).
  *
  * The repacked layout moves every bit of a word so that
  *   pair 0 = w & T                                   (one LOP3)
  *   pair 1 = (w << 4) & T                            (an IMAD on the FMA pipe + one LOP3)
  *   pair 2 = rotl(w, 10) & T                         (one SHF + one LOP3)
  *   pair 3 = (w << 6) & M1 | rotl(w, 14) & M2        (IMAD + SHF + two LOP3; M1 = T \ {8, 24}, M2 = {8, 24})
- * - 7 ALU instructions per word instead of about 10, 9 in all instead of 15 (an exhaustive search over such
- * layouts finds none cheaper on the ALU pipe, the one the kernel saturates). The codes keep their columns (pair J
- * is still columns J and J+4 of the word), so the activations are read as before; the repack is a permutation of
- * the bits within each 32-bit word: lossless, the same bytes.
+ * - 7 ALU instructions per word, 9 in all (an exhaustive search over such layouts finds none cheaper on the ALU
+ * pipe, the one the kernel saturates); from the checkpoint's layout a pair costs two shifts and two LOP3 (two
+ * masks; a LOP3 takes one immediate), and columns (J, J + 4) was the cheap pairing there. The repack is a
+ * permutation of the bits within each 32-bit word: lossless, the same bytes, every code in its word.
  */
 #ifndef DSV4_KERNELS_FP4_LAYOUT_H
 #define DSV4_KERNELS_FP4_LAYOUT_H
@@ -41,11 +42,17 @@ DSV4_FP4_FN uint32_t dsv4_fp4_rotl(uint32_t w, int n)
 #endif
 }
 
-/* Pair J of a word in the checkpoint's layout (the extraction the kernel used before the repack). */
+/* The bf16 bits of the code of column col of a checkpoint-layout word: magnitude at bits 6..8, sign at 15. */
+DSV4_FP4_FN uint32_t dsv4_fp4_code_bits(uint32_t w, int col)
+{
+    const uint32_t code = (w >> 4 * col) & 0xFu;
+    return ((code & 7u) << 6) | ((code >> 3) << 15);
+}
+
+/* Pair J of a checkpoint-layout word, by definition: columns 2J (low half) and 2J + 1 (high half). */
 DSV4_FP4_FN uint32_t dsv4_fp4_pair_plain(uint32_t w, int J)
 {
-    const uint32_t mag = J <= 1 ? w << (6 - 4 * J) : w >> (4 * J - 6);
-    return (mag & 0x01C001C0u) | ((w << (12 - 4 * J)) & 0x80008000u);
+    return dsv4_fp4_code_bits(w, 2 * J) | dsv4_fp4_code_bits(w, 2 * J + 1) << 16;
 }
 
 /* Pair J of a repacked word. */
@@ -68,7 +75,7 @@ DSV4_FP4_FN int dsv4_fp4_rotation(int J, int t)
 /* The checkpoint-layout bit that lands on target bit t of pair J. */
 DSV4_FP4_FN int dsv4_fp4_plain_bit(int J, int t)
 {
-    const int nib = t < 16 ? J : J + 4, in = t & 15; /* 6, 7, 8: magnitude bits 0..2; 15: the sign */
+    const int nib = t < 16 ? 2 * J : 2 * J + 1, in = t & 15; /* 6, 7, 8: magnitude bits 0..2; 15: the sign */
     return 4 * nib + (in == 15 ? 3 : in - 6);
 }
 
