@@ -113,37 +113,48 @@ static __device__ __forceinline__ void f4_superstep(float acc[MT][4], const uint
     }
 }
 
+/* The weight registers of one batch of DEPTH super-steps (codes and scale bytes). */
+template <int MT, int DEPTH> struct f4_wbatch {
+    uint4 w[DEPTH][MT][2];
+    uint8_t s[DEPTH][MT][2];
+};
+
+/* One warp: loads batch b (super-steps b, b + stride, ... DEPTH of them) of the rows wrow / srow into nb. */
+template <int MT, int DEPTH>
+static __device__ __forceinline__ void f4_load_batch(f4_wbatch<MT, DEPTH> &nb, const uint8_t *const wrow[MT][2],
+                                                     const uint8_t *const srow[MT][2], int K, int b, int stride)
+{
+    const int t = threadIdx.x & 3;
+#pragma unroll
+    for (int d = 0; d < DEPTH; d++) {
+        const int col = (b + d * stride) * F4_SS + 32 * t;
+#pragma unroll
+        for (int m = 0; m < MT; m++)
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                if (col < K) {
+                    nb.w[d][m][r] = qw_ld_stream(wrow[m][r] + col / 2);
+                    nb.s[d][m][r] = srow[m][r][col / 32];
+                } else {
+                    nb.w[d][m][r] = make_uint4(0, 0, 0, 0);
+                    nb.s[d][m][r] = 0;
+                }
+            }
+    }
+}
+
 /* One warp: acc[m] += W_m[16 rows, cols] · x[8 tokens, cols]ᵀ over super-steps ss0, ss0 + stride, ... of K columns.
  * wrow[m][r] / srow[m][r]: the packed codes / e8m0 scales of row g (r = 0) and g + 8 (r = 1) of m-tile m; xrow: the
  * bf16 row of this lane's token (n index g), or NULL for a padding token. The weights come in batches of DEPTH
  * super-steps, the next batch loaded while the current one is multiplied, so up to 2·DEPTH·MT KB are in flight
- * per warp (what keeps HBM busy with few warps per SM). */
+ * per warp (what keeps HBM busy with few warps per SM). nxt: the batch registers; preloaded: the caller has already
+ * loaded the first batch into it (f4_load_batch(nxt, wrow, srow, K, ss0, stride)). */
 template <int MT, int DEPTH, bool X_AHEAD>
 static __device__ __forceinline__ void f4_warp_tile(float acc[MT][4], const uint8_t *const wrow[MT][2],
                                                     const uint8_t *const srow[MT][2], const uint16_t *xrow, int K,
-                                                    int ss0, int stride)
+                                                    int ss0, int stride, f4_wbatch<MT, DEPTH> &nxt, bool preloaded)
 {
     const int t = threadIdx.x & 3, nss = (K + F4_SS - 1) / F4_SS;
-    uint4 nxt[DEPTH][MT][2];
-    uint8_t nsc[DEPTH][MT][2];
-    auto load = [&](int b) {
-#pragma unroll
-        for (int d = 0; d < DEPTH; d++) {
-            const int col = (b + d * stride) * F4_SS + 32 * t;
-#pragma unroll
-            for (int m = 0; m < MT; m++)
-#pragma unroll
-                for (int r = 0; r < 2; r++) {
-                    if (col < K) {
-                        nxt[d][m][r] = qw_ld_stream(wrow[m][r] + col / 2);
-                        nsc[d][m][r] = srow[m][r][col / 32];
-                    } else {
-                        nxt[d][m][r] = make_uint4(0, 0, 0, 0);
-                        nsc[d][m][r] = 0;
-                    }
-                }
-        }
-    };
     /* activations (L2/L1 hits): one super-step ahead within a weight batch; with X_AHEAD also across batches, so
      * their latency hides behind a super-step's multiplies instead of stalling the start of every batch (down; in
      * up the 16 registers it keeps live through the weight loads would spill) */
@@ -163,17 +174,10 @@ static __device__ __forceinline__ void f4_warp_tile(float acc[MT][4], const uint
     };
     uint32_t Xn[16];
     if (X_AHEAD) load_x(Xn, ss0);
-    if (ss0 < nss) load(ss0);
+    if (!preloaded && ss0 < nss) f4_load_batch<MT, DEPTH>(nxt, wrow, srow, K, ss0, stride);
     for (int b = ss0; b < nss; b += DEPTH * stride) {
-        uint4 cur[DEPTH][MT][2];
-        uint8_t csc[DEPTH][MT][2];
-#pragma unroll
-        for (int d = 0; d < DEPTH; d++)
-#pragma unroll
-            for (int m = 0; m < MT; m++)
-#pragma unroll
-                for (int r = 0; r < 2; r++) cur[d][m][r] = nxt[d][m][r], csc[d][m][r] = nsc[d][m][r];
-        if (b + DEPTH * stride < nss) load(b + DEPTH * stride);
+        const f4_wbatch<MT, DEPTH> cur = nxt;
+        if (b + DEPTH * stride < nss) f4_load_batch<MT, DEPTH>(nxt, wrow, srow, K, b + DEPTH * stride, stride);
         if (!X_AHEAD) load_x(Xn, b);
 #pragma unroll
         for (int d = 0; d < DEPTH; d++) {
@@ -189,23 +193,39 @@ static __device__ __forceinline__ void f4_warp_tile(float acc[MT][4], const uint
 #pragma unroll
             for (int m = 0; m < MT; m++)
 #pragma unroll
-                for (int r = 0; r < 2; r++) two |= csc[d][m][r] > 128;
+                for (int r = 0; r < 2; r++) two |= cur.s[d][m][r] > 128;
             uint32_t m1[MT][2], m2[MT][2];
             if (__any_sync(0xffffffffu, two)) {
 #pragma unroll
                 for (int m = 0; m < MT; m++)
 #pragma unroll
-                    for (int r = 0; r < 2; r++) qw_e8m0_mults(csc[d][m][r], &m1[m][r], &m2[m][r]);
-                f4_superstep<MT, true>(acc, cur[d], m1, m2, X);
+                    for (int r = 0; r < 2; r++) qw_e8m0_mults(cur.s[d][m][r], &m1[m][r], &m2[m][r]);
+                f4_superstep<MT, true>(acc, cur.w[d], m1, m2, X);
             } else {
 #pragma unroll
                 for (int m = 0; m < MT; m++)
 #pragma unroll
-                    for (int r = 0; r < 2; r++) m1[m][r] = qw_e8m0_mult1(csc[d][m][r]);
-                f4_superstep<MT, false>(acc, cur[d], m1, m1, X);
+                    for (int r = 0; r < 2; r++) m1[m][r] = qw_e8m0_mult1(cur.s[d][m][r]);
+                f4_superstep<MT, false>(acc, cur.w[d], m1, m1, X);
             }
         }
     }
+}
+
+/* Programmatic dependent launch (sm_90 and later; the down kernel is launched with the attribute): the up kernel
+ * lets the down kernel's blocks start once all its own blocks run, and the down kernel waits for the up kernel's
+ * completion (its h, and everything before it) only where it first reads h; no-ops where not launched so. */
+static __device__ __forceinline__ void f4_allow_dependents()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n");
+#endif
+}
+static __device__ __forceinline__ void f4_wait_prerequisites()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
 }
 
 /* grid (I/(16·F4_UP_WARPS), slot blocks, token chunks), F4_UP_WARPS warps. Warp w owns rows m0 = 16·(F4_UP_WARPS·x
@@ -223,6 +243,7 @@ __global__ void __launch_bounds__(F4_UP_WARPS * 32, 3) fp4_up_kernel(const __gri
     const int pair0 = tok0 * p.k, n_pairs = ntok * p.k, D = p.dim, I = p.inter;
     const int m0 = (blockIdx.x * F4_UP_WARPS + warp) * 16;
     int16_t *list = lists[warp];
+    f4_allow_dependents();
     f4_touched_bitmap(bits, sids, p.ids, pair0, n_pairs, f4_e_lo(p), f4_e_hi(p));
     if (m0 >= I) return; /* a tail warp (I is a multiple of 16, so a live warp has all 16 rows) */
     const uint32_t word = bits[lane];
@@ -258,7 +279,8 @@ __global__ void __launch_bounds__(F4_UP_WARPS * 32, 3) fp4_up_kernel(const __gri
             const int idx = pass * 8 + g;
             const uint16_t *xrow = idx < cnt ? p.x + (size_t)((pair0 + list[idx]) / p.k) * D : NULL;
             float acc[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
-            f4_warp_tile<2, F4_UP_DEPTH, false>(acc, wrow, srow, xrow, D, 0, 1);
+            f4_wbatch<2, F4_UP_DEPTH> batch;
+            f4_warp_tile<2, F4_UP_DEPTH, false>(acc, wrow, srow, xrow, D, 0, 1, batch, false);
 #pragma unroll
             for (int i = 0; i < 4; i++) { /* acc[m][i]: row g (+8 for i >= 2), token slot 2t + (i & 1) */
                 const int row = m0 + g + (i >= 2 ? 8 : 0), slot_i = pass * 8 + 2 * t + (i & 1);
@@ -300,21 +322,35 @@ __global__ void __launch_bounds__(F4_DOWN_WARPS * 32, 2)
         if (lane == 31) n_e = incl;
     }
     __syncthreads();
-    for (int ei = warp; ei < n_e; ei += F4_DOWN_WARPS) {
-        const int e = elist[ei];
-        const int cnt = f4_warp_pairs_of(mylist, sids, n_pairs, e);
-        const uint8_t *wrow[1][2], *srow[1][2];
+    auto rows_of = [&](int e, const uint8_t *wrow[1][2], const uint8_t *srow[1][2]) {
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             const size_t row = (size_t)(e - f4_e_lo(p)) * D + row0 + g + 8 * r;
             wrow[0][r] = p.w2 + row * (I / 2);
             srow[0][r] = p.s2 + row * (I / 32);
         }
+    };
+    /* the weights do not depend on the up kernel: the first batch is loaded before waiting for its h */
+    f4_wbatch<1, F4_DOWN_DEPTH> batch;
+    bool preloaded = false;
+    if (warp < n_e) {
+        const uint8_t *wrow[1][2], *srow[1][2];
+        rows_of(elist[warp], wrow, srow);
+        f4_load_batch<1, F4_DOWN_DEPTH>(batch, wrow, srow, I, 0, 1);
+        preloaded = true;
+    }
+    f4_wait_prerequisites();
+    for (int ei = warp; ei < n_e; ei += F4_DOWN_WARPS) {
+        const int e = elist[ei];
+        const int cnt = f4_warp_pairs_of(mylist, sids, n_pairs, e);
+        const uint8_t *wrow[1][2], *srow[1][2];
+        rows_of(e, wrow, srow);
         for (int pass = 0; pass * 8 < cnt; pass++) {
             const int idx = pass * 8 + g;
             const uint16_t *hrow = idx < cnt ? p.h + (size_t)(pair0 + mylist[idx]) * I : NULL;
             float acc[1][4] = {{0, 0, 0, 0}};
-            f4_warp_tile<1, F4_DOWN_DEPTH, true>(acc, wrow, srow, hrow, I, 0, 1);
+            f4_warp_tile<1, F4_DOWN_DEPTH, true>(acc, wrow, srow, hrow, I, 0, 1, batch, preloaded);
+            preloaded = false;
 #pragma unroll
             for (int i = 0; i < 4; i++) {
                 const int slot = pass * 8 + 2 * t + (i & 1);
@@ -383,8 +419,19 @@ int dsv4_opt_fp4_experts(const dsv4_fp4_experts_params *p)
     const size_t smem = f4_down_smem(p->n_tok, p->k);
     if (smem > 48 * 1024)
         DSV4_CUDA_CHECK(cudaFuncSetAttribute(fp4_down_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    const dim3 gd(p->dim / 16, 1, chunks);
-    fp4_down_kernel<<<gd, F4_DOWN_WARPS * 32, smem, p->stream>>>(*p);
+    /* the down kernel with programmatic dependent launch: its set-up and first weight loads overlap the up
+     * kernel's last blocks (H200, C = 64: 919-924 -> 915 us) */
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(p->dim / 16, 1, chunks);
+    cfg.blockDim = dim3(F4_DOWN_WARPS * 32);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = p->stream;
+    cudaLaunchAttribute pdl;
+    pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    pdl.val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = &pdl;
+    cfg.numAttrs = 1;
+    DSV4_CUDA_CHECK(cudaLaunchKernelEx(&cfg, fp4_down_kernel, *p));
     DSV4_LAUNCH_CHECK("fp4_down_kernel");
     return 0;
 }
