@@ -4,11 +4,11 @@
   python3 bench/report.py --bench bench.json [--peer peer.json] [--meta gpu.txt] [--commit C] \
       --md results.md --svg chart.svg
 
-The Markdown holds: the run's GPU, driver, CUDA version, date and commit; the headline table (all-on tokens/s per
-C and context, with the peer's and the ratio); the ablation table (each variant's ms/step and tokens/s, and its
-slow-down against all-on); the index-context baseline; the per-kernel roofline; the context-scaling table; and
-what was not measured. The chart (SVG): tokens/s per variant and C at each context (log scale, the
-peer as its own bar), and the indexer + top-k time per CSA layer against the live context, live vs max.
+The Markdown holds: the run's GPU, driver, CUDA version, when the report was written and the commit; the headline
+table (all-on tokens/s per C and context, with the peer's and the ratio); the ablation table (each variant's
+ms/step and tokens/s, and its slow-down against all-on); the index-context baseline; the per-kernel roofline; the
+context-scaling table; and what was not measured. The chart (SVG): tokens/s per variant and C at each context (log
+scale, the peer as its own bar), and the indexer + top-k time per CSA layer against the live context, live vs max.
 The SVG is written directly (no plotting library needed).
 """
 import argparse
@@ -43,7 +43,8 @@ def meta_lines(bench, meta_path, commit):
     if rt:
         out.append(f"- CUDA runtime {rt // 1000}.{rt % 1000 // 10}, driver API {dev['cuda_driver_api'] // 1000}."
                    f"{dev['cuda_driver_api'] % 1000 // 10}")
-    out.append(f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; commit: {commit or '?'}")
+    written = time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())
+    out.append(f"- report written: {written}; commit of the bf16 run: {commit or '?'}")
     cl = bench.get("ceilings", {}) if bench else {}
     out.append(f"- ceilings measured in the same run: copy {fmt(cl.get('copy_gbs'), 0)} GB/s (read + written), "
                f"cuBLAS bf16 GEMM {fmt(cl.get('gemm_tflops'), 0)} TFLOP/s")
