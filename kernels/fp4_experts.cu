@@ -36,7 +36,8 @@ enum {
     F4_DOWN_WARPS = 8,
     F4_SS = 128,      /* columns per super-step: 4 lanes x 32 codes */
     F4_UP_DEPTH = 2,  /* super-steps per weight batch, up (2 m-tiles) and down (1): deeper batches, rings of */
-    F4_DOWN_DEPTH = 2, /* single super-steps and L2 prefetch ahead were all slower on the H200 (docs/kernels.md) */
+    F4_DOWN_DEPTH = 2, /* single super-steps, L2 prefetch ahead and carrying a batch across experts were all slower
+                        * on the H200 (docs/kernels.md) */
     F4_UP_SLOT_BLOCKS = 128 /* blocks along the expert slots; each loops over slots y, y + 128, ... */
 };
 
