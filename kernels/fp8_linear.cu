@@ -6,8 +6,9 @@
  * g+8, columns 16t.. of each 64-column half), converts them to bf16 in registers and runs 8 mma.sync m16n8k16 per
  * n-tile into a k-block partial, which is then scaled by the block's scale and added to the accumulator (so an f32
  * scale is applied exactly, not rounded into bf16 weights). The next k-block's weights are loaded before the
- * current batch is multiplied (a batch is 2 k-blocks for S <= 16, else 1). Activations come through L1 (all warps
- * of a block share them).
+ * current batch is multiplied (a batch is 2 k-blocks for S <= 16, else 1). The block's activations of a k-block
+ * are staged in shared memory once for its 4 warps (cp.async, double-buffered: the next k-block's while this one
+ * is multiplied); loaded by each warp from L1/L2 right before its mma they were a dependent load per n-tile.
  *
  * Split-K: when rows x token chunks give fewer than F8_TARGET_BLOCKS blocks, the k-blocks are cut into `splits`
  * contiguous ranges (a function of the shape only); each writes f32 partials to the workspace and a combine
@@ -22,6 +23,8 @@
 #include "qweight_dev.cuh"
 
 enum { F8_WARPS = 4, F8_BLOCK_ROWS = 16 * F8_WARPS, F8_KB = 128, F8_TOK = 64, F8_TARGET_BLOCKS = 528 };
+enum { F8_XPITCH = F8_KB + 8 }; /* bf16 per staged token row: 16 bytes of padding, so the 8 tokens of a warp's
+                                 * 16-byte reads fall in different banks */
 
 typedef struct f8_plan {
     int row_blocks, tok_chunks, kblocks, splits, kb_per_split;
@@ -70,24 +73,24 @@ static __device__ __forceinline__ uint4 f8_load_w(const uint8_t *w, int n_out, i
     }
 }
 
-/* 16 bf16 activations of token `tok` from column `col` as 8 words (lo = even column); zeros past the matrix. */
-template <bool AL>
-static __device__ __forceinline__ void f8_load_x(uint32_t X[8], const dsv4_fp8_linear_params &p, int tok, int col)
+/* Stages the activations of k-block kb for tokens tok0 .. tok0 + 8·NT - 1 into xs (all threads of the block):
+ * 16-byte chunks by cp.async (zero-filled past the matrix) on the fast path, element by element otherwise. */
+template <int NT, bool AL>
+static __device__ __forceinline__ void f8_stage_x(uint16_t (*xs)[F8_XPITCH], const dsv4_fp8_linear_params &p,
+                                                  int tok0, int kb)
 {
-    if (tok >= p.n_tok || col >= p.n_in) {
+    for (int i = threadIdx.x; i < NT * 8 * (F8_KB / 8); i += F8_WARPS * 32) {
+        const int r = i / (F8_KB / 8), c = (i % (F8_KB / 8)) * 8, tok = tok0 + r, col = kb * F8_KB + c;
+        const bool in = tok < p.n_tok && col < p.n_in;
+        const uint16_t *src = p.x + (in ? (size_t)tok * p.ldx + col : 0);
+        if constexpr (AL) {
+            dsv4_cp_async16(&xs[r][c], src, in ? 16 : 0); /* n_in % 16 == 0: a chunk is all in or all out */
+        } else {
+            uint32_t w[4] = {0, 0, 0, 0};
 #pragma unroll
-        for (int i = 0; i < 8; i++) X[i] = 0;
-        return;
-    }
-    const uint16_t *src = p.x + (size_t)tok * p.ldx + col;
-    if constexpr (AL) {
-        const uint4 a = __ldg(reinterpret_cast<const uint4 *>(src)), b = __ldg(reinterpret_cast<const uint4 *>(src) + 1);
-        X[0] = a.x, X[1] = a.y, X[2] = a.z, X[3] = a.w, X[4] = b.x, X[5] = b.y, X[6] = b.z, X[7] = b.w;
-    } else {
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            uint32_t lo = col + 2 * i < p.n_in ? src[2 * i] : 0u, hi = col + 2 * i + 1 < p.n_in ? src[2 * i + 1] : 0u;
-            X[i] = lo | (hi << 16);
+            for (int e = 0; e < 8; e++)
+                if (in && col + e < p.n_in) w[e >> 1] |= (uint32_t)src[e] << (16 * (e & 1));
+            *reinterpret_cast<uint4 *>(&xs[r][c]) = make_uint4(w[0], w[1], w[2], w[3]);
         }
     }
 }
@@ -100,10 +103,13 @@ __global__ void __launch_bounds__(F8_WARPS * 32) fp8_linear_kernel(const __grid_
     const dsv4_fp8_linear_params &p = a.p;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int row0 = blockIdx.x * F8_BLOCK_ROWS + warp * 16, split = blockIdx.y, tok0 = blockIdx.z * F8_TOK;
-    if (row0 >= p.n_out) return; /* no block-wide sync below */
+    /* a warp past n_out runs on (its weights load as zeros, it stores nothing): the block shares barriers */
     const int kb_begin = split * a.kb_per_split;
     const int kb_end = kb_begin + a.kb_per_split < a.kblocks ? kb_begin + a.kb_per_split : a.kblocks;
     const int left = (p.n_tok - tok0 + 7) / 8, n_tiles = left < NT ? left : NT;
+    /* the block's activations of one k-block, double-buffered: staged once for all 4 warps (they were 16 dependent
+     * L1/L2 loads per warp and k-block before) */
+    __shared__ __align__(16) uint16_t xs[2][NT * 8][F8_XPITCH];
 
     float acc[NT][4];
 #pragma unroll
@@ -121,6 +127,8 @@ __global__ void __launch_bounds__(F8_WARPS * 32) fp8_linear_kernel(const __grid_
                 nxt[d][h][1] = in ? f8_load_w<AL>(p.w, p.n_out, p.n_in, row0 + g + 8, col) : make_uint4(0, 0, 0, 0);
             }
     };
+    f8_stage_x<NT, AL>(xs[0], p, tok0, kb_begin);
+    dsv4_cp_async_commit();
     load(kb_begin);
     for (int kb0 = kb_begin; kb0 < kb_end; kb0 += KD) {
         uint4 cur[KD][2][2];
@@ -132,7 +140,12 @@ __global__ void __launch_bounds__(F8_WARPS * 32) fp8_linear_kernel(const __grid_
 #pragma unroll
         for (int d = 0; d < KD; d++) {
             const int kb = kb0 + d;
-            if (kb >= kb_end) break;
+            if (kb >= kb_end) break; /* uniform over the block */
+            const int buf = (kb - kb_begin) & 1;
+            if (kb + 1 < kb_end) f8_stage_x<NT, AL>(xs[buf ^ 1], p, tok0, kb + 1); /* read by no one now */
+            dsv4_cp_async_commit();
+            dsv4_cp_async_wait<1>(); /* this k-block's group has landed (the next one may still fly) */
+            __syncthreads();
             float tmp[NT][4];
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) tmp[nt][0] = tmp[nt][1] = tmp[nt][2] = tmp[nt][3] = 0.0f;
@@ -147,12 +160,13 @@ __global__ void __launch_bounds__(F8_WARPS * 32) fp8_linear_kernel(const __grid_
                     A[q][2] = qw_bf16x2_mul(qw_e4m3_pair_raw<1>(w0), QW_BF16X2_2POW120);
                     A[q][3] = qw_bf16x2_mul(qw_e4m3_pair_raw<1>(w1), QW_BF16X2_2POW120);
                 }
-                const int col = kb * F8_KB + h * 64 + 16 * t;
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++) {
                     if (nt >= n_tiles) break;
-                    uint32_t X[8];
-                    f8_load_x<AL>(X, p, tok0 + nt * 8 + g, col);
+                    /* 16 activations of token tok0 + 8nt + g, columns h·64 + 16t.. of the k-block */
+                    const uint4 *xr = reinterpret_cast<const uint4 *>(&xs[buf][nt * 8 + g][h * 64 + 16 * t]);
+                    const uint4 xa = xr[0], xb = xr[1];
+                    const uint32_t X[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
 #pragma unroll
                     for (int q = 0; q < 4; q++) {
                         const uint32_t b[2] = {__byte_perm(X[2 * q], X[2 * q + 1], 0x5410),
@@ -161,15 +175,19 @@ __global__ void __launch_bounds__(F8_WARPS * 32) fp8_linear_kernel(const __grid_
                     }
                 }
             }
+            __syncthreads(); /* every warp is done with xs[buf] before the next k-block's staging overwrites it */
             const int si = (row0 / F8_KB) * a.kblocks + kb;
-            const float s = p.scale_kind == DSV4_QSCALE_F32 ? static_cast<const float *>(p.scale)[si]
-                                                            : f8_e8m0_f32(static_cast<const uint8_t *>(p.scale)[si]);
+            const float s = row0 >= p.n_out ? 0.0f
+                            : p.scale_kind == DSV4_QSCALE_F32
+                                ? static_cast<const float *>(p.scale)[si]
+                                : f8_e8m0_f32(static_cast<const uint8_t *>(p.scale)[si]);
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                 for (int i = 0; i < 4; i++) acc[nt][i] = fmaf(s, tmp[nt][i], acc[nt][i]);
         }
     }
+    dsv4_cp_async_wait<0>();
 
     /* acc[nt][i]: row row0 + g (+8 for i >= 2), token tok0 + 8nt + 2t (+1 for odd i) */
 #pragma unroll
