@@ -331,7 +331,8 @@ __global__ void __launch_bounds__(F4_DOWN_WARPS * 32, 2)
             srow[0][r] = p.s2 + row * (I / 32);
         }
     };
-    /* the weights do not depend on the up kernel: the first batch is loaded before waiting for its h */
+    /* the weights do not depend on the up kernel: the first batch is loaded before waiting for its h (the first
+     * expert's first pass takes it: every listed expert has at least one pair, so that pass runs) */
     f4_wbatch<1, F4_DOWN_DEPTH> batch;
     bool preloaded = false;
     if (warp < n_e) {
