@@ -2,7 +2,7 @@
  * §3): FP8 e4m3 linears with one scale per 128x128 block, and the routed experts in FP4 e2m1 (two codes per byte,
  * LOW nibble = EVEN input column) with one e8m0 scale per 32 input columns; the FP4 codes are held with the bits
  * of each 32-bit word permuted (dsv4_opt_fp4_repack below: lossless, cheaper to decode). Nothing is expanded to a
- * bf16 copy in GPU memory: the kernels dequantise in registers or shared memory and multiply on bf16 tensor cores (mma.sync
+ * bf16 copy in GPU memory: the kernels dequantise in registers and multiply on bf16 tensor cores (mma.sync
  * m16n8k16, fp32 accumulation). sm_90 and sm_120; no sm_90a-only instructions.
  *
  * Numerics: the product is that of the dequantised weight (exact in bf16: e4m3 and e2m1 values times a power of
