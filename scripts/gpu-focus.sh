@@ -17,6 +17,12 @@
 #   split    the attention work split after session 4's change: bench_sparse_attn --quick (the CSA list and the
 #            longest HCA list) into $OUT/attn.txt, and `dsv4 bench --layers auto --weights fp8 --batch 64`, the run
 #            that ran out of memory before it, into $OUT/bench-auto.log
+#   study    the top-k flips of the following runs on tiny: the CPU reference of every position, then `dsv4 run
+#            --path opt --follow` with the defaults and each naive variant alone; dumps and verifier reports
+#            (text and JSON, against the reference) into $OUT/study/ for a look at the flips' score gaps
+#   flips    scripts/flip_rate.sh on tiny (200 random prompts) and tiny-fp8 (100): how often the bf16 emulation and
+#            the optimized path's defaults and naive variants, each following the fp32 reference, differ in top-k
+#            picks from it, and how many prompts fail the e2e top-k gate; into $OUT/flips-*.txt
 #   device call: command "bash scripts/gpu-focus.sh tests nccl ncu-fp4", carry [".debs"]
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -31,6 +37,36 @@ cmake -S "$root" -B "$b" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CUDA_ARCHITEC
 echo "== built at ${SECONDS}s"
 for step in "$@"; do
     case $step in
+    flips)
+        for m in tiny:200 tiny-fp8:100; do
+            DSV4_BIN=$b/dsv4 timeout 250 bash "$root/scripts/flip_rate.sh" --model "$root/golden/${m%%:*}" \
+                -n "${m#*:}" -j 12 --out "/tmp/flips-${m%%:*}" "emu=--path ref-cpu --emulate bf16" "mma=--path opt" \
+                "simt=--path opt --attn simt" "idx-fp32=--path opt --indexer fp32" \
+                "mhc-rt=--path opt --mhc roundtrip" >"$out/flips-${m%%:*}.txt" 2>&1
+            echo "== flip_rate ${m%%:*} rc $? at ${SECONDS}s"
+            cat "$out/flips-${m%%:*}.txt"
+            cp "/tmp/flips-${m%%:*}/flips.txt" "$out/flips-${m%%:*}-lines.txt" 2>/dev/null
+        done
+        ;;
+    study)
+        st=$out/study
+        mkdir -p "$st"
+        G=$root/golden/tiny
+        "$b/dsv4" run --model "$G" --path ref-cpu --tokens-from "$G/forced.h5" --dump-positions all \
+            --dump "$st/ref.h5" >"$st/run-ref.txt" 2>&1
+        echo "== reference rc $? at ${SECONDS}s"
+        for v in "default|" "attn-simt|--attn simt" "indexer-fp32|--indexer fp32" "mhc-roundtrip|--mhc roundtrip" \
+            "index-max|--index-context max"; do
+            name=${v%%|*}
+            read -r -a args <<<"${v#*|}"
+            "$b/dsv4" run --model "$G" --path opt --tokens-from "$G/forced.h5" "${args[@]}" --follow "$st/ref.h5" \
+                --dump "$st/$name.h5" >"$st/run-$name.txt" 2>&1
+            "$b/dsv4" verify --profile bf16 --no-color --json "$st/$name.json" "$st/ref.h5" "$st/$name.h5" \
+                >"$st/verify-$name.txt" 2>&1
+            echo "== $name: verify rc $? at ${SECONDS}s"
+            awk '/^top-k per CSA layer/ {f = 1} f && NF == 0 {f = 0} f' "$st/verify-$name.txt"
+        done
+        ;;
     tests)
         (cd "$b" && timeout 200 ctest -R '^(test_opt_nccl|test_kernel_qweight|test_opt_fp8)$' --output-on-failure) \
             >"$out/tests.log" 2>&1

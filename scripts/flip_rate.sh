@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# flip_rate.sh - how often does a path's top-k differ from the fp32 reference's, over many random prompts? The
+# e2e gate (strict recall >= 0.99 per CSA layer) is measured on ONE prompt per golden set; on a model with a small
+# index_topk one near-tie flip moves the recall by 1/(k x rows), so whether that prompt passes can be chance. This
+# script measures the chance: for each of N random prompts it runs the fp32 CPU reference (every position dumped),
+# then each CONFIG following it (`--follow`, as tests/e2e_opt_gpu.sh gates), and `dsv4 verify --profile bf16`.
+#
+# usage: scripts/flip_rate.sh [options] NAME=ARGS...
+#   NAME=ARGS       a configuration: a label and the `dsv4 run` arguments after --model, e.g.
+#                   "emu=--path ref-cpu --emulate bf16" "mma=--path opt" "simt=--path opt --attn simt"
+#   --model DIR     the model folder (default golden/tiny of this checkout)
+#   -n N            prompts (default 100), seeds 1..N
+#   --len T         tokens per prompt (default 64, as golden/tiny's forced.h5)
+#   --prefill P     the reference prefills P tokens, then one-token steps (default 21, as golden/tiny)
+#   -j J            prompts run at the same time (default 1)
+#   --bin DSV4      the dsv4 command (default: $DSV4_BIN, else build/dsv4 of this checkout)
+#   --out DIR       keep the per-prompt lines (flips.txt) there (default: a temporary folder, removed)
+#   --summary FILE  only print the tables of a kept flips.txt (no runs)
+# Prompts: token i of seed s comes from a 31-bit LCG seeded with s (the same on every machine), modulo the vocab.
+#
+# Prints, per configuration and CSA layer: the prompts compared, the picks differing from the reference per
+# prompt (mean, and how many prompts had 0, 1, 2, 3, 4+ rows differ), strict misses (picks outside the tie band),
+# and the prompts that fail the e2e gate (recall mean < 0.99 or a strict miss on ANY CSA layer).
+# Exit status: 0 when every run compared, 1 when a run failed, 2 on bad usage.
+set -uo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+bin="${DSV4_BIN:-$root/build/dsv4}"
+model="$root/golden/tiny"
+n=100 len=64 prefill=21 jobs=1 out="" summary=""
+configs=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --model) model="$2"; shift 2 ;;
+    -n) n="$2"; shift 2 ;;
+    --len) len="$2"; shift 2 ;;
+    --prefill) prefill="$2"; shift 2 ;;
+    -j) jobs="$2"; shift 2 ;;
+    --bin) bin="$2"; shift 2 ;;
+    --out) out="$2"; shift 2 ;;
+    --summary) summary="$2"; shift 2 ;;
+    -h | --help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *=*) configs+=("$1"); shift ;;
+    *) echo "flip_rate.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+    esac
+done
+# summarise FILE [NAME...]: the tables below from the per-prompt lines, configurations in the order given (default:
+# the order they first appear in FILE)
+summarise() {
+    local f=$1 names
+    shift
+    names="$*"
+    [ -n "$names" ] || names=$(awk '!($1 in s) {s[$1] = 1; printf "%s ", $1}' "$f")
+    awk -v names="$names" '$3 == "FAILED" || $2 == "FAILED" {bad++; next}
+         {k = $1 SUBSEP $3; runs[k]++; diff[k] += $4; strict[k] += $6; b = $4 >= 4 ? 4 : $4; hist[k, b]++
+          if (!($3 in lay)) {lay[$3] = 1; nl++; ls[nl] = $3 + 0}
+          if ($7 + 0 < 0.99 || $6 + 0 > 0) failp[$1, $2] = 1; seen[$1, $2] = 1}
+         END {
+           nc = split(names, cs, " ")
+           for (i = 2; i <= nl; i++) for (j = i; j > 1 && ls[j - 1] > ls[j]; j--) {t = ls[j]; ls[j] = ls[j - 1]; ls[j - 1] = t}
+           printf "%-10s %-5s %7s %11s %-22s %7s\n", "config", "layer", "prompts", "rows!=ref", "rows!=ref 0/1/2/3/4+", "strict"
+           for (i = 1; i <= nc; i++) for (j = 1; j <= nl; j++) { c = cs[i]; k = c SUBSEP ls[j]; if (!runs[k]) continue
+             printf "%-10s L%-4s %7d %11.2f %4d/%d/%d/%d/%-9d %7d\n", c, ls[j], runs[k], diff[k] / runs[k],
+                    hist[k, 0], hist[k, 1], hist[k, 2], hist[k, 3], hist[k, 4], strict[k] }
+           for (i = 1; i <= nc; i++) { c = cs[i]; np = 0; nf = 0
+             for (p in seen) { split(p, q, SUBSEP); if (q[1] != c) continue; np++; if (p in failp) nf++ }
+             if (np) printf "%s: %d of %d prompts (%.1f%%) fail the e2e top-k gate (recall < 0.99 or a strict miss, any CSA layer)\n", c, nf, np, 100 * nf / np }
+           if (bad) printf "%d runs FAILED (see the logs under the work folder)\n", bad
+           exit bad > 0 }' "$f"
+}
+
+if [ -n "$summary" ]; then
+    [ -f "$summary" ] || { echo "flip_rate.sh: $summary: no such file" >&2; exit 2; }
+    summarise "$summary"
+    exit $?
+fi
+[ ${#configs[@]} -gt 0 ] || { echo "flip_rate.sh: give at least one NAME=ARGS configuration (see --help)" >&2; exit 2; }
+[ -x "$bin" ] || { echo "flip_rate.sh: no dsv4 command at $bin (give --bin or DSV4_BIN)" >&2; exit 2; }
+[ -f "$model/config.json" ] || { echo "flip_rate.sh: $model/config.json: no model folder there" >&2; exit 2; }
+for v in "$n" "$len" "$prefill" "$jobs"; do
+    [[ "$v" =~ ^[0-9]+$ ]] && [ "$v" -gt 0 ] || { echo "flip_rate.sh: '$v' must be a positive integer" >&2; exit 2; }
+done
+vocab=$(sed -n 's/.*"vocab_size": *\([0-9]*\).*/\1/p' "$model/config.json" | head -n 1)
+[ -n "$vocab" ] || { echo "flip_rate.sh: $model/config.json: no vocab_size" >&2; exit 2; }
+keep=1
+[ -n "$out" ] || { out="$(mktemp -d "${TMPDIR:-/tmp}/flip_rate.XXXXXX")"; keep=0; }
+mkdir -p "$out/work"
+
+# one prompt: its reference, then each configuration following it; appends "NAME SEED LAYER ROWS_DIFF ACCEPTED
+# STRICT RECALL_MEAN" lines (or "NAME SEED FAILED") to its own file, merged at the end
+one_prompt() {
+    local s=$1 w="$out/work/$1" x=$1 i toks=()
+    mkdir -p "$w"
+    for ((i = 0; i < len; i++)); do
+        x=$(((x * 1103515245 + 12345) % 2147483648))
+        toks+=($(((x >> 16) % vocab)))
+    done
+    echo "${toks[*]}" >"$w/prompt.txt"
+    if ! "$bin" run --model "$model" --path ref-cpu --prompt-tokens "$w/prompt.txt" --decode-from "$prefill" \
+        --dump-positions all --dump "$w/ref.h5" >"$w/ref.log" 2>&1; then
+        echo "ref $s FAILED" >"$w/lines"
+        return
+    fi
+    : >"$w/lines"
+    local c name args
+    for c in "${configs[@]}"; do
+        name=${c%%=*}
+        read -r -a args <<<"${c#*=}"
+        if "$bin" run --model "$model" "${args[@]}" --prompt-tokens "$w/prompt.txt" --decode-from "$prefill" \
+            --dump-positions all --follow "$w/ref.h5" --dump "$w/$name.h5" >"$w/$name.log" 2>&1 &&
+            "$bin" verify --profile bf16 --no-color "$w/ref.h5" "$w/$name.h5" >"$w/$name.verify" 2>&1
+            [ $? -le 1 ]; then
+            awk -v c="$name" -v s="$s" '/^top-k per CSA layer/ {f = 1; next} f && NF == 0 {f = 0}
+                f && $1 ~ /^[0-9]+$/ {split($3, r, "/"); print c, s, $1, $5, $6, $7, r[2]}' \
+                "$w/$name.verify" >>"$w/lines"
+        else
+            echo "$name $s FAILED" >>"$w/lines"
+        fi
+        rm -f "$w/$name.h5"
+    done
+    rm -f "$w/ref.h5"
+}
+
+echo "flip_rate: $n prompts of $len tokens (prefill $prefill) on $model, ${#configs[@]} configurations, $jobs at a time" >&2
+for ((s = 1; s <= n; s++)); do
+    while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n; done
+    one_prompt "$s" &
+    [ $((s % 20)) -eq 0 ] && echo "flip_rate: started $s of $n" >&2
+done
+wait
+for ((s = 1; s <= n; s++)); do cat "$out/work/$s/lines"; done >"$out/flips.txt"
+
+names=()
+for c in "${configs[@]}"; do names+=("${c%%=*}"); done
+summarise "$out/flips.txt" "${names[@]}"
+rc=$?
+if [ $rc -ne 0 ]; then # keep what shows why, and show the first failed run's last lines
+    f=$(grep -l -E "FAILED" "$out"/work/*/lines | head -n 1)
+    w=${f%/lines}
+    name=$(awk '/FAILED/ {print $1; exit}' "$f")
+    echo "flip_rate: the first failed run ($w/$name.log; everything kept in $out):" >&2
+    tail -n 5 "$w/$name.log" "$w/$name.verify" 2>/dev/null | sed 's/^/  /' >&2
+elif [ $keep = 0 ]; then
+    rm -rf "$out"
+else
+    echo "flip_rate: per-prompt lines in $out/flips.txt" >&2
+fi
+exit $rc
