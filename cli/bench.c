@@ -37,7 +37,7 @@ static void bench_usage(FILE *f)
             "usage: dsv4 bench [--layers N|auto] [--batch LIST] [--context LIST] [--max-context N]\n"
             "                  [--variants LIST] [--warmup N] [--reps N] [--kernel-reps N] [--scaling LIST|none]\n"
             "                  [--scaling-batch LIST] [--no-baseline] [--seed N] [--json OUT.json]\n"
-            "                  [--weights bf16|fp8] [--quantize fp8] [--gpus N] [--nccl-time]\n\n"
+            "                  [--weights bf16|fp8] [--quantize fp8] [--kv bf16|fp8] [--gpus N] [--nccl-time]\n\n"
             "Decode throughput of the optimized path on a DeepSeek-V4-Flash-shaped model (D 4096, 64 heads x 512,\n"
             "q rank 1024, 64 indexer heads x 128, 256 experts of 2048 top-6 + shared, vocab 129280, window 128,\n"
             "index_topk 512) with random weights generated on the GPU from --seed; layers follow the Flash schedule\n"
@@ -58,6 +58,8 @@ static void bench_usage(FILE *f)
             "  --weights bf16|fp8  how the weights are held (default bf16): fp8 = the checkpoint's formats, FP8\n"
             "                      e4m3 linears with 128x128 block scales and FP4 e2m1 experts, drawn as codes on\n"
             "                      the GPU (no bf16 copy); --quantize fp8 means the same for the random model\n"
+            "  --kv bf16|fp8       the caches' form (default bf16): fp8 = e4m3 nope channels with ue8m0 scales per\n"
+            "                      64 and bf16 rope channels (kernels/kv_layout.h), 592 of 1,024 bytes per entry\n"
             "  --json OUT.json     write every number (rewritten after each C, so a cut-short run keeps what ran)\n"
             "  --gpus N            N ranks over NCCL on GPUs 0..N-1 (docs/multigpu.md; default: one GPU, no NCCL);\n"
             "                      the kernel timings are rank 0's. With N > 1 (or --nccl-time) every context adds\n"
@@ -100,6 +102,7 @@ typedef struct bench_args {
     unsigned long long seed;
     const char *json;
     dsv4_opt_weights weights; /* resolved: bf16 or fp8 */
+    dsv4_opt_kv kv;           /* the caches' form */
     int gpus;      /* 0: one GPU, no NCCL */
     int nccl_time; /* time the collectives at N = 1 too */
 } bench_args;
@@ -157,6 +160,7 @@ static int parse_args(int argc, char **argv, bench_args *a)
     a->n_variant = N_VARIANTS;
     a->warmup = 3, a->reps = 10, a->kernel_reps = 7, a->baseline = 1, a->seed = 7;
     a->weights = DSV4_OPT_WEIGHTS_BF16;
+    a->kv = DSV4_OPT_KV_BF16;
     for (int v = 1024; v <= 262144; v *= 2) a->scaling[a->n_scaling++] = v;
     a->n_sbatch = -1;
     for (int i = 1; i < argc; i++) {
@@ -224,6 +228,14 @@ static int parse_args(int argc, char **argv, bench_args *a)
             a->gpus = (int)n;
         } else if (!strcmp(k, "--json")) {
             a->json = v;
+        } else if (!strcmp(k, "--kv")) {
+            dsv4_opt_options t;
+            dsv4_opt_options_default(&t);
+            if (dsv4_opt_options_set(&t, "kv", v)) {
+                fprintf(stderr, "dsv4 bench: %s\n", dsv4_last_error());
+                return -1;
+            }
+            a->kv = t.kv;
         } else if (!strcmp(k, "--weights") || !strcmp(k, "--quantize")) {
             dsv4_opt_options t;
             dsv4_opt_options_default(&t);
@@ -344,10 +356,12 @@ done:
 #undef BCUDA
 
 /* ------------------------------------------------------------------------------------ one variant */
-static void variant_options(int v, int C, int max_ctx, dsv4_opt_weights weights, int gpus, dsv4_opt_options *o)
+static void variant_options(int v, int C, int max_ctx, dsv4_opt_weights weights, dsv4_opt_kv kv, int gpus,
+                            dsv4_opt_options *o)
 {
     dsv4_opt_options_default(o);
     o->weights = weights;
+    o->kv = kv;
     o->n_seq = C;
     o->n_gpus = gpus;
     o->max_context = max_ctx;
@@ -470,7 +484,8 @@ int dsv4_cmd_bench(int argc, char **argv)
     if (!layers) {
         for (layers = 1; layers < DSV4_MAX_LAYERS; layers++) {
             if ((rc = bench_flash_config(layers + 1, a.max_context, &cfg))) break;
-            bench_plan_memory(&cfg, cmax, a.max_context, naive_idx, a.weights == DSV4_OPT_WEIGHTS_FP8, &mp);
+            bench_plan_memory(&cfg, cmax, a.max_context, naive_idx, a.weights == DSV4_OPT_WEIGHTS_FP8,
+                              a.kv == DSV4_OPT_KV_FP8, &mp);
             if (mp.total > (double)free_b - margin) break;
         }
         if (rc) {
@@ -482,12 +497,13 @@ int dsv4_cmd_bench(int argc, char **argv)
         fprintf(stderr, "dsv4 bench: config: %s\n", dsv4_last_error());
         return 1;
     }
-    bench_plan_memory(&cfg, cmax, a.max_context, naive_idx, a.weights == DSV4_OPT_WEIGHTS_FP8, &mp);
+    bench_plan_memory(&cfg, cmax, a.max_context, naive_idx, a.weights == DSV4_OPT_WEIGHTS_FP8,
+                              a.kv == DSV4_OPT_KV_FP8, &mp);
     char b1[32], b2[32], b3[32], b4[32], b5[32], b6[32], b7[32], b8[32], b9[32];
     double w_sum = mp.global, c_sum = 0;
     for (int L = 0; L < layers; L++) w_sum += mp.per_layer_w[L], c_sum += mp.per_layer_cache[L];
-    printf("memory plan (weights %s, largest C = %d, max context %d, %d layers: ",
-           dsv4_opt_weights_name(a.weights), cmax, a.max_context, layers);
+    printf("memory plan (weights %s, kv %s, largest C = %d, max context %d, %d layers: ",
+           dsv4_opt_weights_name(a.weights), dsv4_opt_kv_name(a.kv), cmax, a.max_context, layers);
     for (int L = 0; L < layers; L++) printf("%s%s", L ? "," : "", dsv4_attn_type_name(cfg.attn_type[L]));
     printf("):\n  weights %s (%s per CSA layer, embed + head %s), caches %s (%s per CSA layer, %s per HCA layer),\n"
            "  scratch ~%s; total ~%s of %s free\n",
@@ -537,7 +553,7 @@ int dsv4_cmd_bench(int argc, char **argv)
         for (int vi = 0; vi < a.n_variant && !rc; vi++) {
             const int v = a.variant[vi];
             dsv4_opt_options oo;
-            variant_options(v, C, a.max_context, a.weights, a.gpus, &oo);
+            variant_options(v, C, a.max_context, a.weights, a.kv, a.gpus, &oo);
             dsv4_opt *o = NULL;
             double t0 = now_s();
             progress("[%d/%d] C=%d %s: building (random weights on the GPU, caches for %d positions)", ++n_done,
@@ -562,7 +578,8 @@ int dsv4_cmd_bench(int argc, char **argv)
                 step_stats st;
                 if ((rc = run_steps(o, C, pos0, a.warmup, a.reps, a.seed + (unsigned)ci, &st))) break;
                 double bytes, flops;
-                bench_step_roofline(&cfg, C, pos0 + a.warmup + a.reps / 2, a.weights == DSV4_OPT_WEIGHTS_FP8, &bytes,
+                bench_step_roofline(&cfg, C, pos0 + a.warmup + a.reps / 2, a.weights == DSV4_OPT_WEIGHTS_FP8,
+                                    a.kv == DSV4_OPT_KV_FP8, &bytes,
                               &flops);
                 const double floor_ms = fmax(bytes / (cl.copy_gbs * 1e6), flops / (cl.gemm_tflops * 1e9));
                 json_t *r = json_pack("{s:i, s:s, s:i, s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "C", C,
@@ -574,6 +591,7 @@ int dsv4_cmd_bench(int argc, char **argv)
                 json_object_set_new(r, "fraction_of_floor", json_real(floor_ms / st.med_ms));
                 json_object_set_new(r, "producer", json_string(dsv4_opt_producer(o)));
                 json_object_set_new(r, "weights", json_string(dsv4_opt_weights_name(dsv4_opt_weights_mode(o))));
+                json_object_set_new(r, "kv", json_string(dsv4_opt_kv_name(a.kv)));
                 json_t *lw = json_array(); /* with --gpus N: rank 0's shard */
                 for (int L = -1; L < layers; L++)
                     json_array_append_new(lw, json_integer((json_int_t)dsv4_opt_layer_weight_bytes(o, L)));
@@ -662,7 +680,7 @@ int dsv4_cmd_bench(int argc, char **argv)
                 const int ctx = a.ctx[ci], pos0 = ctx - 128;
                 if (ctx != 4096 && a.n_ctx > 1) continue; /* the target is stated at 4K */
                 dsv4_opt_options oo;
-                variant_options(0, C, ctx, a.weights, a.gpus, &oo);
+                variant_options(0, C, ctx, a.weights, a.kv, a.gpus, &oo);
                 dsv4_opt *o = NULL;
                 progress("C=%d all-on, max context %d (= live): the index-context baseline", C, ctx);
                 step_stats st;

@@ -6,6 +6,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "kernels/kv_layout.h"
+
 int bench_flash_config(int layers, int max_pos, dsv4_config *cfg)
 {
     char json[8192];
@@ -41,7 +43,14 @@ int bench_flash_config(int layers, int max_pos, dsv4_config *cfg)
 static double q8_bytes(int fp8) { return fp8 ? 1.0 + 1.0 / 16384 : 2.0; }
 static double q4_bytes(int fp8) { return fp8 ? 0.5 + 1.0 / 32 : 2.0; }
 
-void bench_plan_memory(const dsv4_config *f, int C, int max_ctx, int fp32_indexer, int fp8, bench_mem_plan *p)
+/* Bytes of one window-ring or pool entry: bf16, or the --kv fp8 entry of kernels/kv_layout.h. */
+static double kv_entry_bytes(const dsv4_config *f, int kv8)
+{
+    return kv8 ? (double)dsv4_kv8_entry_bytes(f->head_dim, f->qk_rope_head_dim) : 2.0 * f->head_dim;
+}
+
+void bench_plan_memory(const dsv4_config *f, int C, int max_ctx, int fp32_indexer, int fp8, int kv8,
+                       bench_mem_plan *p)
 {
     const double D = f->hidden_size, n = f->hc_mult, V = f->vocab_size, H = f->num_attention_heads,
                  d = f->head_dim, qr = f->q_lora_rank, HI = f->index_n_heads, dI = f->index_head_dim,
@@ -60,7 +69,7 @@ void bench_plan_memory(const dsv4_config *f, int C, int max_ctx, int fp32_indexe
         const double q8 = (qr + d) * D + (csa ? HI * dI * qr : 0) + H * d * qr + G * o_r * (H * d / G) +
                           D * G * o_r + 3 * NI * D;
         w += 2 * ((nx - qr - d) * D + E * D) + q8 * q8_bytes(fp8) + E * 3 * NI * D * q4_bytes(fp8);
-        double c = C * (W + pool) * d * 2;
+        double c = C * (W + pool) * kv_entry_bytes(f, kv8);
         if (r > 0) c += 2 * C * (csa ? 2 : 1) * r * width * 4;
         if (csa) c += C * pool * dI * 2 + 2 * C * 2 * r * 2 * dI * 4, pool_csa = pool;
         p->per_layer_w[L] = w, p->per_layer_cache[L] = c;
@@ -72,7 +81,7 @@ void bench_plan_memory(const dsv4_config *f, int C, int max_ctx, int fp32_indexe
     p->total += p->global + p->scratch;
 }
 
-void bench_step_roofline(const dsv4_config *f, int C, int live, int fp8, double *bytes, double *flops)
+void bench_step_roofline(const dsv4_config *f, int C, int live, int fp8, int kv8, double *bytes, double *flops)
 {
     const double D = f->hidden_size, n = f->hc_mult, V = f->vocab_size, H = f->num_attention_heads,
                  d = f->head_dim, qr = f->q_lora_rank, HI = f->index_n_heads, dI = f->index_head_dim,
@@ -90,7 +99,7 @@ void bench_step_roofline(const dsv4_config *f, int C, int live, int fp8, double 
                           D * G * o_r + 3 * NI * D; /* the part of dense the checkpoint keeps in FP8 */
         double nidx = W + (csa ? (ent < topk ? ent : topk) : ent);
         b += (dense - q8) * 2 + q8 * q8_bytes(fp8) + 2 * mix * n * D * 4 + touched * 3 * NI * D * q4_bytes(fp8);
-        b += C * nidx * d * 2 + (csa ? C * ent * dI * 2 : 0);           /* KV rows gathered, indexer keys */
+        b += C * nidx * kv_entry_bytes(f, kv8) + (csa ? C * ent * dI * 2 : 0); /* KV rows gathered, indexer keys */
         b += 4 * C * n * D * 2;                                          /* the residual streams, twice r+w */
         fl += 2 * C * (dense + K * 3 * NI * D + 2 * mix * n * D) + 4 * C * H * nidx * d;
         if (csa) fl += 2 * C * ent * HI * dI;

@@ -13,10 +13,11 @@ int bench_flash_config(int layers, int max_pos, dsv4_config *cfg);
 typedef struct bench_mem_plan {
     double global, per_layer_w[DSV4_MAX_LAYERS], per_layer_cache[DSV4_MAX_LAYERS], scratch, total;
 } bench_mem_plan;
-void bench_plan_memory(const dsv4_config *f, int C, int max_ctx, int fp32_indexer, int fp8, bench_mem_plan *p);
+void bench_plan_memory(const dsv4_config *f, int C, int max_ctx, int fp32_indexer, int fp8, int kv8,
+                       bench_mem_plan *p);
 
 /* The roofline of one step of C sequences at `live` positions: the bytes that must move and the FLOPs that
  * must be done (counted as in cli/bench.c's header). */
-void bench_step_roofline(const dsv4_config *f, int C, int live, int fp8, double *bytes, double *flops);
+void bench_step_roofline(const dsv4_config *f, int C, int live, int fp8, int kv8, double *bytes, double *flops);
 
 #endif /* DSV4_CLI_BENCH_MODEL_H */

@@ -12,6 +12,7 @@
 #include <math.h>
 
 #include "compressor.cuh"
+#include "kv_layout.h"
 #include "opt_common.cuh"
 
 enum { CMP_THREADS = 256, CMP_MAX_DC = 1024 };
@@ -72,8 +73,19 @@ __global__ void __launch_bounds__(CMP_THREADS) compressor_kernel(dsv4_compressor
         e[r0 + 2 * i + 1] = x1 * cs + x0 * sn;
     }
     __syncthreads();
-    if (p.fp8_nope) dsv4_fp8_nope_sim_smem(e, r0);
+    uint8_t *dst8 = p.pool8 && w < p.pool_cap
+                        ? p.pool8 + (size_t)c * p.pool8_seq_stride +
+                              (size_t)(p.pool_row0 + w) * dsv4_kv8_entry_bytes(dc, 2 * np)
+                        : NULL;
+    if (p.fp8_nope)
+        dsv4_fp8_nope_sim_smem(e, r0, dst8 ? dst8 + dsv4_kv8_codes_at(2 * np) : NULL,
+                               dst8 ? dst8 + dsv4_kv8_scales_at(dc, 2 * np) : NULL);
     if (w >= p.pool_cap) return;
+    if (dst8) { /* the codes and scales are written: the rope part is left */
+        for (int i = threadIdx.x; i < 2 * np; i += CMP_THREADS)
+            reinterpret_cast<uint16_t *>(dst8)[i] = dsv4_f32_to_bf16_bits(e[r0 + i]);
+        return;
+    }
     uint16_t *dst = p.pool + (size_t)c * p.pool_seq_stride + (size_t)(p.pool_row0 + w) * dc;
     for (int ch = threadIdx.x; ch < dc; ch += CMP_THREADS) dst[ch] = dsv4_f32_to_bf16_bits(e[ch]);
 }
@@ -87,8 +99,13 @@ int dsv4_opt_compressor_update(const dsv4_compressor_params *p)
     DSV4_CHECK(p->rope_pairs >= 0 && 2 * p->rope_pairs <= p->d_c, "compressor: %d rope pairs for d_c %d",
                p->rope_pairs, p->d_c);
     DSV4_CHECK(!p->fp8_nope || p->d_c - 2 * p->rope_pairs <= 4096, "compressor: fp8 nope width > 4096");
-    DSV4_CHECK(p->pos && p->active && p->proj && p->ape && p->norm_w && p->state_kv && p->state_score && p->pool,
-               "compressor: pos, active, proj, ape, norm_w, state, pool must be non-NULL");
+    DSV4_CHECK(p->pos && p->active && p->proj && p->ape && p->norm_w && p->state_kv && p->state_score &&
+                   (p->pool != NULL) != (p->pool8 != NULL),
+               "compressor: pos, active, proj, ape, norm_w, state must be non-NULL, and one of pool, pool8");
+    DSV4_CHECK(!p->pool8 || (p->fp8_nope && dsv4_kv8_shape_ok(p->d_c, 2 * p->rope_pairs) &&
+                             p->pool8_seq_stride % 16 == 0),
+               "compressor: the fp8 pool (pool8) needs fp8_nope, a layout of kernels/kv_layout.h for d_c %d with %d "
+               "rope pairs and a 16-byte sequence stride", p->d_c, p->rope_pairs);
     DSV4_CHECK(p->rope_pairs == 0 || p->inv_freq, "compressor: inv_freq is NULL");
     compressor_kernel<<<p->n_seq, CMP_THREADS, 0, p->stream>>>(*p);
     DSV4_LAUNCH_CHECK("compressor_kernel");

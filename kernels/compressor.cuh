@@ -39,6 +39,9 @@ typedef struct dsv4_compressor_params {
     float *state_score;      /* [C][rows, width] f32 (empty = -inf); device */
     uint16_t *pool;          /* [C][pool_seq_stride] bf16 rows of d_c; device */
     int64_t pool_seq_stride; /* elements between sequences' pools */
+    uint8_t *pool8;          /* --kv fp8: the entries of kernels/kv_layout.h instead of pool (then NULL; fp8_nope
+                                1), entry pool_row0 + w of sequence c at pool8 + c·pool8_seq_stride; device */
+    int64_t pool8_seq_stride;/* BYTES between sequences' entries */
     int pool_row0;           /* row of entry 0 (the window ring size for the attention KV buffer, else 0) */
     int pool_cap;            /* entries a pool holds; an entry w >= pool_cap is dropped (host checks capacity) */
     cudaStream_t stream;

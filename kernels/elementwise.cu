@@ -9,6 +9,7 @@
 #include <math.h>
 
 #include "elementwise.cuh"
+#include "kv_layout.h"
 #include "opt_common.cuh"
 
 enum { EW_THREADS = 256, EW_MAX_DIM = 4096 };
@@ -28,7 +29,12 @@ __global__ void __launch_bounds__(EW_THREADS) norm_rope_kernel(dsv4_norm_rope_pa
     __shared__ float v[EW_MAX_DIM];
     const int row = blockIdx.x, t = row / p.heads, h = row % p.heads, dim = p.dim;
     uint16_t *dst;
-    if (p.out_slot) {
+    uint8_t *dst8 = NULL;
+    if (p.out8) {
+        const int s = p.out_slot[t];
+        dst = NULL;
+        dst8 = s < 0 ? NULL : p.out8 + (size_t)t * p.out8_seq_stride + (size_t)s * dsv4_kv8_entry_bytes(dim, 2 * p.rope_pairs);
+    } else if (p.out_slot) {
         const int s = p.out_slot[t];
         dst = s < 0 ? NULL : p.out + (size_t)t * p.out_seq_stride + (size_t)s * dim;
     } else {
@@ -54,10 +60,13 @@ __global__ void __launch_bounds__(EW_THREADS) norm_rope_kernel(dsv4_norm_rope_pa
         v[r0 + 2 * i + 1] = x1 * cs + x0 * sn;
     }
     __syncthreads();
-    if (p.fp8_nope) dsv4_fp8_nope_sim_smem(v, r0);
+    if (p.fp8_nope)
+        dsv4_fp8_nope_sim_smem(v, r0, dst8 ? dst8 + dsv4_kv8_codes_at(2 * np) : NULL,
+                               dst8 ? dst8 + dsv4_kv8_scales_at(dim, 2 * np) : NULL);
     for (int i = threadIdx.x; i < dim; i += EW_THREADS) {
         float a = v[i] * p.post_scale;
         if (dst) dst[i] = dsv4_f32_to_bf16_bits(a);
+        if (dst8 && i >= r0) reinterpret_cast<uint16_t *>(dst8)[i - r0] = dsv4_f32_to_bf16_bits(a); /* rope part */
         if (p.out_f32) p.out_f32[(size_t)row * dim + i] = a;
     }
 }
@@ -178,8 +187,13 @@ int dsv4_opt_norm_rope(const dsv4_norm_rope_params *p)
     DSV4_CHECK(p != NULL, "norm_rope: params is NULL");
     if (p->dim < 1 || p->dim > EW_MAX_DIM)
         return dsv4_error(DSV4_ERR_UNSUPPORTED, "norm_rope: dim %d unsupported (1..%d)", p->dim, EW_MAX_DIM);
-    DSV4_CHECK(p->n_tok >= 1 && p->heads >= 1 && p->x && (p->out || p->out_f32), "norm_rope: n_tok %d, heads %d or NULL x/out",
-               p->n_tok, p->heads);
+    DSV4_CHECK(p->n_tok >= 1 && p->heads >= 1 && p->x && (p->out || p->out8 || p->out_f32),
+               "norm_rope: n_tok %d, heads %d or NULL x/out", p->n_tok, p->heads);
+    DSV4_CHECK(!p->out8 || (!p->out && p->out_slot && p->fp8_nope && p->post_scale == 1.0f &&
+                            dsv4_kv8_shape_ok(p->dim, 2 * p->rope_pairs) && p->out8_seq_stride % 16 == 0),
+               "norm_rope: the fp8 cache write (out8) needs out NULL, out_slot, fp8_nope, post_scale 1, a layout of "
+               "kernels/kv_layout.h for dim %d with %d rope pairs and a 16-byte sequence stride", p->dim,
+               p->rope_pairs);
     DSV4_CHECK(p->rope_pairs >= 0 && 2 * p->rope_pairs <= p->dim && (p->rope_pairs == 0 || (p->cos && p->sin)),
                "norm_rope: %d rope pairs for dim %d, or cos/sin NULL", p->rope_pairs, p->dim);
     DSV4_CHECK(!p->out_slot || p->heads == 1, "norm_rope: out_slot needs heads == 1");

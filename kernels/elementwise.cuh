@@ -28,7 +28,10 @@ typedef struct dsv4_embed_params {
  *   if fp8_nope: FP8 e4m3 simulation of channels [0, dim - 2·rope_pairs) per 64 (ue8m0 scales);
  *   out_bf16 row (t, h) = bf16(v); out_f32 (if given) row (t, h) = v.
  * Destination rows: out + t·out_tok_stride + h·dim, or, when out_slot != NULL, out + t·out_seq_stride +
- * out_slot[t]·dim (one head only; out_slot[t] < 0: not written) - the window-ring write of the KV. */
+ * out_slot[t]·dim (one head only; out_slot[t] < 0: not written) - the window-ring write of the KV.
+ * With out8 (--kv fp8; out NULL, out_slot given, fp8_nope 1, post_scale 1) the row is stored as the fp8 cache entry
+ * of kernels/kv_layout.h at out8 + t·out8_seq_stride + out_slot[t]·entry bytes (rope_dim = 2·rope_pairs): the
+ * codes and scales of the simulation, so the entry decodes to exactly the values out_f32 receives. */
 typedef struct dsv4_norm_rope_params {
     int n_tok, heads, dim;       /* dim <= 4096 */
     const void *x;               /* f32 or bf16 (x_bf16 = 1); row (t, h) at x + t·x_tok_stride + h·dim; device */
@@ -44,6 +47,8 @@ typedef struct dsv4_norm_rope_params {
     int64_t out_tok_stride;
     const int32_t *out_slot;     /* [n_tok] or NULL; device */
     int64_t out_seq_stride;
+    uint8_t *out8;               /* fp8 cache entries instead of out, or NULL; device */
+    int64_t out8_seq_stride;     /* BYTES between two sequences' entries */
     float *out_f32;              /* [n_tok, heads, dim] f32 copy or NULL; device */
     float post_scale;            /* multiplies the final value (1 for all but special uses) */
     cudaStream_t stream;

@@ -60,20 +60,28 @@ static __device__ __forceinline__ uint16_t dsv4_f32_to_bf16_bits(float f)
     return *reinterpret_cast<uint16_t *>(&h);
 }
 
-/* x quantised to e4m3 with the ue8m0 scale of its block (amax = max |x| over the block) and dequantised. */
-static __device__ __forceinline__ float dsv4_fp8_e4m3_sim(float x, float amax)
+/* x quantised to e4m3 with the ue8m0 scale of its block (amax = max |x| over the block) and dequantised; the code
+ * and the scale's byte (2^(byte-127)) go to *code / *scale_byte when those are not NULL (the --kv fp8 cache). */
+static __device__ __forceinline__ float dsv4_fp8_e4m3_sim(float x, float amax, uint8_t *code = nullptr,
+                                                          uint8_t *scale_byte = nullptr)
 {
     float a = fmaxf(amax, 1e-4f);
-    float s = exp2f(ceilf(log2f(a / 448.0f)));
+    float e = ceilf(log2f(a / 448.0f));
+    float s = exp2f(e);
     float v = fminf(fmaxf(x / s, -448.0f), 448.0f);
     __nv_fp8_storage_t q = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
+    if (code) *code = (uint8_t)q;
+    if (scale_byte) *scale_byte = (uint8_t)((int)e + 127); /* e in [-22, 121] for amax in [1e-4, f32 max] */
     __half_raw hr = __nv_cvt_fp8_to_halfraw(q, __NV_E4M3);
     return __half2float(__half(hr)) * s;
 }
 
 /* In place on the first n_nope values of v [dim] in shared memory: FP8 simulation per block of 64 channels (the
- * last block may be partial). Call with all threads; ends with a __syncthreads. */
-static __device__ __forceinline__ void dsv4_fp8_nope_sim_smem(float *v, int n_nope)
+ * last block may be partial). With codes / scales (global memory, may be NULL) the e4m3 code of channel i goes to
+ * codes[i] and the scale byte of block b to scales[b] (kernels/kv_layout.h). Call with all threads; ends with a
+ * __syncthreads. */
+static __device__ __forceinline__ void dsv4_fp8_nope_sim_smem(float *v, int n_nope, uint8_t *codes = nullptr,
+                                                              uint8_t *scales = nullptr)
 {
     __shared__ float amax[64]; /* n_nope <= 4096 */
     const int nb = (n_nope + 63) / 64;
@@ -83,7 +91,12 @@ static __device__ __forceinline__ void dsv4_fp8_nope_sim_smem(float *v, int n_no
         amax[b] = a;
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < n_nope; i += blockDim.x) v[i] = dsv4_fp8_e4m3_sim(v[i], amax[i / 64]);
+    for (int i = threadIdx.x; i < n_nope; i += blockDim.x) {
+        uint8_t q = 0, sb = 0;
+        v[i] = dsv4_fp8_e4m3_sim(v[i], amax[i / 64], &q, &sb);
+        if (codes) codes[i] = q;
+        if (scales && i % 64 == 0) scales[i / 64] = sb;
+    }
     __syncthreads();
 }
 

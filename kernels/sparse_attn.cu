@@ -8,7 +8,8 @@
  *      and the device, never on timing.
  *   2. partial kernel (attn_mma_partial): Q of the head group in shared memory; KV tiles gathered by cp.async
  *      (double buffer); S = Q.K^T and O += P.V on mma.sync m16n8k16 bf16 with fp32 accumulators; online softmax
- *      with the running (max, sum) per head in shared memory. With one split it finalises directly.
+ *      with the running (max, sum) per head in shared memory. With one split it finalises directly. An fp8 cache
+ *      (kv8) is gathered raw by cp.async (double buffer) and expanded into one bf16 tile before each tile's math.
  *   3. combine kernel (attn_combine): merges the splits' (max, sum, out) in split order 0..n-1, adds the sink to
  *      the denominator, applies the inverse RoPE and stores. No atomics anywhere: bitwise deterministic.
  *
@@ -23,6 +24,7 @@
 #include <math.h>
 
 #include "common.cuh"
+#include "kv_layout.h"
 #include "sparse_attn.cuh"
 #include "sparse_attn_plan.h"
 
@@ -92,6 +94,47 @@ static __device__ __forceinline__ void attn_issue_tile(const dsv4_sparse_attn_pa
     if (threadIdx.x < ATTN_T) idx_dst[threadIdx.x] = attn_slot(p, c, t * ATTN_T + threadIdx.x);
 }
 
+/* The fp8 form: the raw entries of tile t into raw_dst [ATTN_T][entry bytes] (zero-filled rows for skipped slots). */
+static __device__ __forceinline__ void attn_issue_tile8(const dsv4_sparse_attn_params &p, int c, int t,
+                                                        uint8_t *raw_dst, int *idx_dst)
+{
+    const int eb = (int)dsv4_kv8_entry_bytes(p.head_dim, p.rope_dim), chunks = eb / 16;
+    const uint8_t *base = p.kv8 + (size_t)c * p.kv_seq_stride;
+    for (int i = threadIdx.x; i < ATTN_T * chunks; i += ATTN_THREADS) {
+        int row = i / chunks, ch = i - row * chunks;
+        int slot = attn_slot(p, c, t * ATTN_T + row);
+        dsv4_cp_async16(raw_dst + row * eb + ch * 16, base + (size_t)(slot < 0 ? 0 : slot) * eb + ch * 16,
+                        slot < 0 ? 0 : 16);
+    }
+    if (threadIdx.x < ATTN_T) idx_dst[threadIdx.x] = attn_slot(p, c, t * ATTN_T + threadIdx.x);
+}
+
+/* Expands a raw fp8 tile into the bf16 tile kv_dst [ATTN_T][d+8], 8 channels per item: nope codes times their
+ * block's scale (exact in bf16), rope channels copied. A zero-filled row decodes to zeros. */
+static __device__ __forceinline__ void attn_expand_tile8(const dsv4_sparse_attn_params &p, const uint8_t *raw,
+                                                         uint16_t *kv_dst)
+{
+    const int d = p.head_dim, rope = p.rope_dim, nope = d - rope, pitch = d + 8, groups = d / 8;
+    const int eb = (int)dsv4_kv8_entry_bytes(d, rope), codes = dsv4_kv8_codes_at(rope);
+    const int scales = dsv4_kv8_scales_at(d, rope);
+    for (int i = threadIdx.x; i < ATTN_T * groups; i += ATTN_THREADS) {
+        const int row = i / groups, ch = (i - row * groups) * 8;
+        const uint8_t *e = raw + row * eb;
+        uint4 v;
+        if (ch >= nope) {
+            v = *reinterpret_cast<const uint4 *>(e + 2 * (ch - nope)); /* rope part: 16-byte aligned */
+        } else {
+            const uint2 c8 = *reinterpret_cast<const uint2 *>(e + codes + ch);
+            const float sc = dsv4_kv8_scale(e[scales + ch / DSV4_KV8_BLOCK]);
+            float2 f0 = dsv4_kv8_decode2((uint16_t)c8.x, sc), f1 = dsv4_kv8_decode2((uint16_t)(c8.x >> 16), sc);
+            float2 f2 = dsv4_kv8_decode2((uint16_t)c8.y, sc), f3 = dsv4_kv8_decode2((uint16_t)(c8.y >> 16), sc);
+            v = make_uint4(dsv4_bf16_pack2(f0.x, f0.y), dsv4_bf16_pack2(f1.x, f1.y), dsv4_bf16_pack2(f2.x, f2.y),
+                           dsv4_bf16_pack2(f3.x, f3.y));
+        }
+        *reinterpret_cast<uint4 *>(kv_dst + row * pitch + ch) = v;
+    }
+}
+
 template <int MT>
 __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mma_partial(const __grid_constant__ attn_kparams kp)
 {
@@ -105,13 +148,16 @@ __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mma_partial(const __grid
 
     extern __shared__ __align__(16) unsigned char attn_smem[];
     uint16_t *q_s = reinterpret_cast<uint16_t *>(attn_smem);  /* [HG][d+8] bf16 */
-    uint16_t *kv_s = q_s + HG * pitch;                         /* [2][ATTN_T][d+8] bf16 */
-    float *s_s = reinterpret_cast<float *>(kv_s + 2 * ATTN_T * pitch); /* [2][HG][ATTN_S_PITCH] k-halves */
+    const bool fp8 = p.kv8 != nullptr;
+    uint16_t *kv_s = q_s + HG * pitch;                         /* [2][ATTN_T][d+8] bf16 (fp8: [1][..]) */
+    float *s_s = reinterpret_cast<float *>(kv_s + (fp8 ? 1 : 2) * ATTN_T * pitch); /* [2][HG][ATTN_S_PITCH] */
     uint16_t *p_s = reinterpret_cast<uint16_t *>(s_s + 2 * HG * ATTN_S_PITCH); /* [HG][ATTN_P_PITCH] bf16 */
     float *m_s = reinterpret_cast<float *>(p_s + HG * ATTN_P_PITCH); /* [HG] running max */
     float *l_s = m_s + HG;                                     /* [HG] running sum of rounded p */
     float *alpha_s = l_s + HG;                                 /* [HG] rescale of this tile */
     int *idx_s = reinterpret_cast<int *>(alpha_s + HG);        /* [2][ATTN_T] */
+    uint8_t *raw_s = reinterpret_cast<uint8_t *>(idx_s + 2 * ATTN_T); /* fp8: [2][ATTN_T][entry bytes] */
+    const int raw_tile = fp8 ? ATTN_T * (int)dsv4_kv8_entry_bytes(d, p.rope_dim) : 0;
 
     /* Q rows of the group; rows past the last head are zero so they never produce NaN. */
     const uint16_t *qg = p.q + ((size_t)c * p.n_heads + h0) * d;
@@ -120,7 +166,10 @@ __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mma_partial(const __grid
         bool ok = row < hn;
         dsv4_cp_async16(q_s + row * pitch + ch * 8, qg + (size_t)(ok ? row : 0) * d + ch * 8, ok ? 16 : 0);
     }
-    attn_issue_tile(p, c, t_begin, kv_s, idx_s);
+    if (fp8)
+        attn_issue_tile8(p, c, t_begin, raw_s, idx_s);
+    else
+        attn_issue_tile(p, c, t_begin, kv_s, idx_s);
     dsv4_cp_async_commit();
     if (threadIdx.x < HG) {
         m_s[threadIdx.x] = -INFINITY;
@@ -137,11 +186,17 @@ __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mma_partial(const __grid
 
     for (int t = t_begin; t < t_end; t++) {
         const int buf = (t - t_begin) & 1;
-        const uint16_t *kt = kv_s + buf * ATTN_T * pitch;
+        const uint16_t *kt = kv_s + (fp8 ? 0 : buf) * ATTN_T * pitch;
         dsv4_cp_async_wait<0>();
-        __syncthreads(); /* tile t visible; every warp is done with tile t-1 */
-        if (t + 1 < t_end) attn_issue_tile(p, c, t + 1, kv_s + (buf ^ 1) * ATTN_T * pitch, idx_s + (buf ^ 1) * ATTN_T);
+        __syncthreads(); /* tile t visible; every warp is done with tile t-1 (and, fp8, with the bf16 tile) */
+        if (fp8) {
+            attn_expand_tile8(p, raw_s + buf * raw_tile, kv_s);
+            if (t + 1 < t_end) attn_issue_tile8(p, c, t + 1, raw_s + (buf ^ 1) * raw_tile, idx_s + (buf ^ 1) * ATTN_T);
+        } else if (t + 1 < t_end) {
+            attn_issue_tile(p, c, t + 1, kv_s + (buf ^ 1) * ATTN_T * pitch, idx_s + (buf ^ 1) * ATTN_T);
+        }
         dsv4_cp_async_commit();
+        if (fp8) __syncthreads(); /* the expanded tile visible */
 
         /* S = Q.K^T: warp w < 2*MT owns m-tile w/2, all ATTN_T entries, and the k-steps ks = w%2 (mod 2); the two
          * halves go to separate buffers and are added (in a fixed order) by the softmax. Each Q element is read
@@ -331,6 +386,24 @@ __global__ void __launch_bounds__(128) attn_combine(const __grid_constant__ attn
 }
 
 /* ------------------------------------------------------------------------------------------------ SIMT (naive) */
+/* Channels (2i, 2i+1) of slot `slot` of sequence c, from either form of the cache. */
+static __device__ __forceinline__ float2 attn_kv_pair(const dsv4_sparse_attn_params &p, int c, int slot, int i)
+{
+    const int d = p.head_dim;
+    if (!p.kv8) {
+        uint32_t kk = reinterpret_cast<const uint32_t *>(p.kv + (size_t)c * p.kv_seq_stride + (size_t)slot * d)[i];
+        return make_float2(dsv4_bf16_lo(kk), dsv4_bf16_hi(kk));
+    }
+    const int rope = p.rope_dim, nope = d - rope, ch = 2 * i;
+    const uint8_t *e = p.kv8 + (size_t)c * p.kv_seq_stride + (size_t)slot * dsv4_kv8_entry_bytes(d, rope);
+    if (ch >= nope) {
+        uint32_t kk = reinterpret_cast<const uint32_t *>(e)[(ch - nope) / 2];
+        return make_float2(dsv4_bf16_lo(kk), dsv4_bf16_hi(kk));
+    }
+    const uint16_t two = *reinterpret_cast<const uint16_t *>(e + dsv4_kv8_codes_at(rope) + ch);
+    return dsv4_kv8_decode2(two, dsv4_kv8_scale(e[dsv4_kv8_scales_at(d, rope) + ch / DSV4_KV8_BLOCK]));
+}
+
 /* The original: one block per (head, sequence); the entries are read twice per head, scores in shared memory. */
 __global__ void __launch_bounds__(ATTN_SIMT_THREADS) attn_simt(const __grid_constant__ dsv4_sparse_attn_params p)
 {
@@ -344,15 +417,13 @@ __global__ void __launch_bounds__(ATTN_SIMT_THREADS) attn_simt(const __grid_cons
     const uint16_t *qh = p.q + ((size_t)c * p.n_heads + h) * d;
     for (int i = threadIdx.x; i < d; i += ATTN_SIMT_THREADS) q_s[i] = __uint_as_float((uint32_t)qh[i] << 16);
     __syncthreads();
-    const uint16_t *base = p.kv + (size_t)c * p.kv_seq_stride;
     for (int j = warp; j < p.n_idx; j += nwarps) {
         int slot = attn_slot(p, c, j);
         float dot = 0.0f;
         if (slot >= 0) {
-            const uint32_t *k2 = reinterpret_cast<const uint32_t *>(base + (size_t)slot * d);
             for (int i = lane; i < d / 2; i += 32) {
-                uint32_t kk = k2[i];
-                dot += q_s[2 * i] * dsv4_bf16_lo(kk) + q_s[2 * i + 1] * dsv4_bf16_hi(kk);
+                const float2 k = attn_kv_pair(p, c, slot, i);
+                dot += q_s[2 * i] * k.x + q_s[2 * i + 1] * k.y;
             }
         }
 #pragma unroll
@@ -390,35 +461,41 @@ __global__ void __launch_bounds__(ATTN_SIMT_THREADS) attn_simt(const __grid_cons
         for (int j = 0; j < p.n_idx; j++) {
             float pj = sc_s[j];
             if (pj == 0.0f) continue; /* skipped entries (and underflow: contributes nothing either way) */
-            int slot = attn_slot(p, c, j);
-            uint32_t kk = reinterpret_cast<const uint32_t *>(base + (size_t)slot * d)[i];
-            x += pj * dsv4_bf16_lo(kk);
-            y += pj * dsv4_bf16_hi(kk);
+            const float2 k = attn_kv_pair(p, c, attn_slot(p, c, j), i);
+            x += pj * k.x;
+            y += pj * k.y;
         }
         attn_store_pair(p, c, h, 2 * i, x * inv, y * inv);
     }
 }
 
 /* ------------------------------------------------------------------------------------------------ host */
-static size_t attn_mma_smem(int mt, int d)
+/* Shared memory of the MMA partial kernel; entry_bytes 0 for a bf16 cache, else the fp8 entry size (one bf16 tile
+ * plus two raw tiles instead of two bf16 tiles). */
+static size_t attn_mma_smem(int mt, int d, int64_t entry_bytes)
 {
     int hg = 16 * mt, pitch = d + 8;
-    return (size_t)hg * pitch * 2 + (size_t)2 * ATTN_T * pitch * 2 + (size_t)2 * hg * ATTN_S_PITCH * 4 +
-           (size_t)hg * ATTN_P_PITCH * 2 + (size_t)hg * 3 * 4 + 2 * ATTN_T * 4;
+    size_t kv = entry_bytes ? (size_t)ATTN_T * pitch * 2 + (size_t)2 * ATTN_T * entry_bytes : (size_t)2 * ATTN_T * pitch * 2;
+    return (size_t)hg * pitch * 2 + kv + (size_t)2 * hg * ATTN_S_PITCH * 4 + (size_t)hg * ATTN_P_PITCH * 2 +
+           (size_t)hg * 3 * 4 + 2 * ATTN_T * 4;
+}
+static int64_t attn_entry8(const dsv4_sparse_attn_params *p)
+{
+    return p->kv8 ? dsv4_kv8_entry_bytes(p->head_dim, p->rope_dim) : 0;
 }
 
 /* The work split (part 1 of 3). Fills kp's plan fields; 0 or a negative error. */
-static int attn_plan(const dsv4_sparse_attn_params *p, attn_kparams *kp, int *mt_out)
+static int attn_plan(const dsv4_sparse_attn_params *p, int64_t e8, attn_kparams *kp, int *mt_out)
 {
     int dev = 0, sms = 0, smem_max = 0;
     DSV4_CUDA_CHECK(cudaGetDevice(&dev));
     DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
     int mt = dsv4_ceil_div(p->n_heads < 64 ? p->n_heads : 64, 16);
-    while (mt > 1 && attn_mma_smem(mt, p->head_dim) > (size_t)smem_max) mt--;
-    if (attn_mma_smem(mt, p->head_dim) > (size_t)smem_max)
+    while (mt > 1 && attn_mma_smem(mt, p->head_dim, e8) > (size_t)smem_max) mt--;
+    if (attn_mma_smem(mt, p->head_dim, e8) > (size_t)smem_max)
         return dsv4_error(DSV4_ERR_UNSUPPORTED, "sparse_attn: head_dim %d needs %zu B of shared memory, device has %d",
-                          p->head_dim, attn_mma_smem(mt, p->head_dim), smem_max);
+                          p->head_dim, attn_mma_smem(mt, p->head_dim, e8), smem_max);
     const int groups = dsv4_ceil_div(p->n_heads, 16 * mt), nt = dsv4_ceil_div(p->n_idx, ATTN_T);
     int n_split = 1, tps = nt;
     dsv4_attn_choose_split((int64_t)p->n_seq * groups, nt, sms, 16 * mt, &n_split, &tps);
@@ -458,30 +535,49 @@ static int attn_validate(const dsv4_sparse_attn_params *p)
 {
     int rc = attn_validate_shape(p);
     if (rc != 0) return rc;
-    DSV4_CHECK(p->q && p->kv && p->idx && p->sink && p->out, "sparse_attn: q, kv, idx, sink, out must be non-NULL");
+    DSV4_CHECK(p->q && (p->kv != NULL) != (p->kv8 != NULL) && p->idx && p->sink && p->out,
+               "sparse_attn: q, one of kv and kv8, idx, sink, out must be non-NULL");
     DSV4_CHECK(p->rope_dim == 0 || (p->rope_cos && p->rope_sin), "sparse_attn: rope_cos/rope_sin are NULL");
-    DSV4_CHECK(dsv4_aligned16(p->q) && dsv4_aligned16(p->kv) && dsv4_aligned16(p->out),
+    DSV4_CHECK(dsv4_aligned16(p->q) && dsv4_aligned16(p->kv ? (const void *)p->kv : p->kv8) && dsv4_aligned16(p->out),
                "sparse_attn: q, kv and out must be 16-byte aligned");
+    if (p->kv8) {
+        if (!dsv4_kv8_shape_ok(p->head_dim, p->rope_dim))
+            return dsv4_error(DSV4_ERR_UNSUPPORTED, "sparse_attn: no fp8 cache layout for head_dim %d, rope_dim %d "
+                              "(kernels/kv_layout.h needs both parts multiples of 8)", p->head_dim, p->rope_dim);
+        const int64_t eb = dsv4_kv8_entry_bytes(p->head_dim, p->rope_dim);
+        DSV4_CHECK(p->kv_seq_stride % 16 == 0 && (p->n_seq == 1 || p->kv_seq_stride >= (int64_t)p->n_slots * eb),
+                   "sparse_attn: kv_seq_stride %lld (bytes, fp8 cache) must be a multiple of 16 and >= n_slots*%lld",
+                   (long long)p->kv_seq_stride, (long long)eb);
+        return 0;
+    }
     DSV4_CHECK(p->kv_seq_stride % 8 == 0 && (p->n_seq == 1 || p->kv_seq_stride >= (int64_t)p->n_slots * p->head_dim),
                "sparse_attn: kv_seq_stride %lld must be a multiple of 8 and >= n_slots*head_dim",
                (long long)p->kv_seq_stride);
     return 0;
 }
 
+/* The workspace of one KV form: entry bytes e8 (0 = bf16). */
+static size_t attn_workspace_form(const dsv4_sparse_attn_params *p, int64_t e8)
+{
+    attn_kparams kp;
+    int mt = 0;
+    if (attn_plan(p, e8, &kp, &mt) != 0 || kp.n_split == 1) return 0;
+    size_t rows = (size_t)p->n_seq * kp.n_split * p->n_heads;
+    return rows * p->head_dim * sizeof(float) + rows * 2 * sizeof(float);
+}
+
 extern "C" size_t dsv4_opt_sparse_attn_workspace_bytes(const dsv4_sparse_attn_params *p)
 {
     if (attn_validate_shape(p) != 0 || p->kernel != DSV4_ATTN_KERNEL_MMA) return 0;
-    attn_kparams kp;
-    int mt = 0;
-    if (attn_plan(p, &kp, &mt) != 0 || kp.n_split == 1) return 0;
-    size_t rows = (size_t)p->n_seq * kp.n_split * p->n_heads;
-    return rows * p->head_dim * sizeof(float) + rows * 2 * sizeof(float);
+    size_t a = attn_workspace_form(p, 0), b = 0;
+    if (dsv4_kv8_shape_ok(p->head_dim, p->rope_dim)) b = attn_workspace_form(p, dsv4_kv8_entry_bytes(p->head_dim, p->rope_dim));
+    return a > b ? a : b;
 }
 
 template <int MT> static int attn_launch_mma(const attn_kparams *kp)
 {
     const dsv4_sparse_attn_params *p = &kp->p;
-    size_t smem = attn_mma_smem(MT, p->head_dim);
+    size_t smem = attn_mma_smem(MT, p->head_dim, attn_entry8(p));
     DSV4_CUDA_CHECK(cudaFuncSetAttribute(attn_mma_partial<MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     dim3 grid(kp->n_split, dsv4_ceil_div(p->n_heads, 16 * MT), p->n_seq);
     attn_mma_partial<MT><<<grid, ATTN_THREADS, smem, p->stream>>>(*kp);
@@ -507,7 +603,7 @@ extern "C" int dsv4_opt_sparse_attn(const dsv4_sparse_attn_params *p)
     attn_kparams kp;
     kp.p = *p;
     int mt = 0;
-    rc = attn_plan(p, &kp, &mt);
+    rc = attn_plan(p, attn_entry8(p), &kp, &mt);
     if (rc != 0) return rc;
     kp.ws_o = NULL;
     kp.ws_ml = NULL;

@@ -10,6 +10,9 @@
  *                           bf16 m16n8k16; split-K over the entries, then a fixed-order combine (bitwise
  *                           deterministic run to run). Probabilities enter the P.V product as bf16.
  *   DSV4_ATTN_KERNEL_SIMT - the original: one block per (sequence, head), fp32 SIMT, the entries re-read per head.
+ * Either variant reads the KV as bf16 rows (kv) or as fp8 cache entries (kv8: e4m3 nope codes with ue8m0 scales,
+ * bf16 rope; kernels/kv_layout.h), expanded to bf16 on the way (exact), so both forms of the same values give the
+ * same output bits.
  */
 #ifndef DSV4_KERNELS_SPARSE_ATTN_CUH
 #define DSV4_KERNELS_SPARSE_ATTN_CUH
@@ -35,7 +38,10 @@ typedef struct dsv4_sparse_attn_params {
     float scale;          /* softmax scale, d^-1/2 */
     const uint16_t *q;    /* [C, H, d] bf16 bits, contiguous; device */
     const uint16_t *kv;   /* [C][n_slots, d] bf16 bits, row stride d; sequence c at kv + c*kv_seq_stride; device */
-    int64_t kv_seq_stride;/* elements between two sequences' KV buffers (multiple of 8) */
+    const uint8_t *kv8;   /* or (kv NULL) the --kv fp8 entries of kernels/kv_layout.h, dsv4_kv8_entry_bytes(d,
+                             rope_dim) bytes per slot; sequence c at kv8 + c*kv_seq_stride; device */
+    int64_t kv_seq_stride;/* between two sequences' KV buffers: elements (kv, multiple of 8) or BYTES (kv8,
+                             multiple of 16) */
     const int32_t *idx;   /* [C, n_idx] slot ids, -1 = skip; device */
     const float *sink;    /* [H] sink logits; device */
     const float *rope_cos;/* [C, rope_dim/2] cos(p_c * theta_i) of each sequence's query position; device */

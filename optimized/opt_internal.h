@@ -95,7 +95,9 @@ typedef struct opt_layer {
     uint8_t *q2, *s2;                /* [E_loc][D, I/2], [E_loc][D, I/32] or NULL */
     size_t w_bytes;                  /* this layer's bytes of the weights arena */
     /* state (per sequence, C of each) */
-    uint16_t *kvc;                   /* [C][W + pool_cap, d] */
+    uint16_t *kvc;                   /* [C][W + pool_cap, d] bf16, or NULL with --kv fp8: */
+    uint8_t *kv8;                    /* [C][W + pool_cap] entries of kernels/kv_layout.h (--kv fp8) or NULL */
+    int64_t kv_seq_bytes;            /* bytes of one sequence's window ring + pool, either form */
     int pool_cap;                    /* max_context / r entries (>= 1), 0 sliding */
     float *cmp_kv, *cmp_score;       /* [C][rows, width] */
     uint16_t *ipool;                 /* [C][pool_cap, d_I] (csa) */

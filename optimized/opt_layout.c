@@ -28,6 +28,7 @@
 
 #include "kernels/elementwise.cuh"
 #include "kernels/indexer.cuh"
+#include "kernels/kv_layout.h"
 #include "kernels/mhc.cuh"
 #include "kernels/sparse_attn.cuh"
 #include "kernels/topk.cuh"
@@ -388,7 +389,14 @@ static void state_layout(dsv4_opt *o, opt_carver *cv)
         opt_layer *ly = &o->layers[L];
         const int csa = ly->attn == DSV4_ATTN_CSA;
         ly->pool_cap = ly->ratio > 0 ? (o->opt.max_context / ly->ratio > 0 ? o->opt.max_context / ly->ratio : 1) : 0;
-        ly->kvc = opt_carve(cv, C * (W + ly->pool_cap) * d * 2);
+        /* --kv fp8 stores the entries as model-spec §3's fp8 cache (kernels/kv_layout.h): 592 of 1,024 bytes in
+         * Flash */
+        const size_t entry = o->opt.kv == DSV4_OPT_KV_FP8 ? (size_t)dsv4_kv8_entry_bytes((int)d, 2 * o->np) : d * 2;
+        ly->kv_seq_bytes = (int64_t)((W + ly->pool_cap) * entry);
+        if (o->opt.kv == DSV4_OPT_KV_FP8)
+            ly->kv8 = opt_carve(cv, C * (W + ly->pool_cap) * entry);
+        else
+            ly->kvc = opt_carve(cv, C * (W + ly->pool_cap) * entry);
         if (ly->ratio <= 0) continue;
         size_t rows = (size_t)(csa ? 2 : 1) * ly->ratio, width = (size_t)(csa ? 2 : 1) * d;
         ly->cmp_kv = opt_carve(cv, C * rows * width * 4);
@@ -581,6 +589,9 @@ int opt_init_common(dsv4_opt *o, opt_weight_src *src)
     o->H_all = o->H, o->HI_all = o->HI, o->G_all = o->G;
     o->H = part.nh, o->h0 = part.h0, o->HI = part.nhi, o->hi0 = part.hi0, o->G = part.ng, o->g0 = part.g0;
     o->E_loc = part.ne, o->e0 = part.e0, o->NI_sh = part.ni, o->i0 = part.i0;
+    if (o->opt.kv == DSV4_OPT_KV_FP8 && !dsv4_kv8_shape_ok(o->d, 2 * o->np))
+        return dsv4_error(DSV4_ERR_UNSUPPORTED, "optimized: --kv fp8 needs head_dim %d and its %d rope channels to "
+                          "be multiples of 8 (the fp8 cache entry of kernels/kv_layout.h)", o->d, 2 * o->np);
     o->follow = o->opt.follow;
     o->follow_stride = 2 + o->topk + o->K;
     o->follow_stop = -1;

@@ -11,7 +11,8 @@
  * - Random state is valid state: entries of the window ring, the compressed pools and the indexer pool are
  *   RMS-normed random rows (what a norm + RoPE leaves, magnitude 1), the compressor states are empty (kv 0,
  *   score -inf: a window boundary, since positions are multiples of the largest ratio) and the entries past
- *   `position` stay as cudaMemset left them (zeros), as in a real run. FP8 kv (--kv fp8) is not simulated here.
+ *   `position` stay as cudaMemset left them (zeros), as in a real run. With --kv fp8 the window ring and the main
+ *   pool hold fp8 cache entries (kernels/kv_layout.h) of the same distribution.
  * - fp8 weights: the FP8 linears and FP4 experts are drawn as codes with the scale the quantiser would give a
  *   block of amax = the bf16 draw's amplitude (one stream per file tensor), so their gain matches bf16 mode's;
  *   they are NOT the bf16 mode's values quantised (throughput runs only compare times).
@@ -26,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/kv_layout.h"
 extern "C" {
 #include "opt_internal.h"
 }
@@ -100,6 +102,30 @@ static __global__ void rnd_fp4_kernel(uint8_t *q, size_t n_bytes, uint8_t *scale
     }
 }
 
+/* n --kv fp8 cache entries (kernels/kv_layout.h) of U[-amp, amp) rows: bf16 rope channels, e4m3 codes with the
+ * scale 2^sexp that the quantiser gives a block of amax = amp (every scale byte sexp + 127), zero padding. */
+static __global__ void rnd_kv8_kernel(uint8_t *e, size_t n, int d, int rope, uint64_t seed, float amp, int sexp)
+{
+    const int eb = (int)dsv4_kv8_entry_bytes(d, rope), nope = d - rope, codes = dsv4_kv8_codes_at(rope);
+    const int scales = dsv4_kv8_scales_at(d, rope), ns = dsv4_kv8_scales(nope);
+    const float inv = ldexpf(1.0f, -sexp);
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n * eb; i += (size_t)gridDim.x * blockDim.x) {
+        const size_t ent = i / eb;
+        const int b = (int)(i % eb);
+        uint8_t v = 0;
+        if (b < codes) {
+            const int ch = nope + b / 2; /* rope channel of this byte */
+            __nv_bfloat16 h = __float2bfloat16_rn(amp * rnd_uniform(seed, ent * d + ch));
+            v = (uint8_t)(*reinterpret_cast<uint16_t *>(&h) >> (8 * (b & 1)));
+        } else if (b < scales) {
+            const int ch = b - codes;
+            v = (uint8_t)__nv_cvt_float_to_fp8(amp * rnd_uniform(seed, ent * d + ch) * inv, __NV_SATFINITE, __NV_E4M3);
+        } else if (b < scales + ns) {
+            v = (uint8_t)(sexp + 127);
+        }
+        e[i] = v;
+    }
+}
 static int launch_check(const char *what)
 {
     cudaError_t e = cudaGetLastError();
@@ -310,8 +336,15 @@ static int random_state_one(dsv4_opt *o, void *arg)
         if (n_ent > (size_t)ly->pool_cap) n_ent = (size_t)ly->pool_cap;
         for (int c = 0; c < o->C; c++) {
             uint64_t sid = stream_seed(seed, ((uint64_t)L << 32) | ((uint64_t)c << 1));
-            uint16_t *kv = ly->kvc + (size_t)c * (W + ly->pool_cap) * d;
-            DSV4_TRY(dsv4_opt_random_bf16(kv, (W + n_ent) * d, sid, 0.0f, amp, o->stream));
+            if (ly->kv8) { /* --kv fp8: the same distribution, stored as the fp8 cache stores it */
+                const int sexp = (int)ceilf(log2f(amp / 448.0f));
+                rnd_kv8_kernel<<<1056, 256, 0, (cudaStream_t)o->stream>>>(ly->kv8 + (size_t)c * ly->kv_seq_bytes,
+                                                                          W + n_ent, (int)d, 2 * o->np, sid, amp, sexp);
+                DSV4_TRY(launch_check("rnd_kv8_kernel"));
+            } else {
+                uint16_t *kv = ly->kvc + (size_t)c * (W + ly->pool_cap) * d;
+                DSV4_TRY(dsv4_opt_random_bf16(kv, (W + n_ent) * d, sid, 0.0f, amp, o->stream));
+            }
             if (ly->attn == DSV4_ATTN_CSA && n_ent > 0)
                 DSV4_TRY(dsv4_opt_random_bf16(ly->ipool + (size_t)c * ly->pool_cap * dI, n_ent * dI, sid + 1,
                                                   0.0f, amp, o->stream));

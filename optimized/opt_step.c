@@ -23,6 +23,7 @@
 #include "kernels/elementwise.cuh"
 #include "kernels/follow.cuh"
 #include "kernels/indexer.cuh"
+#include "kernels/kv_layout.h"
 #include "kernels/mhc.cuh"
 #include "kernels/moe.cuh"
 #include "kernels/sparse_attn.cuh"
@@ -97,14 +98,14 @@ static int norm_rope(dsv4_opt *o, const void *x, int x_bf16, int64_t x_stride, i
 
 static int compressor(dsv4_opt *o, const opt_layer *ly, int d_c, int overlap, int kv_off, int gate_off,
                       const float *ape, const float *norm_w, float *skv, float *ssc, uint16_t *pool,
-                      int64_t pool_stride, int row0, int fp8)
+                      uint8_t *pool8, int64_t pool_stride, int row0, int fp8)
 {
     dsv4_compressor_params p = {
         .n_seq = o->C, .ratio = ly->ratio, .d_c = d_c, .overlap = overlap, .rope_pairs = o->np, .fp8_nope = fp8,
         .eps = (float)o->cfg.rms_norm_eps, .pos = o->d_in + o->C, .active = o->d_in + 2 * o->C, .proj = o->proj,
         .proj_stride = ly->n_x, .kv_off = kv_off, .gate_off = gate_off, .ape = ape, .norm_w = norm_w,
         .inv_freq = o->inv_cmp, .state_kv = skv, .state_score = ssc, .pool = pool, .pool_seq_stride = pool_stride,
-        .pool_row0 = row0, .pool_cap = ly->pool_cap, .stream = o->stream};
+        .pool8 = pool8, .pool8_seq_stride = pool_stride, .pool_row0 = row0, .pool_cap = ly->pool_cap, .stream = o->stream};
     return dsv4_opt_compressor_update(&p);
 }
 
@@ -113,7 +114,7 @@ static int indexer(dsv4_opt *o, int L, const opt_layer *ly, int n_csa)
 {
     const int s = o->opt.dump_seq, C = o->C, HI = o->HI, dI = o->dI;
     DSV4_TRY(compressor(o, ly, dI, 1, ly->off_ikv, ly->off_ig, ly->idx_ape, ly->idx_norm, ly->icmp_kv,
-                            ly->icmp_score, ly->ipool, (int64_t)ly->pool_cap * dI, 0, 0));
+                            ly->icmp_score, ly->ipool, NULL, (int64_t)ly->pool_cap * dI, 0, 0));
     DSV4_TRY(opt_linear_apply(o, &ly->idx_wq_b, o->qfull, 1, HI * dI, o->qr_b, o->qr, C));
     DSV4_TRY(norm_rope(o, o->qfull, 0, (int64_t)HI * dI, HI, dI, 0, NULL, 1, o->cos_c, o->sin_c, o->qI,
                            (int64_t)HI * dI));
@@ -162,7 +163,8 @@ static int attention(dsv4_opt *o, int L, int n_csa, int n_hca)
     const int s = o->opt.dump_seq, C = o->C, D = o->D, H = o->H, d = o->d, W = o->W, nx = ly->n_x;
     const int sliding = ly->attn == DSV4_ATTN_SLIDING, fp8 = o->opt.kv == DSV4_OPT_KV_FP8;
     const float *cs = sliding ? o->cos_m : o->cos_c, *sn = sliding ? o->sin_m : o->sin_c;
-    const int64_t kv_stride = (int64_t)(W + ly->pool_cap) * d;
+    /* between two sequences' caches: elements of the bf16 form, bytes of the fp8 form (kernels/kv_layout.h) */
+    const int64_t kv_stride = fp8 ? ly->kv_seq_bytes : (int64_t)(W + ly->pool_cap) * d;
 
     DSV4_TRY(opt_proj_apply(o, &ly->x, o->proj, nx, o->xn, D, C));
     DSV4_TRY(norm_rope(o, o->proj + ly->off_qa, 0, nx, 1, o->qr, 1, ly->q_norm, 0, NULL, NULL, o->qr_b, o->qr));
@@ -171,14 +173,15 @@ static int attention(dsv4_opt *o, int L, int n_csa, int n_hca)
     dsv4_norm_rope_params kp = {.n_tok = C, .heads = 1, .dim = d, .x = o->proj + ly->off_kv, .x_tok_stride = nx,
                                 .norm = 1, .weight = ly->kv_norm, .eps = (float)o->cfg.rms_norm_eps,
                                 .rope_pairs = o->np, .cos = cs, .sin = sn, .fp8_nope = fp8, .out = ly->kvc,
-                                .out_slot = o->ring_slot, .out_seq_stride = kv_stride, .out_f32 = o->kvf,
+                                .out_slot = o->ring_slot, .out_seq_stride = kv_stride, .out8 = ly->kv8,
+                                .out8_seq_stride = kv_stride, .out_f32 = o->kvf,
                                 .post_scale = 1.0f, .stream = o->stream};
     DSV4_TRY(dsv4_opt_norm_rope(&kp));
     PROBE("kv", o->kvf + (size_t)s * d, d, PR_F32);
 
     if (ly->ratio > 0)
         DSV4_TRY(compressor(o, ly, d, ly->attn == DSV4_ATTN_CSA, ly->off_ckv, ly->off_cg, ly->cmp_ape,
-                                ly->cmp_norm, ly->cmp_kv, ly->cmp_score, ly->kvc, kv_stride, W, fp8));
+                                ly->cmp_norm, ly->cmp_kv, ly->cmp_score, ly->kvc, ly->kv8, kv_stride, W, fp8));
     if (ly->attn == DSV4_ATTN_CSA) DSV4_TRY(indexer(o, L, ly, n_csa));
 
     dsv4_step_index_params xp = {.n_seq = C, .window = W, .pos = o->d_in + C, .topk = o->topk_ids,
@@ -190,7 +193,7 @@ static int attention(dsv4_opt *o, int L, int n_csa, int n_hca)
     dsv4_sparse_attn_params ap = {.n_seq = C, .n_heads = H, .head_dim = d, .rope_dim = 2 * o->np,
                                   .n_idx = W + xp.n_extra, .n_slots = W + ly->pool_cap,
                                   .scale = 1.0f / sqrtf((float)d), .q = o->q, .kv = ly->kvc,
-                                  .kv_seq_stride = kv_stride, .idx = o->idx, .sink = ly->sinks, .rope_cos = cs,
+                                  .kv8 = ly->kv8, .kv_seq_stride = kv_stride, .idx = o->idx, .sink = ly->sinks, .rope_cos = cs,
                                   .rope_sin = sn, .out = o->o, .out_dtype = DSV4_OUT_BF16,
                                   .kernel = (dsv4_attn_kernel)o->opt.attn, .workspace = o->ws,
                                   .workspace_bytes = o->ws_bytes, .stream = o->stream};
@@ -436,6 +439,21 @@ int opt_step_rank(dsv4_opt *o, const int32_t *tokens, const uint8_t *active, dsv
     return 0;
 }
 
+/* One --kv fp8 entry (kernels/kv_layout.h) as its d f32 values: code x scale for the nope channels, the bf16 rope
+ * channels; the same values the attention kernels expand it to. */
+static void kv8_entry_to_f32(const uint8_t *e, int d, int rope, float *out)
+{
+    const int nope = d - rope;
+    const uint8_t *codes = e + dsv4_kv8_codes_at(rope), *scales = e + dsv4_kv8_scales_at(d, rope);
+    for (int ch = 0; ch < nope; ch++)
+        out[ch] = dsv4_e4m3_to_f32(codes[ch]) * dsv4_e8m0_to_f32(scales[ch / DSV4_KV8_BLOCK]);
+    for (int i = 0; i < rope; i++) {
+        uint16_t b;
+        memcpy(&b, e + 2 * i, 2);
+        out[nope + i] = dsv4_bf16_to_f32(b);
+    }
+}
+
 int dsv4_opt_dump_entries(dsv4_opt *o, dsv4_probe_sink *probe)
 {
     DSV4_CHECK(o, "dsv4_opt_dump_entries: NULL argument");
@@ -453,14 +471,23 @@ int dsv4_opt_dump_entries(dsv4_opt *o, dsv4_probe_sink *probe)
             int64_t n = p / ly->ratio;
             if (n > ly->pool_cap) n = ly->pool_cap;
             if (n <= 0) continue;
-            const uint16_t *src = which ? ly->ipool + (size_t)s * ly->pool_cap * dc
-                                        : ly->kvc + (size_t)s * (o->W + ly->pool_cap) * dc + (size_t)o->W * dc;
-            uint16_t *hb = malloc((size_t)n * dc * 2);
+            /* the entries as stored: bf16 rows, or fp8 cache entries (--kv fp8, main pool only) */
+            const int form8 = !which && ly->kv8;
+            const size_t eb = form8 ? (size_t)dsv4_kv8_entry_bytes(dc, 2 * o->np) : (size_t)dc * 2;
+            const void *src = which   ? (const void *)(ly->ipool + (size_t)s * ly->pool_cap * dc)
+                              : form8 ? (const void *)(ly->kv8 + (size_t)s * ly->kv_seq_bytes + (size_t)o->W * eb)
+                                      : (const void *)(ly->kvc + (size_t)s * (o->W + ly->pool_cap) * dc + (size_t)o->W * dc);
+            uint8_t *hb = malloc((size_t)n * eb);
             float *hf = malloc((size_t)n * dc * 4);
             int rc = hb && hf ? 0 : dsv4_error(DSV4_ERR_NOMEM, "optimized: out of host memory for entry probes");
-            if (!rc && cudaMemcpy(hb, src, (size_t)n * dc * 2, cudaMemcpyDeviceToHost) != cudaSuccess)
+            if (!rc && cudaMemcpy(hb, src, (size_t)n * eb, cudaMemcpyDeviceToHost) != cudaSuccess)
                 rc = dsv4_error(DSV4_ERR_CUDA, "optimized: copying the entries of layer %d failed", L);
-            for (int64_t i = 0; !rc && i < n * dc; i++) hf[i] = dsv4_bf16_to_f32(hb[i]);
+            for (int64_t i = 0; !rc && i < n; i++) {
+                if (form8)
+                    kv8_entry_to_f32(hb + i * eb, dc, 2 * o->np, hf + i * dc);
+                else
+                    for (int ch = 0; ch < dc; ch++) hf[i * dc + ch] = dsv4_bf16_to_f32(((const uint16_t *)hb)[i * dc + ch]);
+            }
             if (!rc) rc = dsv4_probe_entries(probe, L, which ? "indexer_kv" : "compressed_kv", hf, n, dc);
             free(hb);
             free(hf);

@@ -23,6 +23,14 @@
 #   flips    scripts/flip_rate.sh on tiny (200 random prompts) and tiny-fp8 (100): how often the bf16 emulation and
 #            the optimized path's defaults and naive variants, each following the fp32 reference, differ in top-k
 #            picks from it, and how many prompts fail the e2e top-k gate; into $OUT/flips-*.txt
+#   kvdumps  `dsv4 run --path opt --kv fp8` dumps of tiny (free, following, --attn simt, --batch 3), tiny-fp8 and
+#            topk512 into $OUT/kv/, to compare a change of the fp8 cache's storage against, value for value
+#   kv8      the fp8 cache form: test_kernel_sparse_attn, test_opt_kernels, test_opt_model, test_opt_follow_run,
+#            test_opt_fp8 and e2e_opt_gpu, then the cache memory of tiny at 1M positions in both forms, into
+#            $OUT/kv8.log (run kvdumps after it for the dumps)
+#   kv8b     after the fp8 cache change: dsv4 bench --weights fp8 --kv fp8 at C = 64 (5 layers) into
+#            $OUT/bench-kv8.json, then memcheck and racecheck of test_kernel_sparse_attn and of the kv8 and naive
+#            `dsv4 run` jobs, then test_opt_nccl and e2e_opt_nccl_gpu (tiny sets)
 #   device call: command "bash scripts/gpu-focus.sh tests nccl ncu-fp4", carry [".debs"]
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -46,6 +54,48 @@ for step in "$@"; do
             echo "== flip_rate ${m%%:*} rc $? at ${SECONDS}s"
             cat "$out/flips-${m%%:*}.txt"
             cp "/tmp/flips-${m%%:*}/flips.txt" "$out/flips-${m%%:*}-lines.txt" 2>/dev/null
+        done
+        ;;
+    kv8)
+        (cd "$b" && DSV4_E2E_LOG=/tmp/e2e-kv8 timeout 300 ctest --output-on-failure -V -R \
+            '^(test_kernel_sparse_attn|test_opt_kernels|test_opt_model|test_opt_follow_run|test_opt_fp8|e2e_opt_gpu)$') \
+            >"$out/kv8.log" 2>&1
+        echo "== kv8 tests rc $? at ${SECONDS}s"
+        grep -E "fp8 entries|kv8 writers|Test +#|tests passed|e2e_opt_gpu:|== .*(FAIL|kv-fp8)|Failure|Assertion" \
+            "$out/kv8.log" | cut -c1-220 | grep -v "reported only" | tail -n 60
+        for kv in bf16 fp8; do
+            "$b/dsv4" run --model "$root/golden/tiny" --path opt --kv $kv --max-context 1048576 --batch 2 \
+                --tokens-from "$root/golden/tiny/forced.h5" --dump /tmp/mem-$kv.h5 2>&1 | grep "opt memory" | tee -a "$out/kv8.log"
+        done
+        ;;
+    kv8b)
+        timeout 150 "$b/dsv4" bench --weights fp8 --kv fp8 --variants all-on --scaling none --no-baseline --layers 5 \
+            --batch 64 --json "$out/bench-kv8.json" >"$out/bench-kv8.log" 2>&1
+        echo "== dsv4 bench --weights fp8 --kv fp8 rc $? at ${SECONDS}s"
+        grep -E "memory plan|weights .* caches|^64 " "$out/bench-kv8.log" | cut -c1-200 | head -n 8
+        (OUT=$out TOOLS="memcheck racecheck" bash "$root/scripts/gpu-sanitize.sh" 200 test_kernel_sparse_attn \
+            >"$out/sanitize-attn.txt" 2>&1) &
+        (OUT=$out JOBS="kv8 naive" bash "$root/scripts/gpu-sanitize-model.sh" 200 >"$out/sanitize-kv8.txt" 2>&1) &
+        (cd "$b" && DSV4_E2E_LOG=/tmp/e2e-nccl timeout 200 ctest -R '^(test_opt_nccl|e2e_opt_nccl_gpu)$' \
+            --output-on-failure -V >"$out/nccl.log" 2>&1)
+        echo "== nccl tests rc $? at ${SECONDS}s"
+        grep -E "Test +#|tests passed|e2e_opt_nccl_gpu:|== .*FAIL" "$out/nccl.log" | tail -n 12
+        wait
+        echo "== sanitizers done at ${SECONDS}s"
+        cat "$out/sanitize-attn.txt" "$out/sanitize-kv8.txt" | grep -E "clean|ERROR|TIMEOUT|failed" | head -n 20
+        ;;
+    kvdumps)
+        mkdir -p "$out/kv"
+        G=$root/golden/tiny
+        "$b/dsv4" run --model "$G" --path ref-cpu --tokens-from "$G/forced.h5" --dump-positions all \
+            --dump /tmp/tiny-ref.h5 >/dev/null 2>&1
+        for v in "tiny-free|tiny|" "tiny-follow|tiny|--follow /tmp/tiny-ref.h5" "tiny-simt|tiny|--attn simt" \
+            "tiny-batch3|tiny|--batch 3 --dump-seq 2" "tiny-fp8|tiny-fp8|" "topk512|topk512|"; do
+            IFS='|' read -r name set extra <<<"$v"
+            read -r -a args <<<"$extra"
+            "$b/dsv4" run --model "$root/golden/$set" --path opt --kv fp8 --tokens-from "$root/golden/$set/forced.h5" \
+                "${args[@]}" --dump "$out/kv/$name.h5" >"/tmp/kv-$name.log" 2>&1
+            echo "== kv fp8 $name rc $? at ${SECONDS}s"
         done
         ;;
     study)

@@ -2,13 +2,14 @@
 # gpu-sanitize-model.sh [SECONDS] - on the GPU machine, after scripts/gpu-test.sh has built build-gpu/: whole
 # `dsv4 run --path opt` jobs under compute-sanitizer (TOOLS, default "memcheck racecheck"), in parallel, each
 # time-boxed to SECONDS (default 420). The model-level tests (test_opt_model, test_opt_nccl, test_opt_fp8,
-# test_opt_follow_run) run dozens of such jobs and do not finish under racecheck's slowdown; these five cover
+# test_opt_follow_run) run dozens of such jobs and do not finish under racecheck's slowdown; these six cover
 # the same launch sequences on golden/tiny, cut to 25 positions (21 prompt + 4 decode):
 #   default     every optimized kernel, batch of 3 sequences (different lengths), the decode step as a CUDA graph
 #   naive       every naive variant at once (--attn simt --indexer fp32 --mhc roundtrip --index-context max)
 #               and the FP8 KV cache
 #   fp8         golden/tiny-fp8 with --weights fp8: the FP8 linear and FP4 expert kernels
 #   nccl        --gpus 1: the NCCL rank path (sharded buffers, all-reduces)
+#   kv8         the FP8 KV cache with the default (mma) attention, batch of 3 sequences
 #   follow      --follow the golden dump: the decision-following kernels
 # memcheck of the nccl job runs with --report-api-errors no: NCCL probes its kernel images with
 # cudaFuncGetAttributes and handles the cudaErrorNoKernelImageForDevice it gets (4 such reports, every frame in
@@ -33,6 +34,7 @@ declare -A jobs=(
     [naive]="--model $g/tiny --tokens-from $g/tiny/forced.h5 --attn simt --indexer fp32 --mhc roundtrip --index-context max --kv fp8"
     [fp8]="--model $g/tiny-fp8 --tokens-from $g/tiny-fp8/forced.h5 --weights fp8"
     [nccl]="--model $g/tiny --tokens-from $g/tiny/forced.h5 --gpus 1"
+    [kv8]="--model $g/tiny --tokens-from $g/tiny/forced.h5 --kv fp8 --batch 3"
     [follow]="--model $g/tiny --tokens-from $g/tiny/forced.h5 --follow $g/tiny/forced.h5"
 )
 tmp=$(mktemp -d)

@@ -8,6 +8,8 @@
  *                     the entries); the running sum uses the rounded p, so there is no normalisation bias.
  * Each gate is shown to fail: the same GPU output against a reference without the sink, and without the
  * inverse RoPE, must miss the tolerance.
+ * The fp8 cache form (kv8, kernels/kv_layout.h): random entries (codes, scales, bf16 rope, garbage padding) and
+ * the bf16 rows of their values must give the SAME output bits, for both kernels and both output types.
  */
 #include <check.h>
 #include <cuda_runtime_api.h>
@@ -20,6 +22,7 @@ extern "C" {
 #include "dsv4_test.h"
 }
 #include "dsv4/dsv4.h"
+#include "../../kernels/kv_layout.h"
 #include "../../kernels/sparse_attn.cuh"
 
 typedef struct attn_case {
@@ -280,6 +283,72 @@ START_TEST(test_simt_bf16)
 END_TEST
 
 /* Split-K with a fixed-order combine: two runs (output poisoned in between) are bitwise identical. */
+/* The fp8 cache form against the bf16 rows of the same values: bit for bit (the expansion is exact). */
+static void check_fp8_form(int ci, dsv4_attn_kernel kern, dsv4_out_dtype od)
+{
+    const attn_case *k = &cases[ci];
+    if (!dsv4_kv8_shape_ok(k->d, k->rope)) return; /* no nope part, or not in 8s: the layout refuses it */
+    attn_data a;
+    attn_data_make(k, &a, 5000 + 17 * ci + 3 * kern + od);
+    const int nope = k->d - k->rope, eb = (int)dsv4_kv8_entry_bytes(k->d, k->rope);
+    const size_t n_ent = (size_t)k->C * k->n_slots;
+    uint8_t *e8 = (uint8_t *)malloc(n_ent * eb);
+    memset(e8, 0xff, n_ent * eb); /* the padding stays 0xff: never data */
+    for (size_t s = 0; s < n_ent; s++) {
+        uint8_t *e = e8 + s * eb;
+        uint16_t *row = a.kv + s * k->d;
+        for (int b = 0; b < dsv4_kv8_scales(nope); b++) e[dsv4_kv8_scales_at(k->d, k->rope) + b] = (uint8_t)(119 + rng_uniform() * 6);
+        for (int ch = 0; ch < nope; ch++) {
+            uint8_t c = (uint8_t)(rng_uniform() * 256);
+            if ((c & 0x7f) == 0x7f) c ^= 1; /* 0x7f / 0xff are NaN in e4m3 */
+            e[dsv4_kv8_codes_at(k->rope) + ch] = c;
+            float v = dsv4_e4m3_to_f32(c) * dsv4_e8m0_to_f32(e[dsv4_kv8_scales_at(k->d, k->rope) + ch / DSV4_KV8_BLOCK]);
+            row[ch] = dsv4_f32_to_bf16(v);
+            ck_assert_msg(dsv4_bf16_to_f32(row[ch]) == v, "code %#x x scale is not exact in bf16", c);
+        }
+        memcpy(e, row + nope, (size_t)k->rope * 2); /* the rope part: the rows' own bf16 */
+    }
+    attn_dev dv;
+    attn_dev_make(k, &a, kern, od, &dv);
+    size_t n = (size_t)k->C * k->H * k->d;
+    float *from_bf16 = (float *)malloc(n * 4), *from_fp8 = (float *)malloc(n * 4);
+    attn_dev_run(k, &dv, from_bf16);
+    void *d8 = NULL;
+    ck_assert_int_eq(cudaMalloc(&d8, n_ent * eb), cudaSuccess);
+    ck_assert_int_eq(cudaMemcpy(d8, e8, n_ent * eb, cudaMemcpyHostToDevice), cudaSuccess);
+    dsv4_sparse_attn_params bf = dv.p;
+    dv.p.kv = NULL;
+    dv.p.kv8 = (const uint8_t *)d8;
+    dv.p.kv_seq_stride = (int64_t)k->n_slots * eb;
+    ck_assert_uint_le(dsv4_opt_sparse_attn_workspace_bytes(&dv.p), dv.p.workspace_bytes);
+    attn_dev_run(k, &dv, from_fp8);
+    size_t first = n;
+    for (size_t i = 0; i < n && first == n; i++)
+        if (memcmp(&from_bf16[i], &from_fp8[i], 4) != 0) first = i;
+    printf("sparse_attn %-4s %-4s %-28s fp8 entries of %d B: %s\n", kern == DSV4_ATTN_KERNEL_MMA ? "mma" : "simt",
+           od == DSV4_OUT_F32 ? "f32" : "bf16", k->name, eb, first == n ? "bitwise equal to bf16 rows" : "DIFFER");
+    ck_assert_msg(first == n, "%s: fp8 form output[%zu] = %a, bf16 rows give %a", k->name, first, from_fp8[first],
+                  from_bf16[first]);
+    /* both forms at once, or neither, is refused */
+    dv.p.kv = bf.kv;
+    ck_assert_int_eq(dsv4_opt_sparse_attn(&dv.p), DSV4_ERR_USAGE);
+    cudaFree(d8);
+    free(e8);
+    free(from_bf16);
+    free(from_fp8);
+    attn_dev_free(&dv);
+    attn_data_free(&a);
+}
+
+START_TEST(test_fp8_form)
+{
+    check_fp8_form(_i, DSV4_ATTN_KERNEL_MMA, DSV4_OUT_F32);
+    check_fp8_form(_i, DSV4_ATTN_KERNEL_MMA, DSV4_OUT_BF16);
+    check_fp8_form(_i, DSV4_ATTN_KERNEL_SIMT, DSV4_OUT_F32);
+    check_fp8_form(_i, DSV4_ATTN_KERNEL_SIMT, DSV4_OUT_BF16);
+}
+END_TEST
+
 START_TEST(test_mma_bitwise_deterministic)
 {
     const attn_case k = {"determinism", 4, 64, 512, 64, 640, 1024, 0.05, -1, 4.0f};
@@ -376,6 +445,7 @@ int main(void)
     tcase_add_loop_test(tc, test_mma_bf16, 0, N_CASES);
     tcase_add_loop_test(tc, test_simt_f32, 0, N_CASES);
     tcase_add_loop_test(tc, test_simt_bf16, 0, N_CASES);
+    tcase_add_loop_test(tc, test_fp8_form, 0, N_CASES);
     tcase_add_test(tc, test_mma_bitwise_deterministic);
     tcase_add_test(tc, test_workspace_size_from_shapes);
     tcase_add_test(tc, test_rejects_bad_shapes);

@@ -18,6 +18,7 @@ extern "C" {
 #include "dsv4/dsv4.h"
 #include "../../kernels/compressor.cuh"
 #include "../../kernels/elementwise.cuh"
+#include "../../kernels/kv_layout.h"
 #include "../../kernels/mhc.cuh"
 #include "../../kernels/moe.cuh"
 
@@ -494,6 +495,135 @@ START_TEST(test_norm_rope_fp8)
 }
 END_TEST
 
+/* A --kv fp8 entry (kernels/kv_layout.h) as floats, from its definition: code x 2^(scale byte - 127), rope bf16. */
+static void kv8_decode_host(const uint8_t *e, int d, int rope, float *out)
+{
+    const int nope = d - rope;
+    for (int ch = 0; ch < nope; ch++)
+        out[ch] = dsv4_e4m3_to_f32(e[dsv4_kv8_codes_at(rope) + ch]) *
+                  ldexpf(1.0f, (int)e[dsv4_kv8_scales_at(d, rope) + ch / DSV4_KV8_BLOCK] - 127);
+    for (int i = 0; i < rope; i++) {
+        uint16_t b;
+        memcpy(&b, e + 2 * i, 2);
+        out[nope + i] = dsv4_bf16_to_f32(b);
+    }
+}
+
+/* The fp8 cache writers: norm_rope (window ring, out8) and the compressor (pool8) store entries that decode to
+ * exactly the bf16 values of the fp8 simulation on the same inputs; slots not written keep their poison. */
+START_TEST(test_kv8_writers)
+{
+    const int C = 3, d = 160, np = 16, rope = 2 * np, slots = 5, eb = (int)dsv4_kv8_entry_bytes(d, rope);
+    ck_assert_int_eq(eb, (int)((2 * rope + (d - rope) + 2 + 15) / 16 * 16));
+    rs = 91;
+    float *x = (float *)malloc(C * d * 4), w[d], cs[C * np], sn[C * np], dec[d];
+    for (int i = 0; i < C * d; i++) x[i] = urand() * 4 * (i % 37 == 0 ? 50 : 1); /* a few large: varied scales */
+    for (int i = 0; i < d; i++) w[i] = 1 + 0.3f * urand();
+    for (int i = 0; i < C * np; i++) cs[i] = cosf(urand() * 3), sn[i] = sinf(acosf(cs[i]));
+    int32_t slot[C] = {2, -1, 4};
+    dsv4_norm_rope_params p;
+    memset(&p, 0, sizeof p);
+    p.n_tok = C, p.heads = 1, p.dim = d, p.x = dup_dev(x, C * d * 4), p.x_tok_stride = d, p.norm = 1;
+    p.weight = (float *)dup_dev(w, sizeof w), p.eps = 1e-6f, p.rope_pairs = np, p.fp8_nope = 1, p.post_scale = 1;
+    p.cos = (float *)dup_dev(cs, sizeof cs), p.sin = (float *)dup_dev(sn, sizeof sn);
+    p.out_slot = (int32_t *)dup_dev(slot, sizeof slot);
+    p.out = (uint16_t *)dup_dev(NULL, (size_t)C * slots * d * 2), p.out_seq_stride = (int64_t)slots * d;
+    ck_assert_msg(dsv4_opt_norm_rope(&p) == 0, "%s", dsv4_last_error());
+    dsv4_norm_rope_params p8 = p;
+    p8.out = NULL, p8.out8 = (uint8_t *)dup_dev(NULL, (size_t)C * slots * eb), p8.out8_seq_stride = (int64_t)slots * eb;
+    ck_assert_msg(dsv4_opt_norm_rope(&p8) == 0, "%s", dsv4_last_error());
+    uint16_t *ob = (uint16_t *)malloc((size_t)C * slots * d * 2);
+    uint8_t *o8 = (uint8_t *)malloc((size_t)C * slots * eb);
+    get(ob, p.out, (size_t)C * slots * d * 2);
+    get(o8, p8.out8, (size_t)C * slots * eb);
+    for (int c = 0; c < C; c++)
+        for (int sl = 0; sl < slots; sl++) {
+            const uint8_t *e = o8 + ((size_t)c * slots + sl) * eb;
+            if (sl != slot[c]) {
+                for (int b = 0; b < eb; b++) ck_assert_msg(e[b] == 0xff, "seq %d slot %d byte %d written", c, sl, b);
+                continue;
+            }
+            kv8_decode_host(e, d, rope, dec);
+            for (int i = 0; i < d; i++)
+                ck_assert_msg(dec[i] == dsv4_bf16_to_f32(ob[((size_t)c * slots + sl) * d + i]),
+                              "norm_rope seq %d channel %d: entry %g, simulation %g", c, i, dec[i],
+                              dsv4_bf16_to_f32(ob[((size_t)c * slots + sl) * d + i]));
+            for (int b = dsv4_kv8_scales_at(d, rope) + dsv4_kv8_scales(d - rope); b < eb; b++)
+                ck_assert_msg(e[b] == 0xff, "padding byte %d written", b);
+        }
+    /* refused: out8 with out, without fp8_nope, or with a layout kernels/kv_layout.h has no form for */
+    p8.out = p.out;
+    ck_assert_int_eq(dsv4_opt_norm_rope(&p8), DSV4_ERR_USAGE);
+    p8.out = NULL, p8.fp8_nope = 0;
+    ck_assert_int_eq(dsv4_opt_norm_rope(&p8), DSV4_ERR_USAGE);
+    p8.fp8_nope = 1, p8.rope_pairs = 3;
+    ck_assert_int_eq(dsv4_opt_norm_rope(&p8), DSV4_ERR_USAGE);
+    free(x), free(ob), free(o8);
+    cudaFree((void *)p.x), cudaFree((void *)p.weight), cudaFree((void *)p.cos), cudaFree((void *)p.sin);
+    cudaFree(p.out), cudaFree((void *)p.out_slot), cudaFree(p8.out8);
+
+    /* the compressor: HCA r = 4, d_c 160; two states fed the same projections, one pool of each form */
+    const int r = 4, dc = d, cap = 3, row0 = 2, steps = 3 * r;
+    float ape[4 * 160], nw[160], inv[16];
+    for (int i = 0; i < r * dc; i++) ape[i] = urand();
+    for (int i = 0; i < dc; i++) nw[i] = 1 + 0.1f * urand();
+    for (int i = 0; i < np; i++) inv[i] = powf(160000.0f, -(float)(2 * i) / (2 * np));
+    dsv4_compressor_params q[2];
+    memset(q, 0, sizeof q);
+    int32_t hpos[1] = {0}, hact[1] = {1};
+    float *proj = (float *)malloc((size_t)(2 * dc) * 4);
+    for (int f = 0; f < 2; f++) {
+        dsv4_compressor_params *k = &q[f];
+        k->n_seq = 1, k->ratio = r, k->d_c = dc, k->overlap = 0, k->rope_pairs = np, k->fp8_nope = 1, k->eps = 1e-6f;
+        k->pos = (int32_t *)dup_dev(hpos, 4), k->active = (int32_t *)dup_dev(hact, 4);
+        k->proj = (float *)dup_dev(NULL, (size_t)2 * dc * 4), k->proj_stride = 2 * dc, k->kv_off = 0, k->gate_off = dc;
+        k->ape = (float *)dup_dev(ape, sizeof ape), k->norm_w = (float *)dup_dev(nw, sizeof nw);
+        k->inv_freq = (float *)dup_dev(inv, sizeof inv);
+        k->state_kv = (float *)dup_dev(NULL, (size_t)r * dc * 4);
+        ck_assert(cudaMemset(k->state_kv, 0, (size_t)r * dc * 4) == cudaSuccess);
+        k->state_score = (float *)dup_dev(NULL, (size_t)r * dc * 4);
+        ck_assert(dsv4_opt_fill_f32(k->state_score, -INFINITY, (size_t)r * dc, 0) == 0);
+        k->pool_row0 = row0, k->pool_cap = cap;
+        if (f == 0) k->pool = (uint16_t *)dup_dev(NULL, (size_t)(row0 + cap) * dc * 2), k->pool_seq_stride = (row0 + cap) * dc;
+        else k->pool8 = (uint8_t *)dup_dev(NULL, (size_t)(row0 + cap) * eb), k->pool8_seq_stride = (row0 + cap) * eb;
+    }
+    for (int st = 0; st < steps; st++) {
+        hpos[0] = st;
+        for (int i = 0; i < 2 * dc; i++) proj[i] = urand() * 2 * (i % 41 == 0 ? 30 : 1);
+        for (int f = 0; f < 2; f++) {
+            ck_assert(cudaMemcpy((void *)q[f].pos, hpos, 4, cudaMemcpyHostToDevice) == cudaSuccess);
+            ck_assert(cudaMemcpy((void *)q[f].proj, proj, (size_t)2 * dc * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+            ck_assert_msg(dsv4_opt_compressor_update(&q[f]) == 0, "%s", dsv4_last_error());
+        }
+    }
+    uint16_t pb[5 * 160];
+    uint8_t *p8b = (uint8_t *)malloc((size_t)(row0 + cap) * eb);
+    get(pb, q[0].pool, sizeof pb);
+    get(p8b, q[1].pool8, (size_t)(row0 + cap) * eb);
+    for (int row = 0; row < row0 + cap; row++) {
+        const uint8_t *e = p8b + (size_t)row * eb;
+        if (row < row0) { /* the window ring's rows: the compressor never writes them */
+            for (int b = 0; b < eb; b++) ck_assert_msg(e[b] == 0xff, "compressor wrote ring row %d", row);
+            continue;
+        }
+        kv8_decode_host(e, dc, rope, dec);
+        for (int i = 0; i < dc; i++)
+            ck_assert_msg(dec[i] == dsv4_bf16_to_f32(pb[row * dc + i]), "compressor entry %d channel %d: %g vs %g",
+                          row - row0, i, dec[i], dsv4_bf16_to_f32(pb[row * dc + i]));
+    }
+    printf("kv8 writers: norm_rope and compressor entries of %d B decode to the simulation's values\n", eb);
+    q[1].pool = q[0].pool; /* both pools: refused */
+    ck_assert_int_eq(dsv4_opt_compressor_update(&q[1]), DSV4_ERR_USAGE);
+    for (int f = 0; f < 2; f++) {
+        cudaFree((void *)q[f].pos), cudaFree((void *)q[f].active), cudaFree((void *)q[f].proj);
+        cudaFree((void *)q[f].ape), cudaFree((void *)q[f].norm_w), cudaFree((void *)q[f].inv_freq);
+        cudaFree(q[f].state_kv), cudaFree(q[f].state_score);
+    }
+    cudaFree(q[0].pool), cudaFree(q[1].pool8);
+    free(proj), free(p8b);
+}
+END_TEST
+
 START_TEST(test_argmax_ties)
 {
     const int R = 3, n = 1000;
@@ -525,6 +655,7 @@ int main(void)
     tcase_add_test(tc, test_compressor);
     tcase_add_test(tc, test_moe);
     tcase_add_test(tc, test_norm_rope_fp8);
+    tcase_add_test(tc, test_kv8_writers);
     tcase_add_test(tc, test_argmax_ties);
     suite_add_tcase(s, tc);
     return dsv4_test_main(s);
