@@ -33,7 +33,8 @@ __global__ void __launch_bounds__(EW_THREADS) norm_rope_kernel(dsv4_norm_rope_pa
     if (p.out8) {
         const int s = p.out_slot[t];
         dst = NULL;
-        dst8 = s < 0 ? NULL : p.out8 + (size_t)t * p.out8_seq_stride + (size_t)s * dsv4_kv8_entry_bytes(dim, 2 * p.rope_pairs);
+        const int64_t eb = dsv4_kv8_entry_bytes(dim, 2 * p.rope_pairs);
+        dst8 = s < 0 ? NULL : p.out8 + (size_t)t * p.out8_seq_stride + (size_t)s * eb;
     } else if (p.out_slot) {
         const int s = p.out_slot[t];
         dst = s < 0 ? NULL : p.out + (size_t)t * p.out_seq_stride + (size_t)s * dim;

@@ -475,7 +475,8 @@ __global__ void __launch_bounds__(ATTN_SIMT_THREADS) attn_simt(const __grid_cons
 static size_t attn_mma_smem(int mt, int d, int64_t entry_bytes)
 {
     int hg = 16 * mt, pitch = d + 8;
-    size_t kv = entry_bytes ? (size_t)ATTN_T * pitch * 2 + (size_t)2 * ATTN_T * entry_bytes : (size_t)2 * ATTN_T * pitch * 2;
+    size_t kv = entry_bytes ? (size_t)ATTN_T * pitch * 2 + (size_t)2 * ATTN_T * entry_bytes
+                            : (size_t)2 * ATTN_T * pitch * 2;
     return (size_t)hg * pitch * 2 + kv + (size_t)2 * hg * ATTN_S_PITCH * 4 + (size_t)hg * ATTN_P_PITCH * 2 +
            (size_t)hg * 3 * 4 + 2 * ATTN_T * 4;
 }
@@ -570,7 +571,8 @@ extern "C" size_t dsv4_opt_sparse_attn_workspace_bytes(const dsv4_sparse_attn_pa
 {
     if (attn_validate_shape(p) != 0 || p->kernel != DSV4_ATTN_KERNEL_MMA) return 0;
     size_t a = attn_workspace_form(p, 0), b = 0;
-    if (dsv4_kv8_shape_ok(p->head_dim, p->rope_dim)) b = attn_workspace_form(p, dsv4_kv8_entry_bytes(p->head_dim, p->rope_dim));
+    if (dsv4_kv8_shape_ok(p->head_dim, p->rope_dim))
+        b = attn_workspace_form(p, dsv4_kv8_entry_bytes(p->head_dim, p->rope_dim));
     return a > b ? a : b;
 }
 

@@ -105,7 +105,8 @@ static int compressor(dsv4_opt *o, const opt_layer *ly, int d_c, int overlap, in
         .eps = (float)o->cfg.rms_norm_eps, .pos = o->d_in + o->C, .active = o->d_in + 2 * o->C, .proj = o->proj,
         .proj_stride = ly->n_x, .kv_off = kv_off, .gate_off = gate_off, .ape = ape, .norm_w = norm_w,
         .inv_freq = o->inv_cmp, .state_kv = skv, .state_score = ssc, .pool = pool, .pool_seq_stride = pool_stride,
-        .pool8 = pool8, .pool8_seq_stride = pool_stride, .pool_row0 = row0, .pool_cap = ly->pool_cap, .stream = o->stream};
+        .pool8 = pool8, .pool8_seq_stride = pool_stride, .pool_row0 = row0,
+        .pool_cap = ly->pool_cap, .stream = o->stream};
     return dsv4_opt_compressor_update(&p);
 }
 
@@ -193,8 +194,8 @@ static int attention(dsv4_opt *o, int L, int n_csa, int n_hca)
     dsv4_sparse_attn_params ap = {.n_seq = C, .n_heads = H, .head_dim = d, .rope_dim = 2 * o->np,
                                   .n_idx = W + xp.n_extra, .n_slots = W + ly->pool_cap,
                                   .scale = 1.0f / sqrtf((float)d), .q = o->q, .kv = ly->kvc,
-                                  .kv8 = ly->kv8, .kv_seq_stride = kv_stride, .idx = o->idx, .sink = ly->sinks, .rope_cos = cs,
-                                  .rope_sin = sn, .out = o->o, .out_dtype = DSV4_OUT_BF16,
+                                  .kv8 = ly->kv8, .kv_seq_stride = kv_stride, .idx = o->idx, .sink = ly->sinks,
+                                  .rope_cos = cs, .rope_sin = sn, .out = o->o, .out_dtype = DSV4_OUT_BF16,
                                   .kernel = (dsv4_attn_kernel)o->opt.attn, .workspace = o->ws,
                                   .workspace_bytes = o->ws_bytes, .stream = o->stream};
     DSV4_TRY(dsv4_opt_sparse_attn(&ap));
@@ -476,7 +477,7 @@ int dsv4_opt_dump_entries(dsv4_opt *o, dsv4_probe_sink *probe)
             const size_t eb = form8 ? (size_t)dsv4_kv8_entry_bytes(dc, 2 * o->np) : (size_t)dc * 2;
             const void *src = which   ? (const void *)(ly->ipool + (size_t)s * ly->pool_cap * dc)
                               : form8 ? (const void *)(ly->kv8 + (size_t)s * ly->kv_seq_bytes + (size_t)o->W * eb)
-                                      : (const void *)(ly->kvc + (size_t)s * (o->W + ly->pool_cap) * dc + (size_t)o->W * dc);
+                                      : (const void *)(ly->kvc + ((size_t)s * (o->W + ly->pool_cap) + o->W) * dc);
             uint8_t *hb = malloc((size_t)n * eb);
             float *hf = malloc((size_t)n * dc * 4);
             int rc = hb && hf ? 0 : dsv4_error(DSV4_ERR_NOMEM, "optimized: out of host memory for entry probes");
@@ -486,7 +487,8 @@ int dsv4_opt_dump_entries(dsv4_opt *o, dsv4_probe_sink *probe)
                 if (form8)
                     kv8_entry_to_f32(hb + i * eb, dc, 2 * o->np, hf + i * dc);
                 else
-                    for (int ch = 0; ch < dc; ch++) hf[i * dc + ch] = dsv4_bf16_to_f32(((const uint16_t *)hb)[i * dc + ch]);
+                    for (int ch = 0; ch < dc; ch++)
+                        hf[i * dc + ch] = dsv4_bf16_to_f32(((const uint16_t *)hb)[i * dc + ch]);
             }
             if (!rc) rc = dsv4_probe_entries(probe, L, which ? "indexer_kv" : "compressed_kv", hf, n, dc);
             free(hb);

@@ -297,12 +297,13 @@ static void check_fp8_form(int ci, dsv4_attn_kernel kern, dsv4_out_dtype od)
     for (size_t s = 0; s < n_ent; s++) {
         uint8_t *e = e8 + s * eb;
         uint16_t *row = a.kv + s * k->d;
-        for (int b = 0; b < dsv4_kv8_scales(nope); b++) e[dsv4_kv8_scales_at(k->d, k->rope) + b] = (uint8_t)(119 + rng_uniform() * 6);
+        uint8_t *scales = e + dsv4_kv8_scales_at(k->d, k->rope);
+        for (int b = 0; b < dsv4_kv8_scales(nope); b++) scales[b] = (uint8_t)(119 + rng_uniform() * 6);
         for (int ch = 0; ch < nope; ch++) {
             uint8_t c = (uint8_t)(rng_uniform() * 256);
             if ((c & 0x7f) == 0x7f) c ^= 1; /* 0x7f / 0xff are NaN in e4m3 */
             e[dsv4_kv8_codes_at(k->rope) + ch] = c;
-            float v = dsv4_e4m3_to_f32(c) * dsv4_e8m0_to_f32(e[dsv4_kv8_scales_at(k->d, k->rope) + ch / DSV4_KV8_BLOCK]);
+            float v = dsv4_e4m3_to_f32(c) * dsv4_e8m0_to_f32(scales[ch / DSV4_KV8_BLOCK]);
             row[ch] = dsv4_f32_to_bf16(v);
             ck_assert_msg(dsv4_bf16_to_f32(row[ch]) == v, "code %#x x scale is not exact in bf16", c);
         }

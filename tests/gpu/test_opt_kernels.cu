@@ -584,8 +584,10 @@ START_TEST(test_kv8_writers)
         k->state_score = (float *)dup_dev(NULL, (size_t)r * dc * 4);
         ck_assert(dsv4_opt_fill_f32(k->state_score, -INFINITY, (size_t)r * dc, 0) == 0);
         k->pool_row0 = row0, k->pool_cap = cap;
-        if (f == 0) k->pool = (uint16_t *)dup_dev(NULL, (size_t)(row0 + cap) * dc * 2), k->pool_seq_stride = (row0 + cap) * dc;
-        else k->pool8 = (uint8_t *)dup_dev(NULL, (size_t)(row0 + cap) * eb), k->pool8_seq_stride = (row0 + cap) * eb;
+        if (f == 0)
+            k->pool = (uint16_t *)dup_dev(NULL, (size_t)(row0 + cap) * dc * 2), k->pool_seq_stride = (row0 + cap) * dc;
+        else
+            k->pool8 = (uint8_t *)dup_dev(NULL, (size_t)(row0 + cap) * eb), k->pool8_seq_stride = (row0 + cap) * eb;
     }
     for (int st = 0; st < steps; st++) {
         hpos[0] = st;
