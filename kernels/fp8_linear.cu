@@ -10,6 +10,9 @@
  * are staged in shared memory once for its 4 warps (cp.async, double-buffered: the next k-block's while this one
  * is multiplied); loaded by each warp from L1/L2 right before its mma they were a dependent load per n-tile.
  *
+ * Grouped (group_rows > 0, wo_a): the groups' weights are the rows of one matrix, so one launch covers them all;
+ * a block's 64 rows lie in one group (64 | group_rows) and read that group's slice of x.
+ *
  * Split-K: when rows x token chunks give fewer than F8_TARGET_BLOCKS blocks, the k-blocks are cut into `splits`
  * contiguous ranges (a function of the shape only); each writes f32 partials to the workspace and a combine
  * kernel sums them in split order. No atomics: bitwise identical run to run.
@@ -77,12 +80,12 @@ static __device__ __forceinline__ uint4 f8_load_w(const uint8_t *w, int n_out, i
  * 16-byte chunks by cp.async (zero-filled past the matrix) on the fast path, element by element otherwise. */
 template <int NT, bool AL>
 static __device__ __forceinline__ void f8_stage_x(uint16_t (*xs)[F8_XPITCH], const dsv4_fp8_linear_params &p,
-                                                  int tok0, int kb)
+                                                  const uint16_t *x, int tok0, int kb)
 {
     for (int i = threadIdx.x; i < NT * 8 * (F8_KB / 8); i += F8_WARPS * 32) {
         const int r = i / (F8_KB / 8), c = (i % (F8_KB / 8)) * 8, tok = tok0 + r, col = kb * F8_KB + c;
         const bool in = tok < p.n_tok && col < p.n_in;
-        const uint16_t *src = p.x + (in ? (size_t)tok * p.ldx + col : 0);
+        const uint16_t *src = x + (in ? (size_t)tok * p.ldx + col : 0);
         if constexpr (AL) {
             dsv4_cp_async16(&xs[r][c], src, in ? 16 : 0); /* n_in % 16 == 0: a chunk is all in or all out */
         } else {
@@ -107,6 +110,7 @@ __global__ void __launch_bounds__(F8_WARPS * 32) fp8_linear_kernel(const __grid_
     const int kb_begin = split * a.kb_per_split;
     const int kb_end = kb_begin + a.kb_per_split < a.kblocks ? kb_begin + a.kb_per_split : a.kblocks;
     const int left = (p.n_tok - tok0 + 7) / 8, n_tiles = left < NT ? left : NT;
+    const uint16_t *x = p.x + (p.group_rows ? (size_t)(blockIdx.x * F8_BLOCK_ROWS / p.group_rows) * p.n_in : 0);
     /* the block's activations of one k-block, double-buffered: staged once for all 4 warps (they were 16 dependent
      * L1/L2 loads per warp and k-block before) */
     __shared__ __align__(16) uint16_t xs[2][NT * 8][F8_XPITCH];
@@ -127,7 +131,7 @@ __global__ void __launch_bounds__(F8_WARPS * 32) fp8_linear_kernel(const __grid_
                 nxt[d][h][1] = in ? f8_load_w<AL>(p.w, p.n_out, p.n_in, row0 + g + 8, col) : make_uint4(0, 0, 0, 0);
             }
     };
-    f8_stage_x<NT, AL>(xs[0], p, tok0, kb_begin);
+    f8_stage_x<NT, AL>(xs[0], p, x, tok0, kb_begin);
     dsv4_cp_async_commit();
     load(kb_begin);
     for (int kb0 = kb_begin; kb0 < kb_end; kb0 += KD) {
@@ -142,7 +146,7 @@ __global__ void __launch_bounds__(F8_WARPS * 32) fp8_linear_kernel(const __grid_
             const int kb = kb0 + d;
             if (kb >= kb_end) break; /* uniform over the block */
             const int buf = (kb - kb_begin) & 1;
-            if (kb + 1 < kb_end) f8_stage_x<NT, AL>(xs[buf ^ 1], p, tok0, kb + 1); /* read by no one now */
+            if (kb + 1 < kb_end) f8_stage_x<NT, AL>(xs[buf ^ 1], p, x, tok0, kb + 1); /* read by no one now */
             dsv4_cp_async_commit();
             dsv4_cp_async_wait<1>(); /* this k-block's group has landed (the next one may still fly) */
             __syncthreads();
@@ -248,6 +252,11 @@ int dsv4_opt_fp8_linear(const dsv4_fp8_linear_params *p)
     DSV4_CHECK(p->x && p->w && p->scale && p->y, "fp8_linear: NULL x, w, scale or y");
     DSV4_CHECK(p->ldx >= p->n_in && p->ldy >= p->n_out, "fp8_linear: ldx %lld < n_in %d or ldy %lld < n_out %d",
                (long long)p->ldx, p->n_in, (long long)p->ldy, p->n_out);
+    DSV4_CHECK(p->group_rows == 0 || (p->group_rows > 0 && p->group_rows % F8_BLOCK_ROWS == 0 &&
+                                      p->n_out % p->group_rows == 0 &&
+                                      p->ldx >= (int64_t)(p->n_out / p->group_rows) * p->n_in),
+               "fp8_linear: group_rows %d must be a multiple of %d dividing n_out %d, with ldx %lld >= groups x "
+               "n_in %d", p->group_rows, F8_BLOCK_ROWS, p->n_out, (long long)p->ldx, p->n_in);
     DSV4_CHECK(p->scale_kind == DSV4_QSCALE_E8M0 || p->scale_kind == DSV4_QSCALE_F32,
                "fp8_linear: scale_kind %d unknown", (int)p->scale_kind);
     const f8_plan pl = f8_make_plan(p->n_tok, p->n_out, p->n_in);

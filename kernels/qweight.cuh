@@ -30,6 +30,8 @@ typedef enum dsv4_qscale { DSV4_QSCALE_E8M0, DSV4_QSCALE_F32 } dsv4_qscale;
 typedef struct dsv4_fp8_linear_params {
     int n_tok;              /* S >= 1 (decode: the batch C, up to 64 and more) */
     int n_out, n_in;        /* >= 1; n_in even */
+    int group_rows;         /* 0, or a grouped linear (the grouped wo_a): output row r reads input columns
+                               [(r / group_rows)·n_in, +n_in) of x; a multiple of 64 that divides n_out */
     const uint16_t *x;      /* [S, ldx] bf16; device */
     int64_t ldx;
     const uint8_t *w;       /* [n_out, n_in] e4m3; device */

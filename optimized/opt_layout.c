@@ -450,7 +450,7 @@ static size_t workspace_need(const dsv4_opt *o)
         ap.n_slots = o->W + (o->pool_cap_hca > o->pool_cap_csa ? o->pool_cap_hca : o->pool_cap_csa);
         if ((s = dsv4_opt_sparse_attn_workspace_bytes(&ap)) > need) need = s;
     }
-    /* fp8 mode: the split-K partials of every FP8 linear (wo_a per group) */
+    /* fp8 mode: the split-K partials of every FP8 linear (wo_a: its groups in one launch) */
     for (int L = 0; L < o->cfg.num_hidden_layers && o->fp8; L++) {
         const opt_layer *ly = &o->layers[L];
         const opt_linear *w[10] = {&ly->wq_b, &ly->idx_wq_b, &ly->wo_b, &ly->sh_w2};
@@ -460,7 +460,8 @@ static size_t workspace_need(const dsv4_opt *o)
         for (int i = 0; i < nw; i++)
             if (w[i]->fp8 && (s = dsv4_opt_fp8_linear_workspace_bytes(o->C, w[i]->n_out, w[i]->n_in)) > need)
                 need = s;
-        if ((s = dsv4_opt_fp8_linear_workspace_bytes(o->C, o->o_r, ly->wo_a.n_in)) > need) need = s;
+        const int wo_rows = o->o_r % 64 == 0 ? ly->wo_a.n_out : o->o_r; /* one launch, or one per group */
+        if ((s = dsv4_opt_fp8_linear_workspace_bytes(o->C, wo_rows, ly->wo_a.n_in)) > need) need = s;
     }
     if (o->pool_cap_csa > 0) {
         dsv4_indexer_params ip = {.n_seq = o->C, .n_heads = o->HI, .head_dim = o->dI, .n_work = o->pool_cap_csa,

@@ -535,6 +535,14 @@ int opt_linear_apply_grouped(dsv4_opt *o, const opt_linear *w, int G, uint16_t *
                                                    CUBLAS_GEMM_DEFAULT));
         return 0;
     }
+    if (rows % 64 == 0) { /* one launch for the G groups (Flash: 8 x 1024 rows); the scale grid is the whole one's */
+        dsv4_fp8_linear_params p = {.n_tok = S, .n_out = w->n_out, .n_in = in, .group_rows = rows, .x = x,
+                                    .ldx = ldx, .w = w->fp8, .scale = w->scale, .scale_kind = w->scale_kind, .y = y,
+                                    .y_f32 = 0, .ldy = ldy, .workspace = o->ws, .workspace_bytes = o->ws_bytes,
+                                    .stream = o->stream};
+        return dsv4_opt_fp8_linear(&p);
+    }
+    /* small groups (tiny: 16 rows) share a 64-row block: one launch per group */
     const size_t sc = (size_t)(in + 127) / 128, sb = w->scale_kind == DSV4_QSCALE_F32 ? 4 : 1;
     for (int g = 0; g < G; g++) { /* the layout checked that group g's scale rows are its own slice */
         opt_linear sub = *w;

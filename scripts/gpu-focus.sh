@@ -31,6 +31,8 @@
 #   kv8b     after the fp8 cache change: dsv4 bench --weights fp8 --kv fp8 at C = 64 (5 layers) into
 #            $OUT/bench-kv8.json, then memcheck and racecheck of test_kernel_sparse_attn and of the kv8 and naive
 #            `dsv4 run` jobs, then test_opt_nccl and e2e_opt_nccl_gpu (tiny sets)
+#   wo-a     the grouped FP8 linear (wo_a in one launch): test_kernel_qweight, test_opt_fp8, e2e_opt_fp8_gpu, then
+#            dsv4 bench --weights fp8 at C = 64 (5 layers) into $OUT/bench-woa.json
 #   device call: command "bash scripts/gpu-focus.sh tests nccl ncu-fp4", carry [".debs"]
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -83,6 +85,17 @@ for step in "$@"; do
         wait
         echo "== sanitizers done at ${SECONDS}s"
         cat "$out/sanitize-attn.txt" "$out/sanitize-kv8.txt" | grep -E "clean|ERROR|TIMEOUT|failed" | head -n 20
+        ;;
+    wo-a)
+        timeout 150 "$b/dsv4" bench --weights fp8 --variants all-on --scaling none --no-baseline --layers 5 \
+            --batch 64 --json "$out/bench-woa.json" >"$out/bench-woa.log" 2>&1
+        echo "== dsv4 bench --weights fp8 rc $? at ${SECONDS}s"
+        grep -E "^64 " "$out/bench-woa.log" | cut -c1-200 | head -n 14
+        (cd "$b" && DSV4_E2E_LOG=/tmp/e2e-woa timeout 300 ctest --output-on-failure -V \
+            -R '^(test_kernel_qweight|test_opt_fp8|e2e_opt_fp8_gpu)$') >"$out/woa.log" 2>&1
+        echo "== tests rc $? at ${SECONDS}s"
+        grep -E "fp8_linear S=.*G=[2-9]|Test +#|tests passed|e2e_opt_fp8_gpu:|== .*FAIL|Failure" "$out/woa.log" |
+            cut -c1-200 | tail -n 20
         ;;
     kvdumps)
         mkdir -p "$out/kv"

@@ -92,6 +92,7 @@ typedef struct f8_case {
     int S, n_out, n_in, ldx_pad, ldy_pad;
     dsv4_qscale kind;
     int y_f32;
+    int groups; /* > 1: a grouped linear (group_rows = n_out / groups), x holds groups x n_in columns */
 } f8_case;
 
 static const f8_case f8_cases[] = {
@@ -107,6 +108,9 @@ static const f8_case f8_cases[] = {
     {64, 512, 4096, 0, 0, DSV4_QSCALE_F32, 1},   /* Flash wkv, S = 64 */
     {2, 4096, 8192, 0, 0, DSV4_QSCALE_E8M0, 1},  /* Flash wo_b */
     {16, 32768, 1024, 0, 0, DSV4_QSCALE_E8M0, 0}, /* Flash wq_b, bf16 out */
+    {5, 192, 96, 3, 2, DSV4_QSCALE_F32, 1, 3},     /* grouped: 3 x 64 rows, padded ldx / ldy */
+    {3, 128, 34, 1, 0, DSV4_QSCALE_E8M0, 1, 2},    /* grouped, the byte-wise path */
+    {64, 8192, 4096, 0, 0, DSV4_QSCALE_E8M0, 0, 8}, /* Flash wo_a: 8 x 1024 rows, S = 64, bf16 out */
 };
 enum { N_F8 = sizeof(f8_cases) / sizeof(f8_cases[0]) };
 
@@ -123,7 +127,8 @@ START_TEST(test_fp8_linear)
     const f8_case *k = &f8_cases[_i];
     rs = 1000 + 17 * _i;
     const int S = k->S, no = k->n_out, ni = k->n_in, sr = (no + 127) / 128, sc = (ni + 127) / 128;
-    const int64_t ldx = ni + k->ldx_pad, ldy = no + k->ldy_pad;
+    const int G = k->groups > 1 ? k->groups : 1, grows = no / G; /* row r reads x columns (r / grows)·ni.. */
+    const int64_t ldx = (int64_t)G * ni + k->ldx_pad, ldy = no + k->ldy_pad;
     uint8_t *w = (uint8_t *)malloc((size_t)no * ni);
     uint16_t *x = (uint16_t *)malloc((size_t)S * ldx * 2);
     float *fs = (float *)malloc((size_t)sr * sc * 4);
@@ -138,7 +143,7 @@ START_TEST(test_fp8_linear)
 
     dsv4_fp8_linear_params p;
     memset(&p, 0, sizeof p);
-    p.n_tok = S, p.n_out = no, p.n_in = ni;
+    p.n_tok = S, p.n_out = no, p.n_in = ni, p.group_rows = G > 1 ? grows : 0;
     p.x = (const uint16_t *)to_dev(x, (size_t)S * ldx * 2), p.ldx = ldx;
     p.w = (const uint8_t *)to_dev(w, (size_t)no * ni);
     p.scale = f32s ? to_dev(fs, (size_t)sr * sc * 4) : to_dev(bs, (size_t)sr * sc);
@@ -174,9 +179,11 @@ START_TEST(test_fp8_linear)
         for (int r = 0; r < no; r++) {
             double acc = 0, accb = 0, m = 0;
             const float *wr = wd + (size_t)r * ni, *wb = wbad + (size_t)r * ni;
+            /* grouped: the wrong reference also reads group 0's columns for every row */
+            const size_t xg = (size_t)s * ldx + (size_t)(r / grows) * ni, xb = G > 1 ? (size_t)s * ldx : xg;
             for (int c = 0; c < ni; c++) {
-                const double xv = dsv4_bf16_to_f32(x[(size_t)s * ldx + c]);
-                acc += wr[c] * xv, accb += wb[c] * xv, m += fabs(wr[c] * xv);
+                const double xv = dsv4_bf16_to_f32(x[xg + c]), xvb = dsv4_bf16_to_f32(x[xb + c]);
+                acc += wr[c] * xv, accb += wb[c] * xvb, m += fabs(wr[c] * xv);
             }
             const size_t i = (size_t)s * no + r;
             ref[i] = acc, bad[i] = accb, mag[i] = m;
@@ -191,13 +198,14 @@ START_TEST(test_fp8_linear)
         gt.rel_l2 *= 1e-5 * 256;
         gb.rel_l2 *= 1e-5 * 256;
     }
-    printf("fp8_linear S=%-3d %5dx%-5d %s scale, %s out, ws %zu B: rel L2 %.3g, max err/Σ|t| %.3g at (tok %zu, row "
-           "%zu) got %.7g ref %.7g; wrong scales: rel L2 %.3g\n",
-           S, no, ni, f32s ? "f32 " : "e8m0", k->y_f32 ? "f32 " : "bf16", p.workspace_bytes, gt.rel_l2, gt.worst,
-           gt.worst_i / no, gt.worst_i % no, got[gt.worst_i], ref[gt.worst_i], gb.rel_l2);
+    printf("fp8_linear S=%-3d %5dx%-5d G=%d %s scale, %s out, ws %zu B: rel L2 %.3g, max err/Σ|t| %.3g at (tok %zu, "
+           "row %zu) got %.7g ref %.7g; wrong scales%s: rel L2 %.3g\n",
+           S, no, ni, G, f32s ? "f32 " : "e8m0", k->y_f32 ? "f32 " : "bf16", p.workspace_bytes, gt.rel_l2, gt.worst,
+           gt.worst_i / no, gt.worst_i % no, got[gt.worst_i], ref[gt.worst_i], G > 1 ? " and group 0's x" : "",
+           gb.rel_l2);
     ck_assert_msg(gate_pass(&gt, 1e-5), "fp8 %dx%dx%d: rel L2 %.3g, max %.3g (tol 1e-5), %d non-finite", S, no, ni,
                   gt.rel_l2, gt.worst, gt.nonfinite);
-    if (differs)
+    if (differs || G > 1)
         ck_assert_msg(!gate_pass(&gb, 1e-5), "fp8 %dx%dx%d: gate too weak (wrong scales pass)", S, no, ni);
 
     cudaFree((void *)p.x), cudaFree((void *)p.w), cudaFree((void *)p.scale), cudaFree(p.y), cudaFree(p.workspace);
@@ -225,6 +233,11 @@ START_TEST(test_fp8_rejects)
     ck_assert_uint_gt(dsv4_opt_fp8_linear_workspace_bytes(1, 1024, 1024), 0);
     ck_assert_int_eq(dsv4_opt_fp8_linear(&p), DSV4_ERR_USAGE); /* split-K without a workspace */
     ck_assert_ptr_nonnull(strstr(dsv4_last_error(), "workspace"));
+    p.group_rows = 96; /* not a multiple of 64 */
+    ck_assert_int_eq(dsv4_opt_fp8_linear(&p), DSV4_ERR_USAGE);
+    ck_assert_ptr_nonnull(strstr(dsv4_last_error(), "group_rows 96"));
+    p.group_rows = 256; /* 4 groups of 1024 input columns: ldx 1024 is too narrow */
+    ck_assert_int_eq(dsv4_opt_fp8_linear(&p), DSV4_ERR_USAGE);
     cudaFree(d);
 }
 END_TEST
