@@ -33,6 +33,8 @@
 #            `dsv4 run` jobs, then test_opt_nccl and e2e_opt_nccl_gpu (tiny sets)
 #   wo-a     the grouped FP8 linear (wo_a in one launch): test_kernel_qweight, test_opt_fp8, e2e_opt_fp8_gpu, then
 #            dsv4 bench --weights fp8 at C = 64 (5 layers) into $OUT/bench-woa.json
+#   auto-kv8 dsv4 bench --layers auto --weights fp8 --kv fp8 --batch 64: how many Flash layers fit with the fp8
+#            caches, into $OUT/bench-auto-kv8.json (run after bench-fp8; time-boxed to 220 s)
 #   device call: command "bash scripts/gpu-focus.sh tests nccl ncu-fp4", carry [".debs"]
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -96,6 +98,12 @@ for step in "$@"; do
         echo "== tests rc $? at ${SECONDS}s"
         grep -E "fp8_linear S=.*G=[2-9]|Test +#|tests passed|e2e_opt_fp8_gpu:|== .*FAIL|Failure" "$out/woa.log" |
             cut -c1-200 | tail -n 20
+        ;;
+    auto-kv8)
+        timeout 220 "$b/dsv4" bench --weights fp8 --kv fp8 --variants all-on --scaling none --no-baseline \
+            --batch 64 --json "$out/bench-auto-kv8.json" >"$out/bench-auto-kv8.log" 2>&1
+        echo "== dsv4 bench --layers auto --weights fp8 --kv fp8 --batch 64 rc $? at ${SECONDS}s"
+        grep -E "memory plan|weights .*caches|^64 +all-on|error|fail" "$out/bench-auto-kv8.log" | head -n 8 | cut -c1-200
         ;;
     kvdumps)
         mkdir -p "$out/kv"
