@@ -35,6 +35,9 @@
 #            dsv4 bench --weights fp8 at C = 64 (5 layers) into $OUT/bench-woa.json
 #   auto-kv8 dsv4 bench --layers auto --weights fp8 --kv fp8 --batch 64: how many Flash layers fit with the fp8
 #            caches, into $OUT/bench-auto-kv8.json (run after bench-fp8; time-boxed to 220 s)
+#   san-model  the model-level test binaries under the sanitizers, all in parallel, each time-boxed to 380 s:
+#            memcheck of test_opt_model, test_opt_fp8, test_opt_follow_run; racecheck of test_opt_fp8; memcheck and
+#            racecheck of test_opt_kernels, test_gpu_cublas, test_ref_gpu_ops
 #   device call: command "bash scripts/gpu-focus.sh tests nccl ncu-fp4", carry [".debs"]
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -104,6 +107,16 @@ for step in "$@"; do
             --batch 64 --json "$out/bench-auto-kv8.json" >"$out/bench-auto-kv8.log" 2>&1
         echo "== dsv4 bench --layers auto --weights fp8 --kv fp8 --batch 64 rc $? at ${SECONDS}s"
         grep -E "memory plan|weights .*caches|^64 +all-on|error|fail" "$out/bench-auto-kv8.log" | head -n 8 | cut -c1-200
+        ;;
+    san-model)
+        for job in memcheck:test_opt_model memcheck:test_opt_fp8 memcheck:test_opt_follow_run racecheck:test_opt_fp8 \
+            memcheck:test_opt_kernels racecheck:test_opt_kernels memcheck:test_gpu_cublas racecheck:test_gpu_cublas \
+            memcheck:test_ref_gpu_ops racecheck:test_ref_gpu_ops; do
+            (OUT=/tmp/san TOOLS=${job%%:*} bash "$root/scripts/gpu-sanitize.sh" 380 ${job#*:} >"/tmp/san-${job/:/-}.txt" 2>&1) &
+        done
+        wait
+        echo "== sanitizers done at ${SECONDS}s"
+        cat /tmp/san-*.txt | tee "$out/san-model.txt"
         ;;
     kvdumps)
         mkdir -p "$out/kv"
