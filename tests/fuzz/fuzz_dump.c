@@ -20,24 +20,16 @@
 
 #include "dsv4/dsv4.h"
 #include "dsv4/dsv4_dump.h"
+#include "fuzz_dump_read.h"
 #include "synth_dump.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static char fuzz_path[300];
-
-static void fuzz_cleanup(void)
-{
-    if (fuzz_path[0]) unlink(fuzz_path);
-}
-
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
-    const char *tmp = getenv("TMPDIR");
-    snprintf(fuzz_path, sizeof fuzz_path, "%s/dsv4-fuzz-dumpf-%ld.h5", tmp && *tmp ? tmp : "/tmp", (long)getpid());
-    atexit(fuzz_cleanup);
-    setenv("DSV4_HOST_MEM_LIMIT", "256M", 0);
+    (void)argc, (void)argv;
+    fuzz_dump_init("dumpf");
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
     return 0;
 }
@@ -241,48 +233,14 @@ static int write_dump(fuzz_in *in)
 }
 
 /* ------------------------------------------------------------------------------------- reading */
-#define FUZZ_READ_BYTES (16u << 20)
-
-static void read_everything(dsv4_dump *d)
-{
-    volatile size_t sink = 0;
-    static const char *const attrs[] = {"producer", "config_json", "weights_digest", "mode", "schema"};
-    for (size_t i = 0; i < sizeof attrs / sizeof attrs[0]; i++) {
-        const char *v = dsv4_dump_attr(d, attrs[i]);
-        if (v) sink += strlen(v);
-    }
-    int n_tok = 0, n_pos = 0;
-    const int32_t *tok = dsv4_dump_tokens(d, &n_tok), *pos = dsv4_dump_positions(d, &n_pos);
-    for (int i = 0; i < n_tok; i++) sink += (size_t)tok[i];
-    for (int i = 0; i < n_pos; i++) sink += (size_t)pos[i];
-    const dsv4_config *cfg;
-    if (dsv4_dump_config(d, &cfg) == 0) sink += (size_t)cfg->num_hidden_layers;
-    for (int i = 0; i < dsv4_dump_dataset_count(d); i++) {
-        const char *name = dsv4_dump_dataset_name(d, i);
-        dsv4_dataset_info info;
-        if (dsv4_dump_info(d, name, &info)) continue;
-        size_t row = 4;
-        for (int k = 1; k < info.ndim && row <= FUZZ_READ_BYTES; k++) row *= (size_t)info.shape[k];
-        if (row == 0 || row > FUZZ_READ_BYTES || info.shape[0] == 0) continue;
-        int64_t rows = (int64_t)(FUZZ_READ_BYTES / row);
-        if (rows > info.shape[0]) rows = info.shape[0];
-        if (rows > 4) rows = 4;
-        void *buf = malloc((size_t)rows * row);
-        if (!buf) continue;
-        if (dsv4_dump_read_rows(d, name, 0, rows, buf) == 0) sink += ((unsigned char *)buf)[0];
-        if (info.shape[0] > rows) dsv4_dump_read_rows(d, name, info.shape[0] - 1, 1, buf); /* the last row too */
-        free(buf);
-    }
-    (void)sink;
-}
-
+/* The description written as a dump, then read as dsv4 verify would (fuzz_dump_read.h). */
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     fuzz_in in = {data, size};
     if (write_dump(&in)) return 0;
     dsv4_dump *d;
     if (dsv4_dump_open(fuzz_path, &d) == 0) {
-        read_everything(d);
+        fuzz_read_everything(d);
         dsv4_dump_free(d);
     }
     return 0;
