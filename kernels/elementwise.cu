@@ -120,16 +120,6 @@ __global__ void __launch_bounds__(EW_THREADS) argmax_kernel(int32_t *out, const 
     if (threadIdx.x == 0) out[blockIdx.x] = bi[0] < 0 ? 0 : bi[0];
 }
 
-__global__ void __launch_bounds__(EW_THREADS) fp8_sim_kernel(uint16_t *rows, int dim, int n_nope)
-{
-    __shared__ float v[EW_MAX_DIM];
-    uint16_t *r = rows + (size_t)blockIdx.x * dim;
-    for (int i = threadIdx.x; i < n_nope; i += EW_THREADS) v[i] = dsv4_bf16_bits_to_f32(r[i]);
-    __syncthreads();
-    dsv4_fp8_nope_sim_smem(v, n_nope);
-    for (int i = threadIdx.x; i < n_nope; i += EW_THREADS) r[i] = dsv4_f32_to_bf16_bits(v[i]);
-}
-
 /* ------------------------------------------------------------------------------------------- host */
 static int ew_blocks(size_t n) { return (int)((n + 255) / 256); }
 
@@ -162,14 +152,6 @@ int dsv4_opt_argmax(int32_t *out, const float *x, int n_rows, int n, int64_t str
     DSV4_CHECK(out && x && n_rows >= 1 && n >= 1 && stride >= n, "argmax: bad arguments");
     argmax_kernel<<<n_rows, EW_THREADS, 0, stream>>>(out, x, n, stride);
     DSV4_LAUNCH_CHECK("argmax_kernel");
-    return 0;
-}
-int dsv4_opt_fp8_nope_sim(uint16_t *rows, int n_rows, int dim, int n_nope, cudaStream_t stream)
-{
-    DSV4_CHECK(rows && n_rows >= 1 && n_nope >= 0 && n_nope <= dim && dim <= EW_MAX_DIM, "fp8_nope_sim: bad arguments");
-    if (!n_nope) return 0;
-    fp8_sim_kernel<<<n_rows, EW_THREADS, 0, stream>>>(rows, dim, n_nope);
-    DSV4_LAUNCH_CHECK("fp8_sim_kernel");
     return 0;
 }
 

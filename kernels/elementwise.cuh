@@ -61,8 +61,6 @@ int dsv4_opt_cast_f32_to_bf16(uint16_t *dst, const float *src, size_t n, cudaStr
 int dsv4_opt_fill_f32(float *dst, float value, size_t n, cudaStream_t stream);
 /* out[c] = the lowest index of the largest of x[c, 0..n) (NaN never wins). One block per row. */
 int dsv4_opt_argmax(int32_t *out, const float *x, int n_rows, int n, int64_t stride, cudaStream_t stream);
-/* rows [n_rows, dim] bf16 in place: FP8 simulation of channels [0, n_nope) per 64. */
-int dsv4_opt_fp8_nope_sim(uint16_t *rows, int n_rows, int dim, int n_nope, cudaStream_t stream);
 
 int dsv4_opt_embed(const dsv4_embed_params *p);
 int dsv4_opt_norm_rope(const dsv4_norm_rope_params *p);
