@@ -38,6 +38,9 @@
 #   san-model  the model-level test binaries under the sanitizers, all in parallel, each time-boxed to 380 s:
 #            memcheck of test_opt_model, test_opt_fp8, test_opt_follow_run; racecheck of test_opt_fp8; memcheck and
 #            racecheck of test_opt_kernels, test_gpu_cublas, test_ref_gpu_ops
+#   san-rest  what san-model left: racecheck of test_opt_model and test_opt_follow_run, memcheck and racecheck
+#            of test_opt_nccl (memcheck with --report-api-errors no: NCCL probes its own kernel images), one run per
+#            Check test case (binary:case), all in parallel, each time-boxed to 470 s; into $OUT/san-rest.txt
 #   device call: command "bash scripts/gpu-focus.sh tests nccl ncu-fp4", carry [".debs"]
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -117,6 +120,23 @@ for step in "$@"; do
         wait
         echo "== sanitizers done at ${SECONDS}s"
         cat /tmp/san-*.txt | tee "$out/san-model.txt"
+        ;;
+    san-rest)
+        cases() { grep -oE '^ +test_[a-z0-9_]+,' "$root/tests/gpu/$1.c" | tr -d ' ,' | sed "s/^/$1:/"; }
+        mkdir -p /tmp/san-rest
+        for t in $(cases test_opt_model) $(cases test_opt_follow_run) $(cases test_opt_nccl); do
+            extra=
+            case $t in test_opt_nccl:*) extra="--report-api-errors no" ;; esac
+            for tool in racecheck memcheck; do
+                [ $tool = memcheck ] && [ -z "$extra" ] && continue # san-model ran memcheck of the others
+                (OUT=/tmp/san-rest TOOLS=$tool SANITIZER_ARGS=$extra bash "$root/scripts/gpu-sanitize.sh" 470 "$t" \
+                    >"/tmp/san-rest/$tool-${t/:/-}.txt" 2>&1) &
+            done
+        done
+        wait
+        echo "== sanitizers done at ${SECONDS}s"
+        cat /tmp/san-rest/*.txt | tee "$out/san-rest.txt"
+        tar czf "$out/san-rest-logs.tgz" -C /tmp/san-rest . 2>/dev/null
         ;;
     kvdumps)
         mkdir -p "$out/kv"

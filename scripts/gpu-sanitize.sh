@@ -5,6 +5,10 @@
 # Prints one line per (tool, test): clean, ERRORS (with the sanitizer's summary) or TIMEOUT (not completed).
 # Racecheck runs with DSV4_TEST_MAX_WORK=9000 (override by setting it): the kernel tests skip their few cases
 # above that size, which racecheck's ~1000x slowdown cannot finish; the smaller cases take the same code paths.
+# A TEST of the form binary:case runs that one Check test case (CK_RUN_CASE; the tests of test_opt_model,
+# test_opt_follow_run and test_opt_nccl are each a case of their own), so a slow binary can be split over
+# parallel runs; a case that runs no check is reported as an error, not as clean.
+# SANITIZER_ARGS adds options to compute-sanitizer (the NCCL tests: "--report-api-errors no", see docs/robustness.md).
 # Exit status 1 if any run reported errors. Logs to $OUT/sanitize-<tool>-<test>.log when OUT is set.
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -21,13 +25,20 @@ tests=${*:-$(cd "$build" && ls test_gpu_* test_kernel_* test_opt_* test_ref_gpu_
 status=0
 for tool in ${TOOLS:-memcheck racecheck initcheck}; do
     for t in $tests; do
-        log=$out/sanitize-$tool-$t.log
+        bin=${t%%:*} case=
+        [ "$bin" != "$t" ] && case=${t#*:}
+        log=$out/sanitize-$tool-${t/:/-}.log
         max_work=${DSV4_TEST_MAX_WORK:-}
         [ "$tool" = racecheck ] && max_work=${DSV4_TEST_MAX_WORK:-9000}
-        DSV4_TEST_MAX_WORK=$max_work timeout "$limit" compute-sanitizer --tool "$tool" --error-exitcode 99 "$build/$t" >"$log" 2>&1
+        # CK_RUN_CASE set but empty would run no case at all, so it is only set for binary:case
+        env ${case:+CK_RUN_CASE=$case} DSV4_TEST_MAX_WORK=$max_work timeout "$limit" \
+            compute-sanitizer --tool "$tool" ${SANITIZER_ARGS:-} --error-exitcode 99 "$build/$bin" >"$log" 2>&1
         rc=$?
         summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -n 1)
+        # Check prints "100%: Checks: N, ..."; a misspelt case name runs none and would otherwise look clean
+        if [ $rc -eq 0 ] && [ -n "$case" ] && ! grep -qE 'Checks: [1-9]' "$log"; then rc=98; fi
         case $rc in
+        98) echo "$tool $t: ran no check (no test case named $case)"; status=1 ;;
         0) echo "$tool $t: clean ${summary:+($summary)}" ;;
         124) echo "$tool $t: TIMEOUT after ${limit}s (not completed)" ;;
         99) echo "$tool $t: ERRORS ($summary)"; status=1 ;;

@@ -245,12 +245,12 @@ int main(void)
     dsv4_test_require_gpu();
     dir = dsv4_test_mkdtemp("opt-follow");
     Suite *s = suite_create("opt_follow_run");
-    TCase *tc = tcase_create("core");
-    tcase_set_timeout(tc, 900);
-    tcase_add_test(tc, test_follow_own_dump_changes_nothing);
-    tcase_add_test(tc, test_follow_one_changed_topk_row);
-    tcase_add_test(tc, test_follow_one_changed_router_row);
-    suite_add_tcase(s, tc);
+    const TTest *const tests[] = {
+        test_follow_own_dump_changes_nothing,
+        test_follow_one_changed_topk_row,
+        test_follow_one_changed_router_row,
+    };
+    dsv4_test_add_each(s, 900, tests, (int)(sizeof tests / sizeof tests[0]));
     int rc = dsv4_test_main(s);
     dsv4_test_rmtree(dir);
     return rc;

@@ -145,12 +145,12 @@ int main(void)
 {
     dsv4_test_require_gpu();
     Suite *s = suite_create("opt_model");
-    TCase *tc = tcase_create("opt_model");
-    tcase_set_timeout(tc, 600);
-    tcase_add_test(tc, test_no_alloc_and_graph_equals_eager);
-    tcase_add_test(tc, test_deterministic_default);
-    tcase_add_test(tc, test_deterministic_naive);
-    tcase_add_test(tc, test_constructors_share_layout);
-    suite_add_tcase(s, tc);
+    const TTest *const tests[] = {
+        test_no_alloc_and_graph_equals_eager,
+        test_deterministic_default,
+        test_deterministic_naive,
+        test_constructors_share_layout,
+    };
+    dsv4_test_add_each(s, 600, tests, (int)(sizeof tests / sizeof tests[0]));
     return dsv4_test_main(s);
 }

@@ -633,21 +633,21 @@ int main(void)
 {
     dsv4_test_require_gpu();
     Suite *s = suite_create("opt_nccl");
-    TCase *tc = tcase_create("nccl");
-    tcase_set_timeout(tc, 1200);
-    tcase_add_test(tc, test_errors_before_allocation);
-    tcase_add_test(tc, test_moe_expert_range);
-    tcase_add_test(tc, test_fp4_expert_range);
-    tcase_add_test(tc, test_n1_bitwise_plain_tiny);
-    tcase_add_test(tc, test_n1_bitwise_plain_topk512);
-    tcase_add_test(tc, test_n1_dumps);
-    tcase_add_test(tc, test_every_collective_called);
-    tcase_add_test(tc, test_n2_replicas_agree);
-    tcase_add_test(tc, test_emulated_n2_tiny);
-    tcase_add_test(tc, test_emulated_n2_topk512);
-    tcase_add_test(tc, test_fp8_ranks);
-    tcase_add_test(tc, test_follow_ranks);
-    tcase_add_test(tc, test_stall_times_out); /* last: it aborts a communicator */
-    suite_add_tcase(s, tc);
+    const TTest *const tests[] = {
+        test_errors_before_allocation,
+        test_moe_expert_range,
+        test_fp4_expert_range,
+        test_n1_bitwise_plain_tiny,
+        test_n1_bitwise_plain_topk512,
+        test_n1_dumps,
+        test_every_collective_called,
+        test_n2_replicas_agree,
+        test_emulated_n2_tiny,
+        test_emulated_n2_topk512,
+        test_fp8_ranks,
+        test_follow_ranks,
+        test_stall_times_out, /* last: it aborts a communicator */
+    };
+    dsv4_test_add_each(s, 1200, tests, (int)(sizeof tests / sizeof tests[0]));
     return dsv4_test_main(s);
 }

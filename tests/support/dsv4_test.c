@@ -112,3 +112,13 @@ int dsv4_test_main(Suite *s)
     srunner_free(sr);
     return failed == 0 ? 0 : 1;
 }
+
+void dsv4_test_add_each(Suite *s, int timeout_s, const TTest *const *tests, int n)
+{
+    for (int i = 0; i < n; i++) {
+        TCase *tc = tcase_create(tests[i]->name);
+        tcase_set_timeout(tc, timeout_s);
+        tcase_add_test(tc, tests[i]);
+        suite_add_tcase(s, tc);
+    }
+}

@@ -39,5 +39,9 @@ int32_t *dsv4_test_golden_tokens(const char *set, int *n);
 dsv4_model *dsv4_test_open_golden(const char *set);
 /* Run a suite in CK_NOFORK-aware normal mode; returns the process exit status (0 = all passed). */
 int dsv4_test_main(Suite *s);
+/* Add each of the n tests to s in a test case of its own, named after the test and given timeout_s, so that
+ * CK_RUN_CASE=test_name runs that test alone: scripts/gpu-sanitize.sh runs a slow binary's tests in parallel
+ * that way. */
+void dsv4_test_add_each(Suite *s, int timeout_s, const TTest *const *tests, int n);
 
 #endif
