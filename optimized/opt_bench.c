@@ -178,7 +178,7 @@ static int k_attn(dsv4_opt *o, const void *vc)
     memset(&ap, 0, sizeof ap);
     ap.n_seq = o->C, ap.n_heads = o->H, ap.head_dim = o->d, ap.rope_dim = 2 * o->np, ap.n_idx = o->W + k->n_extra;
     ap.n_slots = o->W + ly->pool_cap, ap.scale = 1.0f / sqrtf((float)o->d), ap.q = o->q, ap.kv = ly->kvc;
-    ap.kv8 = ly->kv8, ap.kv_seq_stride = ly->kv8 ? ly->kv_seq_bytes : (int64_t)(o->W + ly->pool_cap) * o->d;
+    ap.kv8 = ly->kv8, ap.kv_seq_stride = ly->kv_seq_stride;
     ap.idx = o->idx, ap.sink = ly->sinks;
     ap.rope_cos = sliding ? o->cos_m : o->cos_c, ap.rope_sin = sliding ? o->sin_m : o->sin_c, ap.out = o->o;
     ap.out_dtype = DSV4_OUT_BF16, ap.kernel = (dsv4_attn_kernel)o->opt.attn, ap.workspace = o->ws;
@@ -286,7 +286,7 @@ int dsv4_opt_time_kernels(dsv4_opt *o, int reps, dsv4_opt_kernel_time *out, int 
     KADD("topk", Lc, k_topk, ki, C * live * 4 + C * o->topk * 4, 0, Lc < 0);
     kctx ka = {Lc, 0, 0, o->topk};
     double nidx_c = o->W + (live < o->topk ? live : o->topk);
-    const double entry = o->opt.kv == DSV4_OPT_KV_FP8 ? (double)dsv4_kv8_entry_bytes(d, 2 * o->np) : 2.0 * d;
+    const double entry = (double)o->layers[0].kv_entry_bytes;
     KADD("attn_csa", Lc, k_attn, ka, C * nidx_c * entry + C * H * d * 4, 4 * C * H * nidx_c * d, Lc < 0);
     kctx kh = {Lh, 0, 0, n_hca};
     double hlive = Lh >= 0 ? (double)(o->pos[0] / o->layers[Lh].ratio) : 0;

@@ -97,7 +97,9 @@ typedef struct opt_layer {
     /* state (per sequence, C of each) */
     uint16_t *kvc;                   /* [C][W + pool_cap, d] bf16, or NULL with --kv fp8: */
     uint8_t *kv8;                    /* [C][W + pool_cap] entries of kernels/kv_layout.h (--kv fp8) or NULL */
-    int64_t kv_seq_bytes;            /* bytes of one sequence's window ring + pool, either form */
+    size_t kv_entry_bytes;           /* one entry of kvc (d bf16) or of kv8 */
+    int64_t kv_seq_stride;           /* one sequence's window ring + pool in the kernels' units: bf16 elements of
+                                      * kvc, bytes of kv8 */
     int pool_cap;                    /* max_context / r entries (>= 1), 0 sliding */
     float *cmp_kv, *cmp_score;       /* [C][rows, width] */
     uint16_t *ipool;                 /* [C][pool_cap, d_I] (csa) */

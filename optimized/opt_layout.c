@@ -391,12 +391,13 @@ static void state_layout(dsv4_opt *o, opt_carver *cv)
         ly->pool_cap = ly->ratio > 0 ? (o->opt.max_context / ly->ratio > 0 ? o->opt.max_context / ly->ratio : 1) : 0;
         /* --kv fp8 stores the entries as model-spec §3's fp8 cache (kernels/kv_layout.h): 592 of 1,024 bytes in
          * Flash */
-        const size_t entry = o->opt.kv == DSV4_OPT_KV_FP8 ? (size_t)dsv4_kv8_entry_bytes((int)d, 2 * o->np) : d * 2;
-        ly->kv_seq_bytes = (int64_t)((W + ly->pool_cap) * entry);
-        if (o->opt.kv == DSV4_OPT_KV_FP8)
-            ly->kv8 = opt_carve(cv, C * (W + ly->pool_cap) * entry);
+        const int fp8 = o->opt.kv == DSV4_OPT_KV_FP8;
+        ly->kv_entry_bytes = fp8 ? (size_t)dsv4_kv8_entry_bytes((int)d, 2 * o->np) : d * 2;
+        ly->kv_seq_stride = (int64_t)((W + ly->pool_cap) * (fp8 ? ly->kv_entry_bytes : d));
+        if (fp8)
+            ly->kv8 = opt_carve(cv, C * (W + ly->pool_cap) * ly->kv_entry_bytes);
         else
-            ly->kvc = opt_carve(cv, C * (W + ly->pool_cap) * entry);
+            ly->kvc = opt_carve(cv, C * (W + ly->pool_cap) * ly->kv_entry_bytes);
         if (ly->ratio <= 0) continue;
         size_t rows = (size_t)(csa ? 2 : 1) * ly->ratio, width = (size_t)(csa ? 2 : 1) * d;
         ly->cmp_kv = opt_carve(cv, C * rows * width * 4);

@@ -338,7 +338,7 @@ static int random_state_one(dsv4_opt *o, void *arg)
             uint64_t sid = stream_seed(seed, ((uint64_t)L << 32) | ((uint64_t)c << 1));
             if (ly->kv8) { /* --kv fp8: the same distribution, stored as the fp8 cache stores it */
                 const int sexp = (int)ceilf(log2f(amp / 448.0f));
-                rnd_kv8_kernel<<<1056, 256, 0, (cudaStream_t)o->stream>>>(ly->kv8 + (size_t)c * ly->kv_seq_bytes,
+                rnd_kv8_kernel<<<1056, 256, 0, (cudaStream_t)o->stream>>>(ly->kv8 + (size_t)c * ly->kv_seq_stride,
                                                                           W + n_ent, (int)d, 2 * o->np, sid, amp, sexp);
                 DSV4_TRY(launch_check("rnd_kv8_kernel"));
             } else {

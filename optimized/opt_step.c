@@ -164,8 +164,7 @@ static int attention(dsv4_opt *o, int L, int n_csa, int n_hca)
     const int s = o->opt.dump_seq, C = o->C, D = o->D, H = o->H, d = o->d, W = o->W, nx = ly->n_x;
     const int sliding = ly->attn == DSV4_ATTN_SLIDING, fp8 = o->opt.kv == DSV4_OPT_KV_FP8;
     const float *cs = sliding ? o->cos_m : o->cos_c, *sn = sliding ? o->sin_m : o->sin_c;
-    /* between two sequences' caches: elements of the bf16 form, bytes of the fp8 form (kernels/kv_layout.h) */
-    const int64_t kv_stride = fp8 ? ly->kv_seq_bytes : (int64_t)(W + ly->pool_cap) * d;
+    const int64_t kv_stride = ly->kv_seq_stride;
 
     DSV4_TRY(opt_proj_apply(o, &ly->x, o->proj, nx, o->xn, D, C));
     DSV4_TRY(norm_rope(o, o->proj + ly->off_qa, 0, nx, 1, o->qr, 1, ly->q_norm, 0, NULL, NULL, o->qr_b, o->qr));
@@ -474,10 +473,10 @@ int dsv4_opt_dump_entries(dsv4_opt *o, dsv4_probe_sink *probe)
             if (n <= 0) continue;
             /* the entries as stored: bf16 rows, or fp8 cache entries (--kv fp8, main pool only) */
             const int form8 = !which && ly->kv8;
-            const size_t eb = form8 ? (size_t)dsv4_kv8_entry_bytes(dc, 2 * o->np) : (size_t)dc * 2;
+            const size_t eb = which ? (size_t)dc * 2 : ly->kv_entry_bytes;
             const void *src = which   ? (const void *)(ly->ipool + (size_t)s * ly->pool_cap * dc)
-                              : form8 ? (const void *)(ly->kv8 + (size_t)s * ly->kv_seq_bytes + (size_t)o->W * eb)
-                                      : (const void *)(ly->kvc + ((size_t)s * (o->W + ly->pool_cap) + o->W) * dc);
+                              : form8 ? (const void *)(ly->kv8 + (size_t)s * ly->kv_seq_stride + (size_t)o->W * eb)
+                                      : (const void *)(ly->kvc + (size_t)s * ly->kv_seq_stride + (size_t)o->W * dc);
             uint8_t *hb = malloc((size_t)n * eb);
             float *hf = malloc((size_t)n * dc * 4);
             int rc = hb && hf ? 0 : dsv4_error(DSV4_ERR_NOMEM, "optimized: out of host memory for entry probes");
