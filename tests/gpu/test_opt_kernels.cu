@@ -438,23 +438,48 @@ static double e4m3_rne(double v)
     return best;
 }
 
+/* The norm_rope case of the two tests below: 3 tokens of 160 channels (16 rope pairs) with random rows (every
+ * 37th value times `big`), norm weights and angles, written to slots {2, none, 4} of a 5-row ring. p points at
+ * device copies of the inputs and has no outputs set; norm_rope_case_free releases the inputs. */
+enum { NR_C = 3, NR_D = 160, NR_NP = 16, NR_SLOTS = 5 };
+typedef struct norm_rope_case {
+    float x[NR_C * NR_D], w[NR_D], cs[NR_C * NR_NP], sn[NR_C * NR_NP];
+    int32_t slot[NR_C];
+    dsv4_norm_rope_params p;
+} norm_rope_case;
+
+static void norm_rope_case_init(norm_rope_case *k, uint64_t seed, float big, int fp8)
+{
+    rs = seed;
+    for (int i = 0; i < NR_C * NR_D; i++) k->x[i] = urand() * 4 * (i % 37 == 0 ? big : 1);
+    for (int i = 0; i < NR_D; i++) k->w[i] = 1 + 0.3f * urand();
+    for (int i = 0; i < NR_C * NR_NP; i++) k->cs[i] = cosf(urand() * 3), k->sn[i] = sinf(acosf(k->cs[i]));
+    k->slot[0] = 2, k->slot[1] = -1, k->slot[2] = 4;
+    dsv4_norm_rope_params *p = &k->p;
+    memset(p, 0, sizeof *p);
+    p->n_tok = NR_C, p->heads = 1, p->dim = NR_D, p->x = dup_dev(k->x, sizeof k->x), p->x_tok_stride = NR_D;
+    p->norm = 1, p->weight = (float *)dup_dev(k->w, sizeof k->w), p->eps = 1e-6f, p->rope_pairs = NR_NP;
+    p->cos = (float *)dup_dev(k->cs, sizeof k->cs), p->sin = (float *)dup_dev(k->sn, sizeof k->sn);
+    p->fp8_nope = fp8, p->post_scale = 1, p->out_slot = (int32_t *)dup_dev(k->slot, sizeof k->slot);
+}
+
+static void norm_rope_case_free(norm_rope_case *k)
+{
+    cudaFree((void *)k->p.x), cudaFree((void *)k->p.weight), cudaFree((void *)k->p.cos);
+    cudaFree((void *)k->p.sin), cudaFree((void *)k->p.out_slot);
+}
+
 START_TEST(test_norm_rope_fp8)
 {
-    const int C = 3, d = 160, np = 16, nope = d - 2 * np, slots = 5;
-    rs = 77;
+    const int C = NR_C, d = NR_D, np = NR_NP, nope = d - 2 * np, slots = NR_SLOTS;
+    static norm_rope_case nr;
     for (int fp8 = 0; fp8 < 2; fp8++) {
-        float *x = (float *)malloc(C * d * 4), w[d], cs[C * np], sn[C * np];
-        for (int i = 0; i < C * d; i++) x[i] = urand() * 4;
-        for (int i = 0; i < d; i++) w[i] = 1 + 0.3f * urand();
-        for (int i = 0; i < C * np; i++) cs[i] = cosf(urand() * 3), sn[i] = sinf(acosf(cs[i]));
-        int32_t slot[C] = {2, -1, 4};
-        dsv4_norm_rope_params p;
-        memset(&p, 0, sizeof p);
-        p.n_tok = C, p.heads = 1, p.dim = d, p.x = dup_dev(x, C * d * 4), p.x_tok_stride = d, p.norm = 1;
-        p.weight = (float *)dup_dev(w, sizeof w), p.eps = 1e-6f, p.rope_pairs = np;
-        p.cos = (float *)dup_dev(cs, sizeof cs), p.sin = (float *)dup_dev(sn, sizeof sn), p.fp8_nope = fp8;
-        p.out = (uint16_t *)dup_dev(NULL, (size_t)C * slots * d * 2), p.out_slot = (int32_t *)dup_dev(slot, sizeof slot);
-        p.out_seq_stride = (int64_t)slots * d, p.out_f32 = (float *)dup_dev(NULL, C * d * 4), p.post_scale = 1;
+        norm_rope_case_init(&nr, 77 + fp8, 1, fp8);
+        const float *x = nr.x, *w = nr.w, *cs = nr.cs, *sn = nr.sn;
+        const int32_t *slot = nr.slot;
+        dsv4_norm_rope_params p = nr.p;
+        p.out = (uint16_t *)dup_dev(NULL, (size_t)C * slots * d * 2), p.out_seq_stride = (int64_t)slots * d;
+        p.out_f32 = (float *)dup_dev(NULL, C * d * 4);
         ck_assert_msg(dsv4_opt_norm_rope(&p) == 0, "%s", dsv4_last_error());
         uint16_t *ob = (uint16_t *)malloc((size_t)C * slots * d * 2);
         get(ob, p.out, (size_t)C * slots * d * 2);
@@ -488,9 +513,9 @@ START_TEST(test_norm_rope_fp8)
                 ck_assert_msg(bad <= (fp8 ? 2 : 0), "fp8 %d seq %d: %d channels off", fp8, c, bad);
             }
         }
-        free(x), free(ob);
-        cudaFree((void *)p.x), cudaFree((void *)p.weight), cudaFree((void *)p.cos), cudaFree((void *)p.sin);
-        cudaFree(p.out), cudaFree((void *)p.out_slot), cudaFree(p.out_f32);
+        free(ob);
+        cudaFree(p.out), cudaFree(p.out_f32);
+        norm_rope_case_free(&nr);
     }
 }
 END_TEST
@@ -513,20 +538,14 @@ static void kv8_decode_host(const uint8_t *e, int d, int rope, float *out)
  * exactly the bf16 values of the fp8 simulation on the same inputs; slots not written keep their poison. */
 START_TEST(test_kv8_writers)
 {
-    const int C = 3, d = 160, np = 16, rope = 2 * np, slots = 5, eb = (int)dsv4_kv8_entry_bytes(d, rope);
+    const int C = NR_C, d = NR_D, np = NR_NP, rope = 2 * np, slots = NR_SLOTS;
+    const int eb = (int)dsv4_kv8_entry_bytes(d, rope);
     ck_assert_int_eq(eb, (int)((2 * rope + (d - rope) + 2 + 15) / 16 * 16));
-    rs = 91;
-    float *x = (float *)malloc(C * d * 4), w[d], cs[C * np], sn[C * np], dec[d];
-    for (int i = 0; i < C * d; i++) x[i] = urand() * 4 * (i % 37 == 0 ? 50 : 1); /* a few large: varied scales */
-    for (int i = 0; i < d; i++) w[i] = 1 + 0.3f * urand();
-    for (int i = 0; i < C * np; i++) cs[i] = cosf(urand() * 3), sn[i] = sinf(acosf(cs[i]));
-    int32_t slot[C] = {2, -1, 4};
-    dsv4_norm_rope_params p;
-    memset(&p, 0, sizeof p);
-    p.n_tok = C, p.heads = 1, p.dim = d, p.x = dup_dev(x, C * d * 4), p.x_tok_stride = d, p.norm = 1;
-    p.weight = (float *)dup_dev(w, sizeof w), p.eps = 1e-6f, p.rope_pairs = np, p.fp8_nope = 1, p.post_scale = 1;
-    p.cos = (float *)dup_dev(cs, sizeof cs), p.sin = (float *)dup_dev(sn, sizeof sn);
-    p.out_slot = (int32_t *)dup_dev(slot, sizeof slot);
+    static norm_rope_case nr;
+    norm_rope_case_init(&nr, 91, 50, 1); /* a few large values: varied scales */
+    const int32_t *slot = nr.slot;
+    float dec[NR_D];
+    dsv4_norm_rope_params p = nr.p;
     p.out = (uint16_t *)dup_dev(NULL, (size_t)C * slots * d * 2), p.out_seq_stride = (int64_t)slots * d;
     ck_assert_msg(dsv4_opt_norm_rope(&p) == 0, "%s", dsv4_last_error());
     dsv4_norm_rope_params p8 = p;
@@ -558,9 +577,9 @@ START_TEST(test_kv8_writers)
     ck_assert_int_eq(dsv4_opt_norm_rope(&p8), DSV4_ERR_USAGE);
     p8.fp8_nope = 1, p8.rope_pairs = 3;
     ck_assert_int_eq(dsv4_opt_norm_rope(&p8), DSV4_ERR_USAGE);
-    free(x), free(ob), free(o8);
-    cudaFree((void *)p.x), cudaFree((void *)p.weight), cudaFree((void *)p.cos), cudaFree((void *)p.sin);
-    cudaFree(p.out), cudaFree((void *)p.out_slot), cudaFree(p8.out8);
+    free(ob), free(o8);
+    cudaFree(p.out), cudaFree(p8.out8);
+    norm_rope_case_free(&nr);
 
     /* the compressor: HCA r = 4, d_c 160; two states fed the same projections, one pool of each form */
     const int r = 4, dc = d, cap = 3, row0 = 2, steps = 3 * r;
