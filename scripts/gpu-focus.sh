@@ -41,6 +41,10 @@
 #   san-rest  what san-model left: racecheck of test_opt_model and test_opt_follow_run, memcheck and racecheck
 #            of test_opt_nccl (memcheck with --report-api-errors no: NCCL probes its own kernel images), one run per
 #            Check test case (binary:case), all in parallel, each time-boxed to 470 s; into $OUT/san-rest.txt
+#   ubench   every micro-benchmark (bench/run_on_device.sh ubench --quick) into $OUT/ubench.md; first, while
+#            nothing else uses the GPU
+#   suite    every GPU ctest but the slow CPU-vs-GPU Flash reference check (as gpu-check-all.sh, no sanitizers),
+#            time-boxed to SUITE_S seconds (default 440); ctest's log into $OUT/suite.log
 #   device call: command "bash scripts/gpu-focus.sh tests nccl ncu-fp4", carry [".debs"]
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -120,6 +124,21 @@ for step in "$@"; do
         wait
         echo "== sanitizers done at ${SECONDS}s"
         cat /tmp/san-*.txt | tee "$out/san-model.txt"
+        ;;
+    ubench)
+        OUT=$out DSV4_COMMIT=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo "?") BENCH_BUDGET_S=200 \
+            bash "$root/bench/run_on_device.sh" ubench --quick >"$out/ubench.log" 2>&1
+        echo "== ubench rc $? at ${SECONDS}s"
+        grep -E "^run_on_device|^== bench" "$out/ubench.log" | tail -n 12
+        ;;
+    suite)
+        mkdir -p /tmp/dsv4-flash /tmp/e2e-suite
+        (cd "$b" && DSV4_FLASH_MODEL=/tmp/dsv4-flash DSV4_E2E_LOG=/tmp/e2e-suite timeout "${SUITE_S:-440}" \
+            ctest -L gpu -E test_ref_gpu_flash --output-on-failure) >"$out/suite.log" 2>&1
+        echo "== suite rc $? at ${SECONDS}s"
+        grep -E "Test +#|tests passed|tests failed" "$out/suite.log"
+        grep -hE "^(e2e_opt[a-z0-9_]*:|== .*FAIL)" "$b/Testing/Temporary/LastTest.log" | head -n 60
+        cp "$b/Testing/Temporary/LastTest.log" "$out/suite-LastTest.log"
         ;;
     san-rest)
         cases() { grep -oE '^ +test_[a-z0-9_]+,' "$root/tests/gpu/$1.c" | tr -d ' ,' | sed "s/^/$1:/"; }
