@@ -126,7 +126,8 @@ for step in "$@"; do
         cat /tmp/san-*.txt | tee "$out/san-model.txt"
         ;;
     ubench)
-        OUT=$out DSV4_COMMIT=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo "?") BENCH_BUDGET_S=200 \
+        # git on the device named an older commit than the tree it ran (session 7): pass DSV4_COMMIT in the command
+        OUT=$out DSV4_COMMIT=${DSV4_COMMIT:-?} BENCH_BUDGET_S=200 \
             bash "$root/bench/run_on_device.sh" ubench --quick >"$out/ubench.log" 2>&1
         echo "== ubench rc $? at ${SECONDS}s"
         grep -E "^run_on_device|^== bench" "$out/ubench.log" | tail -n 12
