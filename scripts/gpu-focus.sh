@@ -40,7 +40,9 @@
 #            racecheck of test_opt_kernels, test_gpu_cublas, test_ref_gpu_ops
 #   san-rest  what san-model left: racecheck of test_opt_model and test_opt_follow_run, memcheck and racecheck
 #            of test_opt_nccl (memcheck with --report-api-errors no: NCCL probes its own kernel images), one run per
-#            Check test case (binary:case), all in parallel, each time-boxed to 470 s; into $OUT/san-rest.txt
+#            Check test case (binary:case), SAN_PAR (12) at a time, each time-boxed to 470 s and to end by
+#            SAN_END_S (540 s after the start); SAN_ONLY="tool:binary:case ..." runs only those; into
+#            $OUT/san-rest.txt. gpu-sanitize.sh sets DSV4_TEST_MAX_STEPS=25 (tests/support/dsv4_test.h)
 #   ubench   every micro-benchmark (bench/run_on_device.sh ubench --quick) into $OUT/ubench.md; first, while
 #            nothing else uses the GPU
 #   suite    every GPU ctest but the slow CPU-vs-GPU Flash reference check (as gpu-check-all.sh, no sanitizers),
@@ -144,14 +146,20 @@ for step in "$@"; do
     san-rest)
         cases() { grep -oE '^ +test_[a-z0-9_]+,' "$root/tests/gpu/$1.c" | tr -d ' ,' | sed "s/^/$1:/"; }
         mkdir -p /tmp/san-rest
-        for t in $(cases test_opt_model) $(cases test_opt_follow_run) $(cases test_opt_nccl); do
+        todo=${SAN_ONLY:-}
+        if [ -z "$todo" ]; then
+            for t in $(cases test_opt_model) $(cases test_opt_follow_run); do todo="$todo racecheck:$t"; done
+            for t in $(cases test_opt_nccl); do todo="$todo memcheck:$t racecheck:$t"; done
+        fi
+        for j in $todo; do
+            while [ "$(jobs -rp | wc -l)" -ge "${SAN_PAR:-12}" ]; do wait -n; done
+            tool=${j%%:*} t=${j#*:} lim=$((${SAN_END_S:-540} - SECONDS))
+            [ $lim -gt 470 ] && lim=470
+            if [ $lim -lt 60 ]; then echo "$tool $t: not started (no time left)" >"/tmp/san-rest/$tool-${t/:/-}.txt"; continue; fi
             extra=
             case $t in test_opt_nccl:*) extra="--report-api-errors no" ;; esac
-            for tool in racecheck memcheck; do
-                [ $tool = memcheck ] && [ -z "$extra" ] && continue # san-model ran memcheck of the others
-                (OUT=/tmp/san-rest TOOLS=$tool SANITIZER_ARGS=$extra bash "$root/scripts/gpu-sanitize.sh" 470 "$t" \
-                    >"/tmp/san-rest/$tool-${t/:/-}.txt" 2>&1) &
-            done
+            (OUT=/tmp/san-rest TOOLS=$tool SANITIZER_ARGS=$extra bash "$root/scripts/gpu-sanitize.sh" $lim "$t" \
+                >"/tmp/san-rest/$tool-${t/:/-}.txt" 2>&1) &
         done
         wait
         echo "== sanitizers done at ${SECONDS}s"

@@ -2,6 +2,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "dsv4_test.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -101,6 +102,19 @@ long dsv4_test_max_work(void)
     const char *v = getenv("DSV4_TEST_MAX_WORK");
     long n = v && *v ? strtol(v, NULL, 10) : 0;
     return n > 0 ? n : (1L << 62);
+}
+
+int dsv4_test_max_steps(void)
+{
+    const char *v = getenv("DSV4_TEST_MAX_STEPS");
+    long n = v && *v ? strtol(v, NULL, 10) : 0;
+    return n > 0 && n < INT_MAX ? (int)n : 0;
+}
+
+int dsv4_test_steps(int T)
+{
+    const int cap = dsv4_test_max_steps();
+    return cap > 0 && cap < T ? cap : T;
 }
 
 int dsv4_test_main(Suite *s)

@@ -30,6 +30,13 @@ void dsv4_test_require_gpu(void);
  * scripts/gpu-sanitize.sh sets it for racecheck, which is ~1000x slower than the kernels; the small cases take the
  * same code paths (multi-block, tails), only the largest ones are left to the unsanitized run. */
 long dsv4_test_max_work(void);
+/* $DSV4_TEST_MAX_STEPS, or 0 when unset: the model-level GPU tests step a golden prompt for at most that many
+ * positions (dsv4_test_steps) and leave out their golden/topk512 cases (2,312 positions) while it is set.
+ * scripts/gpu-sanitize.sh sets it: the tools cannot finish whole golden runs in a device call, and the shortened
+ * runs launch the same kernels (prompt and decode steps, graph capture, staggered batches). */
+int dsv4_test_max_steps(void);
+/* T, or $DSV4_TEST_MAX_STEPS when that is set and smaller. */
+int dsv4_test_steps(int T);
 /* Every dataset (and /tokens) of the dumps at pa and pb bitwise equal, else a Check failure naming `what`, the
  * dataset and the first differing element with both bit patterns (tests/support/golden_dumps.c). */
 void dsv4_test_assert_dumps_equal(const char *pa, const char *pb, const char *what);
