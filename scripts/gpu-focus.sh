@@ -254,7 +254,8 @@ for step in "$@"; do
         tail -n 3 "$out/ncu-mhc.err"
         ;;
     ncu-fp8)
-        timeout 240 ncu --kernel-name regex:'fp8_linear_kernel<8' --launch-count 80 --section SpeedOfLight \
+        timeout 240 ncu --kernel-name-base demangled --kernel-name regex:'fp8_linear_kernel<8,' --launch-count 80 \
+            --section SpeedOfLight \
             --section WarpStateStats --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
             --csv --page details "$b/bench_qweight" --quick >"$out/ncu-fp8.csv" 2>"$out/ncu-fp8.err"
         echo "== ncu fp8 rc $? at ${SECONDS}s"
