@@ -107,10 +107,14 @@ static void nap(void)
     nanosleep(&t, NULL);
 }
 
+/* The injected stall holds the stream until an abort releases it, or for at most 5 deadlines and 10 s: a tool
+ * that makes the host wait for the stream (as the sanitizers seem to) then sees a slow step, not a hang. */
 static void CUDART_CB stall_fn(void *p)
 {
+    const struct opt_ranks *g = p;
+    const double give_up = now_s() + 5 * g->timeout_s + 10;
     struct timespec t = {0, 1000000};
-    while (!__atomic_load_n((int *)p, __ATOMIC_ACQUIRE)) nanosleep(&t, NULL);
+    while (!__atomic_load_n(&g->stall_release, __ATOMIC_ACQUIRE) && now_s() < give_up) nanosleep(&t, NULL);
 }
 
 /* Mark the group failed (the first caller is the root cause), release a test stall, abort this communicator. */
@@ -270,7 +274,7 @@ int opt_allreduce(dsv4_opt *o, float *buf, size_t n, int L, const char *what)
     }
     if (!rk->comm) return dsv4_error(DSV4_ERR_CUDA, "%s: rank %d's communicator was aborted", label, rk->rank);
     if (g->stall && rk->rank == 0 && rk->n_t == 0)
-        DSV4_OPT_CUDA(cudaLaunchHostFunc(o->stream, stall_fn, &g->stall_release));
+        DSV4_OPT_CUDA(cudaLaunchHostFunc(o->stream, stall_fn, g));
     const int timed = rk->t_ev && rk->n_t < OPT_TIMED_MAX;
     if (timed) DSV4_OPT_CUDA(cudaEventRecord(rk->t_ev[2 * rk->n_t], o->stream));
     ncclResult_t r = ncclAllReduce(buf, buf, n, ncclFloat32, ncclSum, rk->comm, o->stream);

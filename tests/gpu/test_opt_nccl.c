@@ -631,6 +631,7 @@ START_TEST(test_stall_times_out)
     int rc = dsv4_opt_step(h, &t, NULL, NULL, NULL, NULL);
     double dt = now_s() - t0;
     printf("stalled step: rc %d after %.1f s: %s\n", rc, dt, dsv4_last_error());
+    fflush(stdout); /* a sanitizer run that is killed later still shows it */
     ck_assert_int_eq(rc, DSV4_ERR_CUDA);
     ck_assert_msg(strstr(dsv4_last_error(), "timed out on rank 0") && strstr(dsv4_last_error(), "rank 0 (GPU 0)"),
                   "%s", dsv4_last_error());
