@@ -249,7 +249,8 @@ int opt_wait(dsv4_opt *o, const char *what)
     const double deadline = now_s() + rk->g->timeout_s;
     for (;;) {
         cudaError_t e = cudaEventQuery(rk->done);
-        if (e == cudaSuccess && !(rk->g->stall == STALL_WAIT && rk->rank == 0)) return 0;
+        if (e == cudaSuccess && rk->g->stall == STALL_WAIT && rk->rank == 0) e = cudaErrorNotReady;
+        if (e == cudaSuccess) return 0;
         if (e != cudaErrorNotReady) {
             int rc = dsv4_error(DSV4_ERR_CUDA, "%s: %s on rank %d", label, cudaGetErrorString(e), rk->rank);
             rank_abort(rk);
