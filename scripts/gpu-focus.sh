@@ -47,6 +47,9 @@
 #            nothing else uses the GPU
 #   suite    every GPU ctest but the slow CPU-vs-GPU Flash reference check (as gpu-check-all.sh, no sanitizers),
 #            time-boxed to SUITE_S seconds (default 440); ctest's log into $OUT/suite.log
+#   dumps    `dsv4 run --path opt` dumps at the defaults of tiny (alone and as copy 2 of a staggered batch of 3),
+#            tiny-fp8 and topk512, into $OUT/dumps.tgz: run before and after a kernel change that must not change
+#            a bit, then compare the two with h5diff here
 #   device call: command "bash scripts/gpu-focus.sh tests nccl ncu-fp4", carry [".debs"]
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -165,6 +168,17 @@ for step in "$@"; do
         echo "== sanitizers done at ${SECONDS}s"
         cat /tmp/san-rest/*.txt | tee "$out/san-rest.txt"
         tar czf "$out/san-rest-logs.tgz" -C /tmp/san-rest . 2>/dev/null
+        ;;
+    dumps)
+        mkdir -p /tmp/dumps
+        for v in "tiny|tiny|" "tiny-batch3|tiny|--batch 3 --dump-seq 2" "tiny-fp8|tiny-fp8|" "topk512|topk512|"; do
+            IFS='|' read -r name set extra <<<"$v"
+            read -r -a args <<<"$extra"
+            "$b/dsv4" run --model "$root/golden/$set" --path opt --tokens-from "$root/golden/$set/forced.h5" \
+                "${args[@]}" --dump "/tmp/dumps/$name.h5" >"/tmp/dumps/$name.log" 2>&1
+            echo "== dump $name rc $? at ${SECONDS}s"
+        done
+        tar czf "$out/dumps.tgz" -C /tmp/dumps .
         ;;
     kvdumps)
         mkdir -p "$out/kv"
