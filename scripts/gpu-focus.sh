@@ -50,6 +50,8 @@
 #   dumps    `dsv4 run --path opt` dumps at the defaults of tiny (alone and as copy 2 of a staggered batch of 3),
 #            tiny-fp8 and topk512, into $OUT/dumps.tgz: run before and after a kernel change that must not change
 #            a bit, then compare the two with h5diff here
+#   ncu-mhc  Nsight Compute on bench_mhc --quick's mHC pre kernels (partial, finish and the roundtrip's own):
+#            speed-of-light, warp state and launch statistics into $OUT/ncu-mhc.csv
 #   device call: command "bash scripts/gpu-focus.sh tests nccl ncu-fp4", carry [".debs"]
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -240,6 +242,13 @@ for step in "$@"; do
             "$b/bench_qweight" --quick >"$out/ncu-fp4.csv" 2>"$out/ncu-fp4.err"
         echo "== ncu rc $? at ${SECONDS}s"
         tail -n 3 "$out/ncu-fp4.err"
+        ;;
+    ncu-mhc)
+        timeout 240 ncu --kernel-name regex:'mhc_(partial|finish|cast|sumsq|collapse|norm)_kernel' \
+            --section SpeedOfLight --section WarpStateStats --section LaunchStats --section Occupancy --csv \
+            --page details "$b/bench_mhc" --quick >"$out/ncu-mhc.csv" 2>"$out/ncu-mhc.err"
+        echo "== ncu mhc rc $? at ${SECONDS}s"
+        tail -n 3 "$out/ncu-mhc.err"
         ;;
     ncu-fp4-c64)
         timeout 240 ncu --kernel-name regex:'fp4_(up|down)_kernel' --launch-skip 58 --launch-count 2 \
