@@ -244,7 +244,7 @@ for step in "$@"; do
         tail -n 3 "$out/ncu-fp4.err"
         ;;
     ncu-mhc)
-        timeout 240 ncu --kernel-name regex:'mhc_(partial|finish|cast|sumsq|collapse|norm)_kernel' \
+        timeout 240 ncu --kernel-name regex:'mhc_(partial|finish|cast|sumsq|collapse|norm)_kernel' --launch-count ${NCU_MHC_COUNT:-150} \
             --section SpeedOfLight --section WarpStateStats --section LaunchStats --section Occupancy --csv \
             --page details "$b/bench_mhc" --quick >"$out/ncu-mhc.csv" 2>"$out/ncu-mhc.err"
         echo "== ncu mhc rc $? at ${SECONDS}s"
