@@ -6,9 +6,9 @@
  * 3. pre = sigmoid(..) + hc_eps; post = 2·sigmoid(..) without eps.
  * 4. The RMS is over the whole flattened n·D vector, unweighted: m = rho·(fn·v) with rho = rsqrt(mean(v²)+eps).
  * Cast-free layout: part[c][chunk][0..n_mix-1] = Σ fn·v over the chunk, part[..][n_mix] = Σ v²; the finish kernel
- * sums the chunks in ascending order (deterministic). A partial block serves up to MHC_MAX_TOK tokens of one chunk
- * (each fn value loaded once for all of them) and reduces in the order of dsv4_block_sum, so a token's partials
- * are the same bits whatever the batch size.
+ * sums the chunks in ascending order (deterministic). A partial block serves up to 4 tokens of one chunk
+ * (mhc_tokens_per_block; each fn value loaded once for all of them) and reduces in the order of dsv4_block_sum,
+ * so a token's partials are the same bits whatever the batch size.
  */
 #include <math.h>
 
