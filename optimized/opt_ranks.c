@@ -66,7 +66,10 @@ struct opt_ranks {
     dsv4_opt **o;          /* [n]; o[0] is the public handle */
     struct opt_rank *rk;   /* [n] */
     double timeout_s;
-    int stall;             /* DSV4_NCCL_INJECT_STALL=1: a host stall before rank 0's first collective (tests) */
+    /* tests: DSV4_NCCL_INJECT_STALL=1 (STALL_STREAM) holds rank 0's stream in a host function before its first
+     * collective; =wait (STALL_WAIT) makes rank 0's waits see an idle stream as busy. The sanitizers make the
+     * host wait for a held stream, so only STALL_WAIT reaches the deadline under them (docs/robustness.md). */
+    int stall;
     int replica;           /* DSV4_NCCL_REPLICA_CHECK=1: compare every rank's residual streams after each step */
     /* DSV4_NCCL_EMULATE_ONE_GPU=1 (tests only): every rank on GPU 0 without NCCL, the all-reduce a host sum in
      * rank order between two abortable barriers, steps eager; so the split math runs on a one-GPU machine */
@@ -94,6 +97,8 @@ struct opt_ranks {
     int32_t *next;
 };
 
+enum { STALL_NONE, STALL_STREAM, STALL_WAIT };
+
 static double now_s(void)
 {
     struct timespec t;
@@ -107,10 +112,14 @@ static void nap(void)
     nanosleep(&t, NULL);
 }
 
+/* The injected stall holds the stream until an abort releases it, or for at most 5 deadlines and 10 s: a tool
+ * that makes the host wait for the stream (as the sanitizers seem to) then sees a slow step, not a hang. */
 static void CUDART_CB stall_fn(void *p)
 {
+    const struct opt_ranks *g = p;
+    const double give_up = now_s() + 5 * g->timeout_s + 10;
     struct timespec t = {0, 1000000};
-    while (!__atomic_load_n((int *)p, __ATOMIC_ACQUIRE)) nanosleep(&t, NULL);
+    while (!__atomic_load_n(&g->stall_release, __ATOMIC_ACQUIRE) && now_s() < give_up) nanosleep(&t, NULL);
 }
 
 /* Mark the group failed (the first caller is the root cause), release a test stall, abort this communicator. */
@@ -240,7 +249,7 @@ int opt_wait(dsv4_opt *o, const char *what)
     const double deadline = now_s() + rk->g->timeout_s;
     for (;;) {
         cudaError_t e = cudaEventQuery(rk->done);
-        if (e == cudaSuccess) return 0;
+        if (e == cudaSuccess && !(rk->g->stall == STALL_WAIT && rk->rank == 0)) return 0;
         if (e != cudaErrorNotReady) {
             int rc = dsv4_error(DSV4_ERR_CUDA, "%s: %s on rank %d", label, cudaGetErrorString(e), rk->rank);
             rank_abort(rk);
@@ -269,8 +278,8 @@ int opt_allreduce(dsv4_opt *o, float *buf, size_t n, int L, const char *what)
         return emu_allreduce(rk, o, buf, n, label);
     }
     if (!rk->comm) return dsv4_error(DSV4_ERR_CUDA, "%s: rank %d's communicator was aborted", label, rk->rank);
-    if (g->stall && rk->rank == 0 && rk->n_t == 0)
-        DSV4_OPT_CUDA(cudaLaunchHostFunc(o->stream, stall_fn, &g->stall_release));
+    if (g->stall == STALL_STREAM && rk->rank == 0 && rk->n_t == 0)
+        DSV4_OPT_CUDA(cudaLaunchHostFunc(o->stream, stall_fn, g));
     const int timed = rk->t_ev && rk->n_t < OPT_TIMED_MAX;
     if (timed) DSV4_OPT_CUDA(cudaEventRecord(rk->t_ev[2 * rk->n_t], o->stream));
     ncclResult_t r = ncclAllReduce(buf, buf, n, ncclFloat32, ncclSum, rk->comm, o->stream);
@@ -430,7 +439,7 @@ int opt_ranks_init(const dsv4_config *cfg, const dsv4_opt_options *op, opt_build
     pthread_mutex_init(&g->e_mu, NULL);
     pthread_cond_init(&g->e_cv, NULL);
     const char *st = getenv("DSV4_NCCL_INJECT_STALL"), *rc_env = getenv("DSV4_NCCL_REPLICA_CHECK");
-    g->stall = st && !strcmp(st, "1");
+    g->stall = !st ? STALL_NONE : !strcmp(st, "1") ? STALL_STREAM : !strcmp(st, "wait") ? STALL_WAIT : STALL_NONE;
     g->replica = rc_env && !strcmp(rc_env, "1");
     for (int r = 0; r < N; r++) g->rk[r].g = g, g->rk[r].rank = r, g->rk[r].dev = emulate ? 0 : r;
     ncclResult_t nr = emulate ? ncclSuccess : ncclGetUniqueId(&g->id);
