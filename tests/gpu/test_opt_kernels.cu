@@ -746,15 +746,15 @@ int main(void)
 {
     dsv4_test_require_gpu();
     Suite *s = suite_create("opt_kernels");
-    TCase *tc = tcase_create("opt_kernels");
-    tcase_set_timeout(tc, 300);
-    tcase_add_test(tc, test_mhc);
-    tcase_add_test(tc, test_mhc_batch_bitwise);
-    tcase_add_test(tc, test_compressor);
-    tcase_add_test(tc, test_moe);
-    tcase_add_test(tc, test_norm_rope_fp8);
-    tcase_add_test(tc, test_kv8_writers);
-    tcase_add_test(tc, test_argmax_ties);
-    suite_add_tcase(s, tc);
+    const TTest *const tests[] = {
+        test_mhc,
+        test_mhc_batch_bitwise,
+        test_compressor,
+        test_moe,
+        test_norm_rope_fp8,
+        test_kv8_writers,
+        test_argmax_ties,
+    };
+    dsv4_test_add_each(s, 300, tests, (int)(sizeof tests / sizeof tests[0])); /* one case each: CK_RUN_CASE */
     return dsv4_test_main(s);
 }
