@@ -6,14 +6,18 @@
  * 3. pre = sigmoid(..) + hc_eps; post = 2·sigmoid(..) without eps.
  * 4. The RMS is over the whole flattened n·D vector, unweighted: m = rho·(fn·v) with rho = rsqrt(mean(v²)+eps).
  * Cast-free layout: part[c][chunk][0..n_mix-1] = Σ fn·v over the chunk, part[..][n_mix] = Σ v²; the finish kernel
- * sums the chunks in ascending order (deterministic).
+ * sums the chunks in ascending order (deterministic). A partial block serves up to 4 tokens of one chunk
+ * (mhc_tokens_per_block; each fn value loaded once for all of them) and reduces in the order of dsv4_block_sum,
+ * so a token's partials are the same bits whatever the batch size.
  */
 #include <math.h>
 
 #include "mhc.cuh"
 #include "opt_common.cuh"
 
-enum { MHC_MAX_N = 4, MHC_MAX_MIX = 24, MHC_CHUNK = 512, MHC_THREADS = 256 };
+enum { MHC_MAX_N = 4, MHC_MAX_MIX = 24, MHC_CHUNK = 512, MHC_THREADS = 256, MHC_WARPS = MHC_THREADS / 32 };
+/* the finish kernel keeps a token's collapsed row in registers when D <= MHC_THREADS * MHC_ROW_REGS */
+enum { MHC_ROW_REGS = 16 };
 
 static __device__ __forceinline__ float mhc_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
@@ -70,29 +74,61 @@ static __device__ void mhc_coeffs_warp(const float *m, int n, int head, int iter
 }
 
 /* ------------------------------------------------------------------------------------------- cast-free */
-/* grid (n_chunks, C): partial projection and sum of squares of one chunk of one token's flattened streams. */
-template <int NMIX>
+/* dsv4_block_sum's second stage for MHC_WARPS = 8, written out: lane 0 of dsv4_warp_sum over the 8 warp sums
+ * and 24 zero lanes (xor offsets 16 and 8 add the zeros, then 4, 2, 1), so the result has the same bits. */
+static_assert(MHC_WARPS == 8, "mhc_sum_warps is written for 8 warps");
+static __device__ __forceinline__ float mhc_sum_warps(const float *w, int stride)
+{
+    float q[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) q[i] = (w[i * stride] + 0.0f) + 0.0f;
+    const float a0 = q[0] + q[4], a1 = q[1] + q[5], a2 = q[2] + q[6], a3 = q[3] + q[7];
+    return (a0 + a2) + (a1 + a3);
+}
+
+/* grid (n_chunks, ceil(C / TOK)): partial projection and sum of squares of one chunk of TOK tokens' flattened
+ * streams. Per token and output the adds run in the order of the one-token kernel it replaced (elements
+ * ascending per thread, then dsv4_warp_sum, then the warps as mhc_sum_warps): one __syncthreads instead of one
+ * block reduction per output. */
+template <int NMIX, int TOK>
 __global__ void __launch_bounds__(MHC_THREADS) mhc_partial_kernel(const uint16_t *__restrict__ X,
-                                                                  const float *__restrict__ fn, int nD,
+                                                                  const float *__restrict__ fn, int nD, int C,
                                                                   float *__restrict__ part)
 {
-    const int chunk = blockIdx.x, c = blockIdx.y, n_chunks = gridDim.x;
-    const uint16_t *x = X + (size_t)c * nD;
-    float acc[NMIX + 1];
+    __shared__ float wsum[MHC_WARPS][TOK * (NMIX + 1)];
+    const int chunk = blockIdx.x, c0 = blockIdx.y * TOK, n_chunks = gridDim.x;
+    const int n_tok = min(TOK, C - c0), lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float acc[TOK][NMIX + 1];
 #pragma unroll
-    for (int r = 0; r <= NMIX; r++) acc[r] = 0.0f;
+    for (int t = 0; t < TOK; t++)
+#pragma unroll
+        for (int r = 0; r <= NMIX; r++) acc[t][r] = 0.0f;
     const int i0 = chunk * MHC_CHUNK, i1 = min(nD, i0 + MHC_CHUNK);
     for (int i = i0 + threadIdx.x; i < i1; i += MHC_THREADS) {
-        float v = dsv4_bf16_bits_to_f32(x[i]);
-        acc[NMIX] += v * v;
+        float v[TOK];
 #pragma unroll
-        for (int r = 0; r < NMIX; r++) acc[r] += __ldg(fn + (size_t)r * nD + i) * v;
+        for (int t = 0; t < TOK; t++) {
+            v[t] = t < n_tok ? dsv4_bf16_bits_to_f32(X[(size_t)(c0 + t) * nD + i]) : 0.0f;
+            acc[t][NMIX] += v[t] * v[t];
+        }
+#pragma unroll
+        for (int r = 0; r < NMIX; r++) {
+            const float f = __ldg(fn + (size_t)r * nD + i);
+#pragma unroll
+            for (int t = 0; t < TOK; t++) acc[t][r] += f * v[t];
+        }
     }
-    float *out = part + ((size_t)c * n_chunks + chunk) * (NMIX + 1);
 #pragma unroll
-    for (int r = 0; r <= NMIX; r++) {
-        float s = dsv4_block_sum(acc[r]);
-        if (threadIdx.x == 0) out[r] = s;
+    for (int t = 0; t < TOK; t++)
+#pragma unroll
+        for (int r = 0; r <= NMIX; r++) {
+            const float w = dsv4_warp_sum(acc[t][r]);
+            if (lane == 0) wsum[warp][t * (NMIX + 1) + r] = w;
+        }
+    __syncthreads();
+    for (int k = threadIdx.x; k < n_tok * (NMIX + 1); k += MHC_THREADS) {
+        const int t = k / (NMIX + 1), r = k % (NMIX + 1);
+        part[((size_t)(c0 + t) * n_chunks + chunk) * (NMIX + 1) + r] = mhc_sum_warps(&wsum[0][k], TOK * (NMIX + 1));
     }
 }
 
@@ -126,6 +162,32 @@ __global__ void __launch_bounds__(MHC_THREADS) mhc_finish_kernel(dsv4_mhc_pre_pa
     if (mix_in) return; /* roundtrip: collapse and norm are their own kernels */
     const uint16_t *x = p.X + (size_t)c * nD;
     float ss = 0.0f;
+    if (D <= MHC_THREADS * MHC_ROW_REGS) {
+        /* every load of the row first, with no store between them, so they are in flight together; the row stays
+         * in registers for the norm. The same adds in the same order as the loop below. */
+        float a[MHC_ROW_REGS];
+#pragma unroll
+        for (int k = 0; k < MHC_ROW_REGS; k++) {
+            const int d = threadIdx.x + k * MHC_THREADS;
+            a[k] = 0.0f;
+#pragma unroll
+            for (int j = 0; j < MHC_MAX_N; j++)
+                if (d < D && j < n) a[k] += pre[j] * dsv4_bf16_bits_to_f32(x[(size_t)j * D + d]);
+        }
+#pragma unroll
+        for (int k = 0; k < MHC_ROW_REGS; k++) {
+            const int d = threadIdx.x + k * MHC_THREADS;
+            if (d < D) p.x[(size_t)c * D + d] = a[k], ss += a[k] * a[k];
+        }
+        if (!p.norm_w) return;
+        const float r = 1.0f / sqrtf(dsv4_block_sum(ss) / (float)D + p.norm_eps);
+#pragma unroll
+        for (int k = 0; k < MHC_ROW_REGS; k++) {
+            const int d = threadIdx.x + k * MHC_THREADS;
+            if (d < D) p.xn[(size_t)c * D + d] = dsv4_f32_to_bf16_bits(p.norm_w[d] * (a[k] * r));
+        }
+        return;
+    }
     for (int d = threadIdx.x; d < D; d += MHC_THREADS) {
         float a = 0.0f;
         for (int j = 0; j < n; j++) a += pre[j] * dsv4_bf16_bits_to_f32(x[(size_t)j * D + d]);
@@ -213,9 +275,16 @@ size_t dsv4_opt_mhc_pre_workspace_bytes(const dsv4_mhc_pre_params *p)
     return ((size_t)p->n_tok * dsv4_ceil_div((int64_t)nD, MHC_CHUNK) * (n_mix + 1) * sizeof(float) + 15) & ~(size_t)15;
 }
 
-template <int NMIX> static void mhc_launch_partial(dim3 g, const dsv4_mhc_pre_params *p, int nD, float *part)
+/* Tokens per partial block: enough blocks to fill the GPU at small C, fn loaded once per 4 tokens at large C. */
+static int mhc_tokens_per_block(int C) { return C >= 32 ? 4 : C >= 8 ? 2 : 1; }
+
+template <int NMIX> static void mhc_launch_partial(int n_chunks, const dsv4_mhc_pre_params *p, int nD, float *part)
 {
-    mhc_partial_kernel<NMIX><<<g, MHC_THREADS, 0, p->stream>>>(p->X, p->fn, nD, part);
+    const int C = p->n_tok, tok = mhc_tokens_per_block(C);
+    const dim3 g(n_chunks, dsv4_ceil_div(C, tok));
+    if (tok == 4) mhc_partial_kernel<NMIX, 4><<<g, MHC_THREADS, 0, p->stream>>>(p->X, p->fn, nD, C, part);
+    else if (tok == 2) mhc_partial_kernel<NMIX, 2><<<g, MHC_THREADS, 0, p->stream>>>(p->X, p->fn, nD, C, part);
+    else mhc_partial_kernel<NMIX, 1><<<g, MHC_THREADS, 0, p->stream>>>(p->X, p->fn, nD, C, part);
 }
 
 int dsv4_opt_mhc_pre(const dsv4_mhc_pre_params *p)
@@ -233,15 +302,14 @@ int dsv4_opt_mhc_pre(const dsv4_mhc_pre_params *p)
     float *part = (float *)p->workspace;
     if (p->kernel == DSV4_MHC_KERNEL_CASTFREE) {
         const int n_chunks = dsv4_ceil_div(nD, MHC_CHUNK);
-        dim3 g(n_chunks, C);
         switch (n_mix) {
-        case 1: mhc_launch_partial<1>(g, p, nD, part); break;
-        case 2: mhc_launch_partial<2>(g, p, nD, part); break;
-        case 3: mhc_launch_partial<3>(g, p, nD, part); break;
-        case 4: mhc_launch_partial<4>(g, p, nD, part); break;
-        case 8: mhc_launch_partial<8>(g, p, nD, part); break;
-        case 15: mhc_launch_partial<15>(g, p, nD, part); break;
-        case 24: mhc_launch_partial<24>(g, p, nD, part); break;
+        case 1: mhc_launch_partial<1>(n_chunks, p, nD, part); break;
+        case 2: mhc_launch_partial<2>(n_chunks, p, nD, part); break;
+        case 3: mhc_launch_partial<3>(n_chunks, p, nD, part); break;
+        case 4: mhc_launch_partial<4>(n_chunks, p, nD, part); break;
+        case 8: mhc_launch_partial<8>(n_chunks, p, nD, part); break;
+        case 15: mhc_launch_partial<15>(n_chunks, p, nD, part); break;
+        case 24: mhc_launch_partial<24>(n_chunks, p, nD, part); break;
         default: return dsv4_error(DSV4_ERR_UNSUPPORTED, "mhc_pre: n_mix %d", n_mix);
         }
         DSV4_LAUNCH_CHECK("mhc_partial_kernel");

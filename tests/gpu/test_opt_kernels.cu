@@ -205,9 +205,85 @@ static void mhc_case(int C, int D, int head, dsv4_mhc_kernel kern)
 START_TEST(test_mhc)
 {
     const int Ds[] = {17, 64, 257, 4096};
-    for (int kern = 0; kern < 2; kern++)
+    for (int kern = 0; kern < 2; kern++) {
         for (int i = 0; i < 4; i++)
             for (int head = 0; head < 2; head++) mhc_case(i == 3 ? 2 : 3, Ds[i], head, (dsv4_mhc_kernel)kern);
+        /* 2 and 4 tokens per cast-free partial block, with a partly filled last block; and a row longer than the
+         * finish kernel keeps in registers (D > 4096) */
+        mhc_case(9, 257, 0, (dsv4_mhc_kernel)kern);
+        mhc_case(33, 4096, 0, (dsv4_mhc_kernel)kern);
+        mhc_case(1, 4100, 0, (dsv4_mhc_kernel)kern);
+    }
+}
+END_TEST
+
+/* The cast-free pre of a token gives the same bits in a batch of 1, 9 (2 tokens per partial block) or 33 (4 per
+ * block) tokens: the kernels' order of adds does not depend on the batch. */
+START_TEST(test_mhc_batch_bitwise)
+{
+    const int n = 4, D = 4096, nD = n * D, nmix = (2 + n) * n, Cs[] = {33, 9};
+    rs = 4242;
+    uint16_t *Xb = (uint16_t *)malloc((size_t)33 * nD * 2);
+    float *fn = (float *)malloc((size_t)nmix * nD * 4), base[24], scale[3], *nw = (float *)malloc(D * 4);
+    for (size_t i = 0; i < (size_t)33 * nD; i++) Xb[i] = dsv4_f32_to_bf16(urand() * 3);
+    for (size_t i = 0; i < (size_t)nmix * nD; i++) fn[i] = urand() * 0.05f;
+    for (int i = 0; i < 24; i++) base[i] = urand();
+    for (int i = 0; i < 3; i++) scale[i] = 0.5f + urand() * 0.3f;
+    for (int d = 0; d < D; d++) nw[d] = 1 + 0.2f * urand();
+    dsv4_mhc_pre_params p;
+    memset(&p, 0, sizeof p);
+    p.n_streams = n, p.dim = D, p.sinkhorn_iters = 20, p.hc_eps = 1e-6f, p.norm_eps = 1e-6f;
+    p.kernel = DSV4_MHC_KERNEL_CASTFREE;
+    p.X = (uint16_t *)dup_dev(Xb, (size_t)33 * nD * 2);
+    p.fn = (float *)dup_dev(fn, (size_t)nmix * nD * 4);
+    p.base = (float *)dup_dev(base, sizeof base), p.scale = (float *)dup_dev(scale, sizeof scale);
+    p.norm_w = (float *)dup_dev(nw, D * 4);
+    p.pre = (float *)dup_dev(NULL, 33 * n * 4), p.post = (float *)dup_dev(NULL, 33 * n * 4);
+    p.comb = (float *)dup_dev(NULL, 33 * n * n * 4), p.x = (float *)dup_dev(NULL, (size_t)33 * D * 4);
+    p.xn = (uint16_t *)dup_dev(NULL, (size_t)33 * D * 2);
+    p.n_tok = 33;
+    p.workspace_bytes = dsv4_opt_mhc_pre_workspace_bytes(&p);
+    p.workspace = dup_dev(NULL, p.workspace_bytes);
+    /* outputs of one token as bytes: pre | post | comb | x | xn */
+    const size_t per_tok = (size_t)(2 * n + n * n + D) * 4 + (size_t)D * 2;
+    uint8_t *batch = (uint8_t *)malloc(33 * per_tok), *one = (uint8_t *)malloc(per_tok);
+    for (int ci = 0; ci < 2; ci++) {
+        const int C = Cs[ci];
+        p.n_tok = C;
+        ck_assert_msg(dsv4_opt_mhc_pre(&p) == 0, "%s", dsv4_last_error());
+        for (int c = 0; c < C; c++) {
+            uint8_t *o = batch + (size_t)c * per_tok;
+            get(o, p.pre + c * n, n * 4), o += n * 4;
+            get(o, p.post + c * n, n * 4), o += n * 4;
+            get(o, p.comb + c * n * n, n * n * 4), o += n * n * 4;
+            get(o, p.x + (size_t)c * D, (size_t)D * 4), o += (size_t)D * 4;
+            get(o, p.xn + (size_t)c * D, (size_t)D * 2);
+        }
+        const int toks[] = {0, 1, C / 2, C - 2, C - 1};
+        for (int ti = 0; ti < 5; ti++) {
+            const int c = toks[ti];
+            dsv4_mhc_pre_params q = p;
+            q.n_tok = 1, q.X = p.X + (size_t)c * nD;
+            ck_assert_msg(dsv4_opt_mhc_pre(&q) == 0, "%s", dsv4_last_error());
+            uint8_t *o = one;
+            get(o, q.pre, n * 4), o += n * 4;
+            get(o, q.post, n * 4), o += n * 4;
+            get(o, q.comb, n * n * 4), o += n * n * 4;
+            get(o, q.x, (size_t)D * 4), o += (size_t)D * 4;
+            get(o, q.xn, (size_t)D * 2);
+            const uint8_t *b = batch + (size_t)c * per_tok;
+            size_t first = per_tok;
+            for (size_t k = 0; k < per_tok && first == per_tok; k++)
+                if (one[k] != b[k]) first = k;
+            ck_assert_msg(first == per_tok, "C = %d, token %d: the batch of 1 differs from the batch at byte %zu of %zu "
+                          "(pre | post | comb | x | xn)", C, c, first, per_tok);
+        }
+    }
+    printf("mhc castfree: tokens of batches of 33 and 9 give the bits of a batch of 1\n");
+    cudaFree((void *)p.X), cudaFree((void *)p.fn), cudaFree((void *)p.base), cudaFree((void *)p.scale);
+    cudaFree((void *)p.norm_w), cudaFree(p.pre), cudaFree(p.post), cudaFree(p.comb), cudaFree(p.x), cudaFree(p.xn);
+    cudaFree(p.workspace);
+    free(Xb), free(fn), free(nw), free(batch), free(one);
 }
 END_TEST
 
@@ -672,6 +748,7 @@ int main(void)
     Suite *s = suite_create("opt_kernels");
     const TTest *const tests[] = {
         test_mhc,
+        test_mhc_batch_bitwise,
         test_compressor,
         test_moe,
         test_norm_rope_fp8,
