@@ -22,53 +22,53 @@ enum { MHC_ROW_REGS = 16 };
 static __device__ __forceinline__ float mhc_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 /* Coefficients of one token from its raw mix m[0 .. n_mix) (already times rho), on warp 0 (every lane calls it):
- * lane i < n·n owns comb entry (j, k) = (i / n, i % n), lanes < n own pre/post. Row and column sums read the
- * other lanes' values from shared memory in ascending index order, the order of reference/ref_mhc.c's loops. It
- * used to run on thread 0 alone: 20 Sinkhorn rounds of 32 dependent divisions made the pre ~90 µs at any C. */
+ * lane i < n·n owns comb entry (j, k) = (i / n, i % n), lanes < n own pre/post. Row and column sums add the
+ * other lanes' values, fetched by shuffles, in ascending index order, the order of reference/ref_mhc.c's loops.
+ * It used to run on thread 0 alone: 20 Sinkhorn rounds of 32 dependent divisions made the pre ~90 µs at any C.
+ * Then through shared memory, a store and two __syncwarp per normalisation: still most of the finish kernel's
+ * ~45,000 cycles at C = 1 (ncu, session 8); the shuffles give the same bits without the round trips. */
+static __device__ float mhc_row_sum(float v, int j, int n)
+{
+    float t = 0.0f;
+#pragma unroll
+    for (int q = 0; q < MHC_MAX_N; q++) {
+        const float x = __shfl_sync(0xffffffffu, v, j * n + q);
+        if (q < n) t += x;
+    }
+    return t;
+}
+static __device__ float mhc_col_sum(float v, int k, int n)
+{
+    float t = 0.0f;
+#pragma unroll
+    for (int q = 0; q < MHC_MAX_N; q++) {
+        const float x = __shfl_sync(0xffffffffu, v, q * n + k);
+        if (q < n) t += x;
+    }
+    return t;
+}
+
 static __device__ void mhc_coeffs_warp(const float *m, int n, int head, int iters, float eps, const float *base,
                                        const float *scale, float *pre, float *post, float *comb)
 {
-    __shared__ float cs[MHC_MAX_N * MHC_MAX_N];
     const int lane = threadIdx.x & 31, nn = n * n, on = lane < nn;
-    const int j = on ? lane / n : 0, k = on ? lane % n : 0;
+    const int j = on ? lane / n : 0, k = on ? lane % n : 0; /* lanes >= n·n shadow entry (0, 0) */
     if (lane < n) pre[lane] = mhc_sigmoid(m[lane] * scale[0] + base[lane]) + eps;
     if (head) return;
     if (lane < n) post[lane] = 2.0f * mhc_sigmoid(m[n + lane] * scale[1] + base[n + lane]);
-    float v = on ? m[2 * n + lane] * scale[2] + base[2 * n + lane] : 0.0f;
-    if (on) cs[lane] = v;
-    __syncwarp();
-    if (on) { /* row softmax */
-        float mx = cs[j * n];
-        for (int q = 1; q < n; q++) mx = fmaxf(mx, cs[j * n + q]);
-        v = expf(v - mx);
+    const int e = on ? lane : 0;
+    float v = m[2 * n + e] * scale[2] + base[2 * n + e];
+    float mx = __shfl_sync(0xffffffffu, v, j * n); /* row softmax */
+#pragma unroll
+    for (int q = 1; q < MHC_MAX_N; q++) {
+        const float x = __shfl_sync(0xffffffffu, v, j * n + q);
+        if (q < n) mx = fmaxf(mx, x);
     }
-    __syncwarp();
-    if (on) cs[lane] = v;
-    __syncwarp();
-    if (on) {
-        float t = 0.0f;
-        for (int q = 0; q < n; q++) t += cs[j * n + q];
-        v = v / t + eps;
-    }
+    v = expf(v - mx);
+    v = v / mhc_row_sum(v, j, n) + eps;
     for (int it = 0; it < iters; it++) {
-        if (it > 0) { /* row normalisation */
-            __syncwarp();
-            if (on) cs[lane] = v;
-            __syncwarp();
-            if (on) {
-                float t = 0.0f;
-                for (int q = 0; q < n; q++) t += cs[j * n + q];
-                v /= t + eps;
-            }
-        }
-        __syncwarp(); /* column normalisation */
-        if (on) cs[lane] = v;
-        __syncwarp();
-        if (on) {
-            float t = 0.0f;
-            for (int q = 0; q < n; q++) t += cs[q * n + k];
-            v /= t + eps;
-        }
+        if (it > 0) v /= mhc_row_sum(v, j, n) + eps;
+        v /= mhc_col_sum(v, k, n) + eps;
     }
     if (on) comb[lane] = v;
 }
