@@ -52,9 +52,9 @@
 #            a bit, then compare the two with h5diff here
 #   ncu-mhc  Nsight Compute on bench_mhc --quick's mHC pre kernels (partial, finish and the roundtrip's own):
 #            speed-of-light, warp state and launch statistics into $OUT/ncu-mhc.csv
-#   ncu-fp8  Nsight Compute on bench_qweight --quick's FP8 linear launches at 64 tokens (the NT = 8 kernel: every
-#            shape, each launch): speed-of-light, warp state with stall reasons, memory workload, occupancy, into
-#            $OUT/ncu-fp8.csv
+#   ncu-fp8  Nsight Compute on bench_qweight --quick's first 120 FP8 linear launches (every C and shape; the tile
+#            width is a launch argument, not a template one): speed-of-light, warp state with stall reasons, memory
+#            workload, occupancy, into $OUT/ncu-fp8.csv
 #   device call: command "bash scripts/gpu-focus.sh tests nccl ncu-fp4", carry [".debs"]
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -254,7 +254,7 @@ for step in "$@"; do
         tail -n 3 "$out/ncu-mhc.err"
         ;;
     ncu-fp8)
-        timeout 240 ncu --kernel-name-base demangled --kernel-name regex:'fp8_linear_kernel<8,' --launch-count 80 \
+        timeout 240 ncu --kernel-name-base demangled --kernel-name regex:'^fp8_linear_kernel' --launch-count 120 \
             --section SpeedOfLight \
             --section WarpStateStats --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
             --csv --page details "$b/bench_qweight" --quick >"$out/ncu-fp8.csv" 2>"$out/ncu-fp8.err"
