@@ -254,7 +254,7 @@ for step in "$@"; do
         tail -n 3 "$out/ncu-mhc.err"
         ;;
     ncu-fp8)
-        timeout 240 ncu --kernel-name-base demangled --kernel-name regex:'^fp8_linear_kernel' --launch-count 120 \
+        timeout 200 ncu --kernel-name-base function --kernel-name fp8_linear_kernel --launch-count 120 \
             --section SpeedOfLight \
             --section WarpStateStats --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
             --csv --page details "$b/bench_qweight" --quick >"$out/ncu-fp8.csv" 2>"$out/ncu-fp8.err"
