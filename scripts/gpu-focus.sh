@@ -48,8 +48,8 @@
 #   suite    every GPU ctest but the slow CPU-vs-GPU Flash reference check (as gpu-check-all.sh, no sanitizers),
 #            time-boxed to SUITE_S seconds (default 440); ctest's log into $OUT/suite.log
 #   dumps    `dsv4 run --path opt` dumps at the defaults of tiny (alone and as copy 2 of a staggered batch of 3),
-#            tiny-fp8 and topk512, into $OUT/dumps.tgz: run before and after a kernel change that must not change
-#            a bit, then compare the two with h5diff here
+#            tiny-fp8 and topk512, and of tiny with --mhc roundtrip, into $OUT/dumps.tgz: run before and after a
+#            kernel change that must not change a bit, then compare the two with h5diff here
 #   ncu-mhc  Nsight Compute on bench_mhc --quick's mHC pre kernels (partial, finish and the roundtrip's own):
 #            speed-of-light, warp state and launch statistics into $OUT/ncu-mhc.csv
 #   ncu-fp8  Nsight Compute on bench_qweight --quick's first 120 FP8 linear launches (every C and shape; the tile
@@ -176,7 +176,8 @@ for step in "$@"; do
         ;;
     dumps)
         mkdir -p /tmp/dumps
-        for v in "tiny|tiny|" "tiny-batch3|tiny|--batch 3 --dump-seq 2" "tiny-fp8|tiny-fp8|" "topk512|topk512|"; do
+        for v in "tiny|tiny|" "tiny-batch3|tiny|--batch 3 --dump-seq 2" "tiny-fp8|tiny-fp8|" "topk512|topk512|" \
+            "tiny-roundtrip|tiny|--mhc roundtrip"; do
             IFS='|' read -r name set extra <<<"$v"
             read -r -a args <<<"$extra"
             "$b/dsv4" run --model "$root/golden/$set" --path opt --tokens-from "$root/golden/$set/forced.h5" \
