@@ -27,22 +27,14 @@ static __device__ __forceinline__ float mhc_sigmoid(float x) { return 1.0f / (1.
  * It used to run on thread 0 alone: 20 Sinkhorn rounds of 32 dependent divisions made the pre ~90 µs at any C.
  * Then through shared memory, a store and two __syncwarp per normalisation: still most of the finish kernel's
  * ~45,000 cycles at C = 1 (ncu, session 8); the shuffles give the same bits without the round trips. */
-static __device__ float mhc_row_sum(float v, int j, int n)
+/* Σ_q v of lane first + q·stride, q = 0 .. n-1 ascending: a row (first j·n, stride 1) or a column (first k,
+ * stride n) of the n x n matrix the lanes hold. */
+static __device__ float mhc_lane_sum(float v, int first, int stride, int n)
 {
     float t = 0.0f;
 #pragma unroll
     for (int q = 0; q < MHC_MAX_N; q++) {
-        const float x = __shfl_sync(0xffffffffu, v, j * n + q);
-        if (q < n) t += x;
-    }
-    return t;
-}
-static __device__ float mhc_col_sum(float v, int k, int n)
-{
-    float t = 0.0f;
-#pragma unroll
-    for (int q = 0; q < MHC_MAX_N; q++) {
-        const float x = __shfl_sync(0xffffffffu, v, q * n + k);
+        const float x = __shfl_sync(0xffffffffu, v, first + q * stride);
         if (q < n) t += x;
     }
     return t;
@@ -65,10 +57,10 @@ static __device__ void mhc_coeffs_warp(const float *m, int n, int head, int iter
         if (q < n) mx = fmaxf(mx, x);
     }
     v = expf(v - mx);
-    v = v / mhc_row_sum(v, j, n) + eps;
+    v = v / mhc_lane_sum(v, j * n, 1, n) + eps;
     for (int it = 0; it < iters; it++) {
-        if (it > 0) v /= mhc_row_sum(v, j, n) + eps;
-        v /= mhc_col_sum(v, k, n) + eps;
+        if (it > 0) v /= mhc_lane_sum(v, j * n, 1, n) + eps;
+        v /= mhc_lane_sum(v, k, n, n) + eps;
     }
     if (on) comb[lane] = v;
 }

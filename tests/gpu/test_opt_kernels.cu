@@ -111,6 +111,16 @@ static void cpu_mhc(const float *X, const float *fn, const float *base, const fl
     }
 }
 
+/* The mHC weights of a random case, after its streams (the order the cases draw in): fn [nmix, nD], base [24],
+ * scale [3], norm weights [D]. */
+static void mhc_random_weights(float *fn, size_t n_fn, float *base, float *scale, float *nw, int D)
+{
+    for (size_t i = 0; i < n_fn; i++) fn[i] = urand() * 0.05f;
+    for (int i = 0; i < 24; i++) base[i] = urand();
+    for (int i = 0; i < 3; i++) scale[i] = 0.5f + urand() * 0.3f;
+    for (int d = 0; d < D; d++) nw[d] = 1 + 0.2f * urand();
+}
+
 static void mhc_case(int C, int D, int head, dsv4_mhc_kernel kern)
 {
     const int n = 4, nD = n * D, nmix = head ? n : (2 + n) * n;
@@ -123,10 +133,7 @@ static void mhc_case(int C, int D, int head, dsv4_mhc_kernel kern)
         Xb[i] = dsv4_f32_to_bf16(urand() * 3);
         X[i] = dsv4_bf16_to_f32(Xb[i]);
     }
-    for (size_t i = 0; i < (size_t)nmix * nD; i++) fn[i] = urand() * 0.05f;
-    for (int i = 0; i < 24; i++) base[i] = urand();
-    for (int i = 0; i < 3; i++) scale[i] = 0.5f + urand() * 0.3f;
-    for (int d = 0; d < D; d++) nw[d] = 1 + 0.2f * urand();
+    mhc_random_weights(fn, (size_t)nmix * nD, base, scale, nw, D);
     dsv4_mhc_pre_params p;
     memset(&p, 0, sizeof p);
     p.n_tok = C, p.n_streams = n, p.dim = D, p.head = head, p.sinkhorn_iters = 20, p.hc_eps = 1e-6f, p.norm_eps = 1e-6f;
@@ -226,10 +233,7 @@ START_TEST(test_mhc_batch_bitwise)
     uint16_t *Xb = (uint16_t *)malloc((size_t)33 * nD * 2);
     float *fn = (float *)malloc((size_t)nmix * nD * 4), base[24], scale[3], *nw = (float *)malloc(D * 4);
     for (size_t i = 0; i < (size_t)33 * nD; i++) Xb[i] = dsv4_f32_to_bf16(urand() * 3);
-    for (size_t i = 0; i < (size_t)nmix * nD; i++) fn[i] = urand() * 0.05f;
-    for (int i = 0; i < 24; i++) base[i] = urand();
-    for (int i = 0; i < 3; i++) scale[i] = 0.5f + urand() * 0.3f;
-    for (int d = 0; d < D; d++) nw[d] = 1 + 0.2f * urand();
+    mhc_random_weights(fn, (size_t)nmix * nD, base, scale, nw, D);
     dsv4_mhc_pre_params p;
     memset(&p, 0, sizeof p);
     p.n_streams = n, p.dim = D, p.sinkhorn_iters = 20, p.hc_eps = 1e-6f, p.norm_eps = 1e-6f;
