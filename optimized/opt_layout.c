@@ -394,10 +394,11 @@ static void state_layout(dsv4_opt *o, opt_carver *cv)
         const int fp8 = o->opt.kv == DSV4_OPT_KV_FP8;
         ly->kv_entry_bytes = fp8 ? (size_t)dsv4_kv8_entry_bytes((int)d, 2 * o->np) : d * 2;
         ly->kv_seq_stride = (int64_t)((W + ly->pool_cap) * (fp8 ? ly->kv_entry_bytes : d));
+        void *kv = opt_carve(cv, C * (W + ly->pool_cap) * ly->kv_entry_bytes);
         if (fp8)
-            ly->kv8 = opt_carve(cv, C * (W + ly->pool_cap) * ly->kv_entry_bytes);
+            ly->kv8 = kv;
         else
-            ly->kvc = opt_carve(cv, C * (W + ly->pool_cap) * ly->kv_entry_bytes);
+            ly->kvc = kv;
         if (ly->ratio <= 0) continue;
         size_t rows = (size_t)(csa ? 2 : 1) * ly->ratio, width = (size_t)(csa ? 2 : 1) * d;
         ly->cmp_kv = opt_carve(cv, C * rows * width * 4);

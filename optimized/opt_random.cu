@@ -342,7 +342,7 @@ static int random_state_one(dsv4_opt *o, void *arg)
                                                                           W + n_ent, (int)d, 2 * o->np, sid, amp, sexp);
                 DSV4_TRY(launch_check("rnd_kv8_kernel"));
             } else {
-                uint16_t *kv = ly->kvc + (size_t)c * (W + ly->pool_cap) * d;
+                uint16_t *kv = ly->kvc + (size_t)c * ly->kv_seq_stride;
                 DSV4_TRY(dsv4_opt_random_bf16(kv, (W + n_ent) * d, sid, 0.0f, amp, o->stream));
             }
             if (ly->attn == DSV4_ATTN_CSA && n_ent > 0)

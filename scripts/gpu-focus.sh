@@ -52,9 +52,9 @@
 #            kernel change that must not change a bit, then compare the two with h5diff here
 #   ncu-mhc  Nsight Compute on bench_mhc --quick's mHC pre kernels (partial, finish and the roundtrip's own):
 #            speed-of-light, warp state and launch statistics into $OUT/ncu-mhc.csv
-#   ncu-fp8  Nsight Compute on bench_qweight --quick's first 120 FP8 linear launches (every C and shape; the tile
-#            width is a launch argument, not a template one): speed-of-light, warp state with stall reasons, memory
-#            workload, occupancy, into $OUT/ncu-fp8.csv
+#   ncu-fp8  Nsight Compute on bench_qweight --quick's first 120 FP8 linear launches (every C and shape, matched by
+#            function name: a regex on the demangled template arguments matched nothing): speed-of-light, warp
+#            state with stall reasons, memory workload, occupancy, into $OUT/ncu-fp8.csv
 #   device call: command "bash scripts/gpu-focus.sh tests nccl ncu-fp4", carry [".debs"]
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)

@@ -6,8 +6,8 @@
 # Racecheck runs with DSV4_TEST_MAX_WORK=9000 (override by setting it): the kernel tests skip their few cases
 # above that size, which racecheck's ~1000x slowdown cannot finish; the smaller cases take the same code paths.
 # A TEST of the form binary:case runs that one Check test case (CK_RUN_CASE; the tests of test_opt_model,
-# test_opt_follow_run and test_opt_nccl are each a case of their own), so a slow binary can be split over
-# parallel runs; a case that runs no check is reported as an error, not as clean.
+# test_opt_follow_run, test_opt_nccl and test_opt_kernels are each a case of their own), so a slow binary can be
+# split over parallel runs; a case that runs no check is reported as an error, not as clean.
 # Every run has DSV4_TEST_MAX_STEPS=25 (override by setting it): the model-level tests step at most 25 positions of
 # a golden prompt in-process and leave out their golden/topk512 cases (tests/support/dsv4_test.h).
 # SANITIZER_ARGS adds options to compute-sanitizer (the NCCL tests: "--report-api-errors no", see docs/robustness.md).

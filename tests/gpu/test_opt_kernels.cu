@@ -226,6 +226,17 @@ START_TEST(test_mhc)
 }
 END_TEST
 
+/* Token c's outputs of an mHC pre as bytes: pre | post | comb | x | xn. */
+static void mhc_token_bytes(uint8_t *o, const dsv4_mhc_pre_params *p, int c)
+{
+    const int n = p->n_streams, D = p->dim;
+    get(o, p->pre + c * n, n * 4), o += n * 4;
+    get(o, p->post + c * n, n * 4), o += n * 4;
+    get(o, p->comb + c * n * n, n * n * 4), o += n * n * 4;
+    get(o, p->x + (size_t)c * D, (size_t)D * 4), o += (size_t)D * 4;
+    get(o, p->xn + (size_t)c * D, (size_t)D * 2);
+}
+
 /* The cast-free pre of a token gives the same bits in a batch of 1, 9 (2 tokens per partial block) or 33 (4 per
  * block) tokens: the kernels' order of adds does not depend on the batch. */
 START_TEST(test_mhc_batch_bitwise)
@@ -257,26 +268,14 @@ START_TEST(test_mhc_batch_bitwise)
         const int C = Cs[ci];
         p.n_tok = C;
         ck_assert_msg(dsv4_opt_mhc_pre(&p) == 0, "%s", dsv4_last_error());
-        for (int c = 0; c < C; c++) {
-            uint8_t *o = batch + (size_t)c * per_tok;
-            get(o, p.pre + c * n, n * 4), o += n * 4;
-            get(o, p.post + c * n, n * 4), o += n * 4;
-            get(o, p.comb + c * n * n, n * n * 4), o += n * n * 4;
-            get(o, p.x + (size_t)c * D, (size_t)D * 4), o += (size_t)D * 4;
-            get(o, p.xn + (size_t)c * D, (size_t)D * 2);
-        }
+        for (int c = 0; c < C; c++) mhc_token_bytes(batch + (size_t)c * per_tok, &p, c);
         const int toks[] = {0, 1, C / 2, C - 2, C - 1};
         for (int ti = 0; ti < 5; ti++) {
             const int c = toks[ti];
             dsv4_mhc_pre_params q = p;
             q.n_tok = 1, q.X = p.X + (size_t)c * nD;
             ck_assert_msg(dsv4_opt_mhc_pre(&q) == 0, "%s", dsv4_last_error());
-            uint8_t *o = one;
-            get(o, q.pre, n * 4), o += n * 4;
-            get(o, q.post, n * 4), o += n * 4;
-            get(o, q.comb, n * n * 4), o += n * n * 4;
-            get(o, q.x, (size_t)D * 4), o += (size_t)D * 4;
-            get(o, q.xn, (size_t)D * 2);
+            mhc_token_bytes(one, &q, 0);
             const uint8_t *b = batch + (size_t)c * per_tok;
             size_t first = per_tok;
             for (size_t k = 0; k < per_tok && first == per_tok; k++)

@@ -148,34 +148,38 @@ START_TEST(test_n2_replicas_agree)
 END_TEST
 START_TEST(test_n1_bitwise_plain_topk512)
 {
-    if (dsv4_test_max_steps()) { /* the topk512 cases are left out */
-        printf("%s: not run (DSV4_TEST_MAX_STEPS is set)\n", __func__);
-        return;
-    }
+    if (dsv4_test_leave_out_long(__func__)) return;
     n1_equals_plain("topk512", 1);
 }
 END_TEST
 
 
-/* `dsv4 run --path opt ARGS` on golden/SET's forced prompt; under DSV4_TEST_MAX_STEPS its first that many tokens
- * only, as a prompt file in dir. */
-static void run_opt(const char *set, const char *args, const char *dir, const char *out_h5)
+/* The prompt options of golden/SET's forced run into src: its forced dump, or under DSV4_TEST_MAX_STEPS its
+ * first that many tokens, written as a prompt file in dir. */
+static void golden_prompt(const char *set, const char *dir, char *src, size_t size)
 {
-    char cmd[2048], src[1200], *out = NULL, g[512];
-    snprintf(g, sizeof g, "%s", dsv4_test_source_path(""));
-    snprintf(src, sizeof src, "--tokens-from %sgolden/%s/forced.h5", g, set);
-    if (dsv4_test_max_steps()) {
-        int T;
-        int32_t *tok = dsv4_test_golden_tokens(set, &T);
-        char path[700];
-        snprintf(path, sizeof path, "%s/prompt.txt", dir);
-        FILE *f = fopen(path, "w");
-        ck_assert_msg(f != NULL, "%s: cannot write", path);
-        for (int i = 0; i < dsv4_test_steps(T); i++) fprintf(f, "%d\n", (int)tok[i]);
-        ck_assert_msg(fclose(f) == 0, "%s: write failed", path);
-        free(tok);
-        snprintf(src, sizeof src, "--prompt-tokens %s --decode 0", path);
+    const char *g = dsv4_test_source_path("");
+    if (!dsv4_test_max_steps()) {
+        snprintf(src, size, "--tokens-from %sgolden/%s/forced.h5", g, set);
+        return;
     }
+    int T;
+    int32_t *tok = dsv4_test_golden_tokens(set, &T);
+    char path[700];
+    snprintf(path, sizeof path, "%s/prompt.txt", dir);
+    FILE *f = fopen(path, "w");
+    ck_assert_msg(f != NULL, "%s: cannot write", path);
+    for (int i = 0; i < dsv4_test_steps(T); i++) fprintf(f, "%d\n", (int)tok[i]);
+    ck_assert_msg(fclose(f) == 0, "%s: write failed", path);
+    free(tok);
+    snprintf(src, size, "--prompt-tokens %s --decode 0", path);
+}
+
+/* `dsv4 run --path opt ARGS SRC` on golden/SET (SRC: golden_prompt's options). */
+static void run_opt(const char *set, const char *args, const char *src, const char *out_h5)
+{
+    char cmd[2048], *out = NULL, g[512];
+    snprintf(g, sizeof g, "%s", dsv4_test_source_path(""));
     snprintf(cmd, sizeof cmd, "%s run --model %sgolden/%s --path opt %s %s --dump %s 2>&1", dsv4_test_bin(), g, set,
              args, src, out_h5);
     int st = dsv4_test_run(cmd, &out);
@@ -189,13 +193,14 @@ START_TEST(test_n1_dumps)
     static const char *const sets[] = {"tiny", "topk512"};
     for (int i = 0; i < (dsv4_test_max_steps() ? 1 : 2); i++) { /* DSV4_TEST_MAX_STEPS: tiny only */
         char *dir = dsv4_test_mkdtemp("opt-nccl");
-        char p[600], a[600], b[600];
+        char p[600], a[600], b[600], src[1200];
         snprintf(p, sizeof p, "%s/plain.h5", dir);
         snprintf(a, sizeof a, "%s/g1a.h5", dir);
         snprintf(b, sizeof b, "%s/g1b.h5", dir);
-        run_opt(sets[i], "", dir, p);
-        run_opt(sets[i], "--gpus 1", dir, a);
-        run_opt(sets[i], "--gpus 1", dir, b);
+        golden_prompt(sets[i], dir, src, sizeof src);
+        run_opt(sets[i], "", src, p);
+        run_opt(sets[i], "--gpus 1", src, a);
+        run_opt(sets[i], "--gpus 1", src, b);
         dsv4_test_assert_dumps_equal(p, a, "--gpus 1 vs the plain path");
         dsv4_test_assert_dumps_equal(a, b, "two --gpus 1 runs");
         dsv4_test_rmtree(dir);
@@ -305,10 +310,7 @@ START_TEST(test_emulated_n2_tiny) { emulated_n2("tiny"); }
 END_TEST
 START_TEST(test_emulated_n2_topk512)
 {
-    if (dsv4_test_max_steps()) { /* the topk512 cases are left out */
-        printf("%s: not run (DSV4_TEST_MAX_STEPS is set)\n", __func__);
-        return;
-    }
+    if (dsv4_test_leave_out_long(__func__)) return;
     emulated_n2("topk512");
 }
 END_TEST

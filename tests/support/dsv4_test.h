@@ -37,6 +37,9 @@ long dsv4_test_max_work(void);
 int dsv4_test_max_steps(void);
 /* T, or $DSV4_TEST_MAX_STEPS when that is set and smaller. */
 int dsv4_test_steps(int T);
+/* 1 when $DSV4_TEST_MAX_STEPS is set: a long (golden/topk512) test then prints "<test>: not run
+ * (DSV4_TEST_MAX_STEPS is set)", the line scripts/gpu-sanitize.sh reports as "not run", and returns. */
+int dsv4_test_leave_out_long(const char *test);
 /* Every dataset (and /tokens) of the dumps at pa and pb bitwise equal, else a Check failure naming `what`, the
  * dataset and the first differing element with both bit patterns (tests/support/golden_dumps.c). */
 void dsv4_test_assert_dumps_equal(const char *pa, const char *pb, const char *what);
