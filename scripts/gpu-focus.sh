@@ -49,7 +49,8 @@
 #            time-boxed to SUITE_S seconds (default 440); ctest's log into $OUT/suite.log
 #   dumps    `dsv4 run --path opt` dumps at the defaults of tiny (alone and as copy 2 of a staggered batch of 3),
 #            tiny-fp8 and topk512, and of tiny with --mhc roundtrip, into $OUT/dumps.tgz: run before and after a
-#            kernel change that must not change a bit, then compare the two with h5diff here
+#            kernel change that must not change a bit, then compare the two with h5diff here. DUMPS_BIN=PATH
+#            dumps with another build's dsv4, into $OUT/$DUMPS_NAME.tgz
 #   ncu-mhc  Nsight Compute on bench_mhc --quick's mHC pre kernels (partial, finish and the roundtrip's own):
 #            speed-of-light, warp state and launch statistics into $OUT/ncu-mhc.csv
 #   ncu-fp8  Nsight Compute on bench_qweight --quick's first 120 FP8 linear launches (every C and shape, matched by
@@ -175,16 +176,19 @@ for step in "$@"; do
         tar czf "$out/san-rest-logs.tgz" -C /tmp/san-rest . 2>/dev/null
         ;;
     dumps)
-        mkdir -p /tmp/dumps
+        # DUMPS_BIN picks another build's dsv4 (e.g. gpu-ab.sh's base, /tmp/ab-base-tree/b/dsv4), DUMPS_NAME the
+        # archive's name, so that one call can dump both builds
+        dumps_bin=${DUMPS_BIN:-$b/dsv4} dumps_name=${DUMPS_NAME:-dumps}
+        rm -rf /tmp/dumps && mkdir -p /tmp/dumps
         for v in "tiny|tiny|" "tiny-batch3|tiny|--batch 3 --dump-seq 2" "tiny-fp8|tiny-fp8|" "topk512|topk512|" \
             "tiny-roundtrip|tiny|--mhc roundtrip"; do
             IFS='|' read -r name set extra <<<"$v"
             read -r -a args <<<"$extra"
-            "$b/dsv4" run --model "$root/golden/$set" --path opt --tokens-from "$root/golden/$set/forced.h5" \
+            "$dumps_bin" run --model "$root/golden/$set" --path opt --tokens-from "$root/golden/$set/forced.h5" \
                 "${args[@]}" --dump "/tmp/dumps/$name.h5" >"/tmp/dumps/$name.log" 2>&1
-            echo "== dump $name rc $? at ${SECONDS}s"
+            echo "== dump $name ($dumps_bin) rc $? at ${SECONDS}s"
         done
-        tar czf "$out/dumps.tgz" -C /tmp/dumps .
+        tar czf "$out/$dumps_name.tgz" -C /tmp/dumps .
         ;;
     kvdumps)
         mkdir -p "$out/kv"
