@@ -2,6 +2,8 @@
 # gpu-focus.sh STEP... - one short device call: build build-gpu/ for sm_90, then the named steps, each time-boxed,
 # outputs in $OUT:
 #   tests    test_opt_nccl, test_kernel_qweight, test_opt_fp8 (ctest)
+#   ctest    the ctests whose names match CTEST_R (default test_opt_kernels), time-boxed to CTEST_S (200) seconds,
+#            into $OUT/ctest.log
 #   nccl     tests/e2e_opt_nccl_gpu.sh with the Flash-width model (written to /tmp/dsv4-flash first) and the
 #            memcheck of the --gpus 1 job (scripts/gpu-sanitize-model.sh, in the background)
 #   ncu-fp4  Nsight Compute on the FP4 expert kernels of bench_qweight (every launch; speed-of-light, warp
@@ -222,6 +224,12 @@ for step in "$@"; do
             echo "== $name: verify rc $? at ${SECONDS}s"
             awk '/^top-k per CSA layer/ {f = 1} f && NF == 0 {f = 0} f' "$st/verify-$name.txt"
         done
+        ;;
+    ctest)
+        (cd "$b" && timeout "${CTEST_S:-200}" ctest -R "${CTEST_R:-^test_opt_kernels\$}" --output-on-failure) \
+            >"$out/ctest.log" 2>&1
+        echo "== ctest -R ${CTEST_R:-^test_opt_kernels\$} rc $? at ${SECONDS}s"
+        grep -E "Test +#|tests passed|tests failed" "$out/ctest.log"
         ;;
     tests)
         (cd "$b" && timeout 200 ctest -R '^(test_opt_nccl|test_kernel_qweight|test_opt_fp8)$' --output-on-failure) \
