@@ -18,6 +18,9 @@
 enum { MHC_MAX_N = 4, MHC_MAX_MIX = 24, MHC_CHUNK = 512, MHC_THREADS = 256, MHC_WARPS = MHC_THREADS / 32 };
 /* the finish kernel keeps a token's collapsed row in registers when D <= MHC_THREADS * MHC_ROW_REGS */
 enum { MHC_ROW_REGS = 16 };
+/* the finish kernel stages a token's cast-free partials in shared memory when there are at most this many
+ * (8 KB; Flash: 32 chunks x 25 = 800; D = 7168 with 4 streams: 1,400) */
+enum { MHC_STAGE_FLOATS = 2048 };
 
 static __device__ __forceinline__ float mhc_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
@@ -125,20 +128,58 @@ __global__ void __launch_bounds__(MHC_THREADS) mhc_partial_kernel(const uint16_t
 }
 
 /* grid C: sum the partials, coefficients, collapse and the site's RMSNorm. mix_in != NULL (roundtrip): the
- * projection comes from the SGEMM ([C, n_mix]) and the sum of squares from part ([C]). */
+ * projection comes from the SGEMM ([C, n_mix]) and the sum of squares from part ([C]). One block per token, so at
+ * small C the kernel is a chain of latencies: the cast-free path first starts every load it will need (the
+ * token's partials into shared memory when staged, its row and the norm weights into registers), then sums and
+ * works out the coefficients on warp 0 while the loads land. */
 __global__ void __launch_bounds__(MHC_THREADS) mhc_finish_kernel(dsv4_mhc_pre_params p, int n_mix, int n_chunks,
                                                                  const float *__restrict__ part,
-                                                                 const float *__restrict__ mix_in)
+                                                                 const float *__restrict__ mix_in, int staged)
 {
+    extern __shared__ float part_s[]; /* staged: this token's partials, [n_chunks][n_mix + 1] */
     __shared__ float m[MHC_MAX_MIX + 1], pre[MHC_MAX_N];
     const int c = blockIdx.x, n = p.n_streams, D = p.dim, nD = n * D, lane = threadIdx.x;
+    const uint16_t *x = p.X + (size_t)c * nD;
+    const float *pc = part + (size_t)c * n_chunks * (n_mix + 1);
+    const bool in_regs = !mix_in && D <= MHC_THREADS * MHC_ROW_REGS;
+    float xv[MHC_ROW_REGS][MHC_MAX_N], nw[MHC_ROW_REGS];
+    if (in_regs) {
+#pragma unroll
+        for (int k = 0; k < MHC_ROW_REGS; k++) {
+            const int d = threadIdx.x + k * MHC_THREADS;
+#pragma unroll
+            for (int j = 0; j < MHC_MAX_N; j++)
+                xv[k][j] = d < D && j < n ? dsv4_bf16_bits_to_f32(x[(size_t)j * D + d]) : 0.0f;
+            nw[k] = d < D && p.norm_w ? p.norm_w[d] : 0.0f;
+        }
+    }
+    if (staged) { /* all loads of a round before its stores: one L2 latency per 1,024 partials, not n_chunks / 8 */
+        const int total = n_chunks * (n_mix + 1);
+        for (int i0 = 0; i0 < total; i0 += 4 * MHC_THREADS) {
+            float v[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const int i = i0 + u * MHC_THREADS + threadIdx.x;
+                v[u] = i < total ? pc[i] : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const int i = i0 + u * MHC_THREADS + threadIdx.x;
+                if (i < total) part_s[i] = v[u];
+            }
+        }
+        __syncthreads();
+    }
     if (threadIdx.x < 32) { /* warp 0: lane r sums partial r over the chunks (ascending), then the coefficients */
         float s = 0.0f;
         if (lane <= n_mix) {
             if (mix_in) s = lane < n_mix ? mix_in[(size_t)c * n_mix + lane] : part[c];
+            else if (staged)
+#pragma unroll 8
+                for (int k = 0; k < n_chunks; k++) s += part_s[k * (n_mix + 1) + lane];
             else
 #pragma unroll 8 /* the loads go ahead of the in-order adds: one L2 latency per 8 chunks, not per chunk */
-                for (int k = 0; k < n_chunks; k++) s += part[((size_t)c * n_chunks + k) * (n_mix + 1) + lane];
+                for (int k = 0; k < n_chunks; k++) s += pc[k * (n_mix + 1) + lane];
             m[lane] = s;
         }
         __syncwarp();
@@ -152,11 +193,9 @@ __global__ void __launch_bounds__(MHC_THREADS) mhc_finish_kernel(dsv4_mhc_pre_pa
     }
     __syncthreads();
     if (mix_in) return; /* roundtrip: collapse and norm are their own kernels */
-    const uint16_t *x = p.X + (size_t)c * nD;
     float ss = 0.0f;
-    if (D <= MHC_THREADS * MHC_ROW_REGS) {
-        /* every load of the row first, with no store between them, so they are in flight together; the row stays
-         * in registers for the norm. The same adds in the same order as the loop below. */
+    if (in_regs) {
+        /* the row stays in registers for the norm; the same adds in the same order as the loop below */
         float a[MHC_ROW_REGS];
 #pragma unroll
         for (int k = 0; k < MHC_ROW_REGS; k++) {
@@ -164,7 +203,7 @@ __global__ void __launch_bounds__(MHC_THREADS) mhc_finish_kernel(dsv4_mhc_pre_pa
             a[k] = 0.0f;
 #pragma unroll
             for (int j = 0; j < MHC_MAX_N; j++)
-                if (d < D && j < n) a[k] += pre[j] * dsv4_bf16_bits_to_f32(x[(size_t)j * D + d]);
+                if (d < D && j < n) a[k] += pre[j] * xv[k][j];
         }
 #pragma unroll
         for (int k = 0; k < MHC_ROW_REGS; k++) {
@@ -176,7 +215,7 @@ __global__ void __launch_bounds__(MHC_THREADS) mhc_finish_kernel(dsv4_mhc_pre_pa
 #pragma unroll
         for (int k = 0; k < MHC_ROW_REGS; k++) {
             const int d = threadIdx.x + k * MHC_THREADS;
-            if (d < D) p.xn[(size_t)c * D + d] = dsv4_f32_to_bf16_bits(p.norm_w[d] * (a[k] * r));
+            if (d < D) p.xn[(size_t)c * D + d] = dsv4_f32_to_bf16_bits(nw[k] * (a[k] * r));
         }
         return;
     }
@@ -305,7 +344,9 @@ int dsv4_opt_mhc_pre(const dsv4_mhc_pre_params *p)
         default: return dsv4_error(DSV4_ERR_UNSUPPORTED, "mhc_pre: n_mix %d", n_mix);
         }
         DSV4_LAUNCH_CHECK("mhc_partial_kernel");
-        mhc_finish_kernel<<<C, MHC_THREADS, 0, p->stream>>>(*p, n_mix, n_chunks, part, NULL);
+        const int part_floats = n_chunks * (n_mix + 1), staged = part_floats <= MHC_STAGE_FLOATS;
+        mhc_finish_kernel<<<C, MHC_THREADS, staged ? part_floats * sizeof(float) : 0, p->stream>>>(
+            *p, n_mix, n_chunks, part, NULL, staged);
         DSV4_LAUNCH_CHECK("mhc_finish_kernel");
         return 0;
     }
@@ -322,7 +363,7 @@ int dsv4_opt_mhc_pre(const dsv4_mhc_pre_params *p)
     if (st != CUBLAS_STATUS_SUCCESS) return dsv4_error(DSV4_ERR_CUDA, "mhc_pre: cublasSgemm failed (%d)", (int)st);
     mhc_sumsq_kernel<<<C, MHC_THREADS, 0, p->stream>>>(p->X_f32, nD, part);
     DSV4_LAUNCH_CHECK("mhc_sumsq_kernel");
-    mhc_finish_kernel<<<C, MHC_THREADS, 0, p->stream>>>(*p, n_mix, 0, part, mix);
+    mhc_finish_kernel<<<C, MHC_THREADS, 0, p->stream>>>(*p, n_mix, 0, part, mix, 0);
     DSV4_LAUNCH_CHECK("mhc_finish_kernel");
     mhc_collapse_kernel<<<dsv4_ceil_div((int64_t)C * D, 256), 256, 0, p->stream>>>(p->X_f32, p->pre, n, D, C, p->x);
     DSV4_LAUNCH_CHECK("mhc_collapse_kernel");

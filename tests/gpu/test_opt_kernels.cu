@@ -215,11 +215,13 @@ START_TEST(test_mhc)
     for (int kern = 0; kern < 2; kern++) {
         for (int i = 0; i < 4; i++)
             for (int head = 0; head < 2; head++) mhc_case(i == 3 ? 2 : 3, Ds[i], head, (dsv4_mhc_kernel)kern);
-        /* 2 and 4 tokens per cast-free partial block, with a partly filled last block; and a row longer than the
-         * finish kernel keeps in registers (D > 4096) */
+        /* 2 and 4 tokens per cast-free partial block, with a partly filled last block; a row longer than the
+         * finish kernel keeps in registers (D > 4096); more partials than it stages in shared memory
+         * (83 chunks x 25 > MHC_STAGE_FLOATS) */
         mhc_case(9, 257, 0, (dsv4_mhc_kernel)kern);
         mhc_case(33, 4096, 0, (dsv4_mhc_kernel)kern);
         mhc_case(1, 4100, 0, (dsv4_mhc_kernel)kern);
+        mhc_case(1, 10500, 0, (dsv4_mhc_kernel)kern);
     }
 }
 END_TEST
