@@ -57,8 +57,13 @@ def fp8_section(bench, fp8, peer):
         return []
     bf = {(r["C"], r["context"]): r for r in bench.get("runs", []) if r["variant"] == "all-on"}
     peer_runs = {(r["C"], r["context"]): r for r in (peer or {}).get("runs", [])}
+    lb, lf = bench["model"]["layers"], fp8["model"]["layers"]
+    if lb != lf:  # a step of 9 layers against one of 5 says nothing about fp8 against bf16
+        bf, peer_runs = {}, {}
     md = ["", "## Weights fp8 (`--weights fp8`: FP8 linears with 128x128 block scales, FP4 experts) against bf16",
-          "", "All optimizations on; the same shapes, seed and state; a separate `dsv4 bench --weights fp8` run.", "",
+          "", "All optimizations on; the same shapes, seed and state; a separate `dsv4 bench --weights fp8` run."
+          if lb == lf else f"All optimizations on; a separate `dsv4 bench --weights fp8` run of **{lf} layers**, "
+          f"not the bf16 run's {lb}: its steps are not compared with the bf16 rows or the peer.", "",
           "| C | live ctx | bf16 ms/step | fp8 ms/step | fp8 tokens/s | fp8 / bf16 speed | fp8 × peer | "
           "weights per CSA layer bf16 → fp8 (GiB) |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in fp8["runs"]:

@@ -121,9 +121,14 @@ timeout --signal=TERM --kill-after=5 $bs "$build/dsv4" bench --json "$out/bench.
   2> >(tee "$out/bench.stderr" >&2)
 echo "dsv4 bench exit $? ($(left)s left)"
 if [ "$fp8_s" -gt 0 ]; then
-  echo "== dsv4 bench --weights fp8 (${fp8_s}s)"
+  # as many layers as the bf16 run: left to --layers auto, the smaller fp8 weights fit more (9 against 5), and the
+  # report would compare steps of different models
+  layers=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["model"]["layers"])' "$out/bench.json" \
+    2>/dev/null) || layers=auto
+  echo "== dsv4 bench --weights fp8 --layers $layers (${fp8_s}s)"
   timeout --signal=TERM --kill-after=5 $fp8_s "$build/dsv4" bench --weights fp8 --variants all-on --scaling none \
-    --no-baseline --json "$out/bench-fp8.json" ${BENCH_ARGS:-} 2> >(tee -a "$out/bench.stderr" >&2)
+    --no-baseline --layers "$layers" --json "$out/bench-fp8.json" ${BENCH_ARGS:-} \
+    2> >(tee -a "$out/bench.stderr" >&2)
   echo "dsv4 bench --weights fp8 exit $? ($(left)s left)"
 fi
 
