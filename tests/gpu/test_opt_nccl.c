@@ -176,13 +176,24 @@ static void golden_prompt(const char *set, const char *dir, char *src, size_t si
 }
 
 /* `dsv4 run --path opt ARGS SRC` on golden/SET (SRC: golden_prompt's options). */
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* Prints each run's time: under compute-sanitizer (which follows the child) the log then shows how far it got. */
 static void run_opt(const char *set, const char *args, const char *src, const char *out_h5)
 {
     char cmd[2048], *out = NULL, g[512];
     snprintf(g, sizeof g, "%s", dsv4_test_source_path(""));
     snprintf(cmd, sizeof cmd, "%s run --model %sgolden/%s --path opt %s %s --dump %s 2>&1", dsv4_test_bin(), g, set,
              args, src, out_h5);
+    const double t0 = now_s();
     int st = dsv4_test_run(cmd, &out);
+    printf("%s, dsv4 run --path opt %s: exit %d after %.1f s\n", set, args[0] ? args : "(plain)", st, now_s() - t0);
+    fflush(stdout);
     ck_assert_msg(st == 0, "%s\n%s", cmd, out ? out : "");
     free(out);
 }
@@ -498,13 +509,6 @@ START_TEST(test_errors_before_allocation)
     dsv4_model_free(m);
 }
 END_TEST
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
 
 /* Steps a and b (b may be NULL) over the golden tokens of `set`; returns the worst logits rel-L2 of b vs a over the
  * first 8 steps, asserting bitwise equality when `bitwise`. */
