@@ -498,7 +498,7 @@ int dsv4_cmd_bench(int argc, char **argv)
         return 1;
     }
     bench_plan_memory(&cfg, cmax, a.max_context, naive_idx, a.weights == DSV4_OPT_WEIGHTS_FP8,
-                              a.kv == DSV4_OPT_KV_FP8, &mp);
+                      a.kv == DSV4_OPT_KV_FP8, &mp);
     char b1[32], b2[32], b3[32], b4[32], b5[32], b6[32], b7[32], b8[32], b9[32];
     double w_sum = mp.global, c_sum = 0;
     for (int L = 0; L < layers; L++) w_sum += mp.per_layer_w[L], c_sum += mp.per_layer_cache[L];
@@ -579,8 +579,7 @@ int dsv4_cmd_bench(int argc, char **argv)
                 if ((rc = run_steps(o, C, pos0, a.warmup, a.reps, a.seed + (unsigned)ci, &st))) break;
                 double bytes, flops;
                 bench_step_roofline(&cfg, C, pos0 + a.warmup + a.reps / 2, a.weights == DSV4_OPT_WEIGHTS_FP8,
-                                    a.kv == DSV4_OPT_KV_FP8, &bytes,
-                              &flops);
+                                    a.kv == DSV4_OPT_KV_FP8, &bytes, &flops);
                 const double floor_ms = fmax(bytes / (cl.copy_gbs * 1e6), flops / (cl.gemm_tflops * 1e9));
                 json_t *r = json_pack("{s:i, s:s, s:i, s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "C", C,
                                       "variant", variant_names[v], "context", ctx, "max_context", a.max_context,

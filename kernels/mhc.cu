@@ -24,12 +24,6 @@ enum { MHC_STAGE_FLOATS = 2048 };
 
 static __device__ __forceinline__ float mhc_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
-/* Coefficients of one token from its raw mix m[0 .. n_mix) (already times rho), on warp 0 (every lane calls it):
- * lane i < n·n owns comb entry (j, k) = (i / n, i % n), lanes < n own pre/post. Row and column sums add the
- * other lanes' values, fetched by shuffles, in ascending index order, the order of reference/ref_mhc.c's loops.
- * It used to run on thread 0 alone: 20 Sinkhorn rounds of 32 dependent divisions made the pre ~90 µs at any C.
- * Then through shared memory, a store and two __syncwarp per normalisation: still most of the finish kernel's
- * ~45,000 cycles at C = 1 (ncu, session 8); the shuffles give the same bits without the round trips. */
 /* Σ_q v of lane first + q·stride, q = 0 .. n-1 ascending: a row (first j·n, stride 1) or a column (first k,
  * stride n) of the n x n matrix the lanes hold. */
 static __device__ float mhc_lane_sum(float v, int first, int stride, int n)
@@ -43,6 +37,12 @@ static __device__ float mhc_lane_sum(float v, int first, int stride, int n)
     return t;
 }
 
+/* Coefficients of one token from its raw mix m[0 .. n_mix) (already times rho), on warp 0 (every lane calls it):
+ * lane i < n·n owns comb entry (j, k) = (i / n, i % n), lanes < n own pre/post. Row and column sums add the
+ * other lanes' values, fetched by shuffles, in ascending index order, the order of reference/ref_mhc.c's loops.
+ * It used to run on thread 0 alone: 20 Sinkhorn rounds of 32 dependent divisions made the pre ~90 µs at any C.
+ * Then through shared memory, a store and two __syncwarp per normalisation: still most of the finish kernel's
+ * ~45,000 cycles at C = 1 (ncu, session 8); the shuffles give the same bits without the round trips. */
 static __device__ void mhc_coeffs_warp(const float *m, int n, int head, int iters, float eps, const float *base,
                                        const float *scale, float *pre, float *post, float *comb)
 {

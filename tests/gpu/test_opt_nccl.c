@@ -175,7 +175,6 @@ static void golden_prompt(const char *set, const char *dir, char *src, size_t si
     snprintf(src, size, "--prompt-tokens %s --decode 0", path);
 }
 
-/* `dsv4 run --path opt ARGS SRC` on golden/SET (SRC: golden_prompt's options). */
 static double now_s(void)
 {
     struct timespec t;
@@ -183,7 +182,8 @@ static double now_s(void)
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-/* Prints each run's time: under compute-sanitizer (which follows the child) the log then shows how far it got. */
+/* `dsv4 run --path opt ARGS SRC` on golden/SET (SRC: golden_prompt's options). It prints each run's exit and
+ * time: under compute-sanitizer (which follows the child) the log then shows how far it got. */
 static void run_opt(const char *set, const char *args, const char *src, const char *out_h5)
 {
     char cmd[2048], *out = NULL, g[512];
