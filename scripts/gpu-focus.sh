@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # gpu-focus.sh STEP... - one short device call: build build-gpu/ for sm_90, then the named steps, each time-boxed,
-# outputs in $OUT:
+# outputs in $OUT. A step written bg:STEP runs in the background while the next ones run (the script waits for it
+# at the end): for a sanitizer run beside tests, not beside a benchmark. (Of the steps that start jobs of their own,
+# only fp8 waits for just its own; the others wait for a bg: step too.)
 #   tests    test_opt_nccl, test_kernel_qweight, test_opt_fp8 (ctest)
 #   ctest    the ctests whose names match CTEST_R (default test_opt_kernels), time-boxed to CTEST_S (200) seconds,
 #            into $OUT/ctest.log
@@ -42,7 +44,7 @@
 #            racecheck of test_opt_kernels, test_gpu_cublas, test_ref_gpu_ops
 #   san-rest  what san-model left: racecheck of test_opt_model and test_opt_follow_run, memcheck and racecheck
 #            of test_opt_nccl (memcheck with --report-api-errors no: NCCL probes its own kernel images), one run per
-#            Check test case (binary:case), SAN_PAR (12) at a time, each time-boxed to 470 s and to end by
+#            Check test case (binary:case), SAN_PAR (12) at a time, each time-boxed to SAN_BOX_S (470) s and to end by
 #            SAN_END_S (540 s after the start); SAN_ONLY="tool:binary:case ..." runs only those; into
 #            $OUT/san-rest.txt. gpu-sanitize.sh sets DSV4_TEST_MAX_STEPS=25 (tests/support/dsv4_test.h)
 #   ubench   every micro-benchmark (bench/run_on_device.sh ubench --quick) into $OUT/ubench.md; first, while
@@ -70,7 +72,8 @@ b=$root/build-gpu
 cmake -S "$root" -B "$b" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CUDA_ARCHITECTURES=90 >"$out/build.log" 2>&1 &&
     cmake --build "$b" -j"$(nproc)" >>"$out/build.log" 2>&1 || { tail -n 30 "$out/build.log"; exit 1; }
 echo "== built at ${SECONDS}s"
-for step in "$@"; do
+run_step() {
+    local step=$1
     case $step in
     flips)
         for m in tiny:200 tiny-fp8:100; do
@@ -165,7 +168,7 @@ for step in "$@"; do
         for j in $todo; do
             while [ "$(jobs -rp | wc -l)" -ge "${SAN_PAR:-12}" ]; do wait -n; done
             tool=${j%%:*} t=${j#*:} lim=$((${SAN_END_S:-540} - SECONDS))
-            [ $lim -gt 470 ] && lim=470
+            [ $lim -gt "${SAN_BOX_S:-470}" ] && lim=${SAN_BOX_S:-470}
             if [ $lim -lt 60 ]; then echo "$tool $t: not started (no time left)" >"/tmp/san-rest/$tool-${t/:/-}.txt"; continue; fi
             extra=
             case $t in test_opt_nccl:*) extra="--report-api-errors no" ;; esac
@@ -300,7 +303,9 @@ for step in "$@"; do
     fp8)
         (OUT=$out TOOLS="memcheck racecheck" bash "$root/scripts/gpu-sanitize.sh" 240 test_kernel_qweight \
             >"$out/sanitize-qweight.txt" 2>&1) &
+        local san_pids=$!
         (OUT=$out JOBS=fp8 bash "$root/scripts/gpu-sanitize-model.sh" 240 >"$out/sanitize-fp8-job.txt" 2>&1) &
+        san_pids="$san_pids $!"
         mkdir -p /tmp/e2e-fp8
         (cd "$b" && DSV4_E2E_LOG=/tmp/e2e-fp8 timeout 300 ctest \
             -R '^(test_kernel_qweight|test_opt_fp8|e2e_opt_fp8_gpu|e2e_opt_gpu)$' --output-on-failure -V) \
@@ -308,7 +313,7 @@ for step in "$@"; do
         echo "== fp8 tests rc $? at ${SECONDS}s"
         grep -E "^[0-9]+: fp4_experts|Test +#|tests passed|e2e_opt_gpu:|== .*FAIL" "$out/fp8.log" | cut -c1-200 |
             grep -v "reported only" | tail -n 40
-        wait
+        wait $san_pids # not a bg: step's job
         cat "$out/sanitize-qweight.txt" "$out/sanitize-fp8-job.txt"
         ;;
     split)
@@ -322,4 +327,11 @@ for step in "$@"; do
         ;;
     *) echo "gpu-focus: unknown step '$step'" >&2; exit 2 ;;
     esac
+}
+for step in "$@"; do
+    case $step in
+    bg:*) run_step "${step#bg:}" & ;;
+    *) run_step "$step" ;;
+    esac
 done
+wait

@@ -7,7 +7,6 @@
  * under sanitizers; the numbers are printed for the record.
  */
 #define _POSIX_C_SOURCE 200809L
-#include <time.h>
 
 #include "test_dump_common.h"
 
@@ -15,13 +14,6 @@
 #define D 4096   /* hidden_size */
 #define V 129280 /* vocab_size */
 #define L 4
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* The tiny config with Flash's width and vocabulary. */
 static char *wide_config_json(void)
@@ -52,7 +44,7 @@ START_TEST(test_write_and_read_50mb)
     meta.config_json = json;
     int32_t tokens[R] = {0};
     dsv4_dump_writer *w = NULL;
-    double t0 = now_s();
+    double t0 = dsv4_test_now_s();
     int32_t pos[R];
     for (int i = 0; i < R; i++) pos[i] = i;
     ck_assert_msg(dsv4_dump_writer_open(path, &meta, &cfg, tokens, R, pos, R, &w) == 0, "%s", dsv4_last_error());
@@ -77,12 +69,12 @@ START_TEST(test_write_and_read_50mb)
     }
     dsv4_probe_sink_free(p);
     ck_assert_int_eq(dsv4_dump_writer_commit(w), 0);
-    double t_write = now_s() - t0;
+    double t_write = dsv4_test_now_s() - t0;
     struct stat st;
     ck_assert(stat(path, &st) == 0);
 
     /* Whole datasets. */
-    t0 = now_s();
+    t0 = dsv4_test_now_s();
     dsv4_dump *d = NULL;
     ck_assert_msg(dsv4_dump_open(path, &d) == 0, "%s", dsv4_last_error());
     float *all = malloc((size_t)R * V * sizeof *all);
@@ -95,17 +87,17 @@ START_TEST(test_write_and_read_50mb)
         sum += all[0];
     }
     dsv4_dump_free(d);
-    double t_read = now_s() - t0;
+    double t_read = dsv4_test_now_s() - t0;
 
     /* Row by row, position-major like a per-position comparison. */
-    t0 = now_s();
+    t0 = dsv4_test_now_s();
     ck_assert_int_eq(dsv4_dump_open(path, &d), 0);
     for (int t = 0; t < R; t++)
         for (int i = 0; i < dsv4_dump_dataset_count(d); i++) {
             ck_assert_int_eq(dsv4_dump_read_rows(d, dsv4_dump_dataset_name(d, i), t, 1, all), 0);
             sum += all[0];
         }
-    double t_rows = now_s() - t0;
+    double t_rows = dsv4_test_now_s() - t0;
     /* Spot check: the last logits row is what was written. */
     test_dump_fill_f32(buf, V, (uint64_t)(R - 1) + 7);
     ck_assert_int_eq(dsv4_dump_read_rows(d, "final/logits", R - 1, 1, all), 0);

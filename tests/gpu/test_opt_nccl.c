@@ -29,7 +29,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "../../kernels/moe.cuh"
 #include "../../kernels/qweight.cuh"
@@ -175,45 +174,39 @@ static void golden_prompt(const char *set, const char *dir, char *src, size_t si
     snprintf(src, size, "--prompt-tokens %s --decode 0", path);
 }
 
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-/* `dsv4 run --path opt ARGS SRC` on golden/SET (SRC: golden_prompt's options). It prints each run's exit and
- * time: under compute-sanitizer (which follows the child) the log then shows how far it got. */
-static void run_opt(const char *set, const char *args, const char *src, const char *out_h5)
-{
-    char cmd[2048], *out = NULL, g[512];
-    snprintf(g, sizeof g, "%s", dsv4_test_source_path(""));
-    snprintf(cmd, sizeof cmd, "%s run --model %sgolden/%s --path opt %s %s --dump %s 2>&1", dsv4_test_bin(), g, set,
-             args, src, out_h5);
-    const double t0 = now_s();
-    int st = dsv4_test_run(cmd, &out);
-    printf("%s, dsv4 run --path opt %s: exit %d after %.1f s\n", set, args[0] ? args : "(plain)", st, now_s() - t0);
-    fflush(stdout);
-    ck_assert_msg(st == 0, "%s\n%s", cmd, out ? out : "");
-    free(out);
-}
-
-/* Every probe of the dumps (rank 0 writes them): --gpus 1 == plain, and --gpus 1 == --gpus 1. */
+/* Every probe of the dumps (rank 0 writes them): --gpus 1 == plain, and --gpus 1 == --gpus 1. The three
+ * `dsv4 run --path opt` jobs run at once: under compute-sanitizer (which follows each child) one job takes
+ * minutes, and three in a row did not fit the time box. Each job's exit and time is printed, so a sanitizer log
+ * shows how far it got. */
 START_TEST(test_n1_dumps)
 {
     static const char *const sets[] = {"tiny", "topk512"};
+    static const char *const args[] = {"", "--gpus 1", "--gpus 1"};
+    static const char *const names[] = {"plain", "g1a", "g1b"};
     for (int i = 0; i < (dsv4_test_max_steps() ? 1 : 2); i++) { /* DSV4_TEST_MAX_STEPS: tiny only */
         char *dir = dsv4_test_mkdtemp("opt-nccl");
-        char p[600], a[600], b[600], src[1200];
-        snprintf(p, sizeof p, "%s/plain.h5", dir);
-        snprintf(a, sizeof a, "%s/g1a.h5", dir);
-        snprintf(b, sizeof b, "%s/g1b.h5", dir);
+        char dump[3][600], cmd[3][4096], src[1200], model[600];
+        const char *cmds[3];
         golden_prompt(sets[i], dir, src, sizeof src);
-        run_opt(sets[i], "", src, p);
-        run_opt(sets[i], "--gpus 1", src, a);
-        run_opt(sets[i], "--gpus 1", src, b);
-        dsv4_test_assert_dumps_equal(p, a, "--gpus 1 vs the plain path");
-        dsv4_test_assert_dumps_equal(a, b, "two --gpus 1 runs");
+        snprintf(model, sizeof model, "%sgolden/%s", dsv4_test_source_path(""), sets[i]);
+        for (int j = 0; j < 3; j++) {
+            snprintf(dump[j], sizeof dump[j], "%s/%s.h5", dir, names[j]);
+            snprintf(cmd[j], sizeof cmd[j], "%s run --model %s --path opt %s %s --dump %s", dsv4_test_bin(), model,
+                     args[j], src, dump[j]);
+            cmds[j] = cmd[j];
+        }
+        int st[3];
+        char *out[3];
+        double took[3];
+        dsv4_test_run_together(3, cmds, st, out, took);
+        for (int j = 0; j < 3; j++)
+            printf("%s, dsv4 run --path opt %s: exit %d, done by %.1f s\n", sets[i], args[j][0] ? args[j] : "(plain)",
+                   st[j], took[j]);
+        fflush(stdout);
+        for (int j = 0; j < 3; j++) ck_assert_msg(st[j] == 0, "%s\n%s", cmd[j], out[j] ? out[j] : "");
+        for (int j = 0; j < 3; j++) free(out[j]);
+        dsv4_test_assert_dumps_equal(dump[0], dump[1], "--gpus 1 vs the plain path");
+        dsv4_test_assert_dumps_equal(dump[1], dump[2], "two --gpus 1 runs");
         dsv4_test_rmtree(dir);
     }
 }
@@ -649,9 +642,9 @@ static void check_stall_times_out(const char *stall)
     setenv("DSV4_NCCL_INJECT_STALL", stall, 1);
     ck_assert_msg(dsv4_opt_init(m, &o, &h) == 0, "%s", dsv4_last_error());
     int32_t t = 5;
-    double t0 = now_s();
+    double t0 = dsv4_test_now_s();
     int rc = dsv4_opt_step(h, &t, NULL, NULL, NULL, NULL);
-    double dt = now_s() - t0;
+    double dt = dsv4_test_now_s() - t0;
     printf("stall '%s': rc %d after %.1f s: %s\n", stall, rc, dt, rc ? dsv4_last_error() : "");
     fflush(stdout); /* a sanitizer run that is killed later still shows it */
     ck_assert_int_eq(rc, DSV4_ERR_CUDA);
@@ -660,9 +653,9 @@ static void check_stall_times_out(const char *stall)
     ck_assert_msg(dt >= 1.9 && dt < 30, "the timeout of 2 s took %.1f s", dt);
     ck_assert_int_eq(dsv4_opt_step(h, &t, NULL, NULL, NULL, NULL), DSV4_ERR_CUDA);
     ck_assert_msg(strstr(dsv4_last_error(), "aborted"), "%s", dsv4_last_error());
-    t0 = now_s();
+    t0 = dsv4_test_now_s();
     dsv4_opt_free(h);
-    ck_assert_msg(now_s() - t0 < 30, "free took %.1f s", now_s() - t0);
+    ck_assert_msg(dsv4_test_now_s() - t0 < 30, "free took %.1f s", dsv4_test_now_s() - t0);
     unsetenv("DSV4_NCCL_INJECT_STALL");
     unsetenv("DSV4_NCCL_TIMEOUT_S");
     dsv4_model_free(m);

@@ -14,27 +14,19 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 
 #include "dsv4_test.h"
 #include "flash_model.h"
 
 enum { FLASH_SEED = 4096, N_DECODE = 2 };
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* run a command, print its output and wall time; returns its exit status */
 static int run_timed(const char *label, const char *cmd)
 {
     char *out = NULL;
-    double t0 = now_s();
+    double t0 = dsv4_test_now_s();
     int rc = dsv4_test_run(cmd, &out);
-    printf("---- %s (%.1f s, exit %d)\n$ %s\n%s\n", label, now_s() - t0, rc, cmd, out ? out : "");
+    printf("---- %s (%.1f s, exit %d)\n$ %s\n%s\n", label, dsv4_test_now_s() - t0, rc, cmd, out ? out : "");
     fflush(stdout);
     free(out);
     return rc;
@@ -51,10 +43,10 @@ START_TEST(test_flash_gpu_matches_cpu)
     snprintf(path, sizeof path, "%s/model.safetensors", model);
     struct stat st;
     if (stat(path, &st) != 0) {
-        double t0 = now_s();
+        double t0 = dsv4_test_now_s();
         ck_assert_int_eq(dsv4_flash_model_write(model, FLASH_SEED), 0);
         stat(path, &st);
-        printf("flash model written to %s: %.2f GB in %.1f s\n", model, st.st_size / 1e9, now_s() - t0);
+        printf("flash model written to %s: %.2f GB in %.1f s\n", model, st.st_size / 1e9, dsv4_test_now_s() - t0);
     }
     int P = getenv("DSV4_FLASH_PROMPT") ? atoi(getenv("DSV4_FLASH_PROMPT")) : 2600;
     ck_assert_int_ge(P, 1);
@@ -84,9 +76,9 @@ int main(int argc, char **argv)
 {
     if (argc == 3 && !strcmp(argv[1], "--write-model")) {
         mkdir(argv[2], 0755);
-        double t0 = now_s();
+        double t0 = dsv4_test_now_s();
         int rc = dsv4_flash_model_write(argv[2], FLASH_SEED);
-        printf("flash model %s in %.1f s\n", rc ? "FAILED" : "written", now_s() - t0);
+        printf("flash model %s in %.1f s\n", rc ? "FAILED" : "written", dsv4_test_now_s() - t0);
         return rc ? 1 : 0;
     }
     dsv4_test_require_gpu();

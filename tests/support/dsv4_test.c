@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #ifdef DSV4_HAVE_CUDA
@@ -49,12 +50,9 @@ void dsv4_test_rmtree(char *dir)
     free(dir);
 }
 
-int dsv4_test_run(const char *cmd, char **output)
+/* All of f's output as a malloc'd string (NULL when out of memory), then its exit status as dsv4_test_run's. */
+static int read_and_close(FILE *f, char **output)
 {
-    char full[8192];
-    snprintf(full, sizeof full, "( %s ) 2>&1", cmd);
-    FILE *f = popen(full, "r");
-    if (!f) return -1;
     size_t cap = 4096, len = 0;
     char *buf = malloc(cap);
     size_t got;
@@ -72,6 +70,40 @@ int dsv4_test_run(const char *cmd, char **output)
     if (output) *output = buf;
     else free(buf);
     return (st >= 0 && (st & 0x7f) == 0) ? ((st >> 8) & 0xff) : -1;
+}
+
+static FILE *start_command(const char *cmd)
+{
+    char full[8192];
+    snprintf(full, sizeof full, "( %s ) 2>&1", cmd);
+    return popen(full, "r");
+}
+
+int dsv4_test_run(const char *cmd, char **output)
+{
+    FILE *f = start_command(cmd);
+    return f ? read_and_close(f, output) : -1;
+}
+
+double dsv4_test_now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+void dsv4_test_run_together(int n, const char *const *cmds, int *status, char **outputs, double *seconds)
+{
+    const double t0 = dsv4_test_now_s();
+    FILE **f = calloc((size_t)n, sizeof *f);
+    for (int i = 0; f && i < n; i++) f[i] = start_command(cmds[i]);
+    /* read in order: a later command that fills its pipe meanwhile just waits for its turn */
+    for (int i = 0; i < n; i++) {
+        outputs[i] = NULL;
+        status[i] = f && f[i] ? read_and_close(f[i], &outputs[i]) : -1;
+        seconds[i] = dsv4_test_now_s() - t0;
+    }
+    free(f);
 }
 
 void dsv4_test_poison_f32(float *p, size_t n)

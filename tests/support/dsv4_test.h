@@ -22,6 +22,11 @@ char *dsv4_test_mkdtemp(const char *tag);
 void dsv4_test_rmtree(char *dir); /* frees dir */
 /* Run a shell command, capture stdout+stderr into a malloc'd string; returns the exit status. */
 int dsv4_test_run(const char *cmd, char **output);
+/* Seconds on the monotonic clock, for timing a test's steps. */
+double dsv4_test_now_s(void);
+/* Start the n shell commands at once, then wait for each in turn: status[i] and outputs[i] as dsv4_test_run's,
+ * seconds[i] from the start until command i was done and read (at least the time of the commands before it). */
+void dsv4_test_run_together(int n, const char *const *cmds, int *status, char **outputs, double *seconds);
 /* Fill n floats with NaN so unwritten outputs fail comparisons. */
 void dsv4_test_poison_f32(float *p, size_t n);
 /* Exits 77 (ctest: skipped) when no CUDA device is present; otherwise the suite runs unforked (CUDA and fork do not mix). */
