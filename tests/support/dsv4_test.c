@@ -92,7 +92,7 @@ double dsv4_test_now_s(void)
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-void dsv4_test_run_together(int n, const char *const *cmds, int *status, char **outputs, double *seconds)
+void dsv4_test_run_together(int n, const char *const *cmds, const char *const *labels, int *status, char **outputs)
 {
     const double t0 = dsv4_test_now_s();
     FILE **f = calloc((size_t)n, sizeof *f);
@@ -101,7 +101,8 @@ void dsv4_test_run_together(int n, const char *const *cmds, int *status, char **
     for (int i = 0; i < n; i++) {
         outputs[i] = NULL;
         status[i] = f && f[i] ? read_and_close(f[i], &outputs[i]) : -1;
-        seconds[i] = dsv4_test_now_s() - t0;
+        printf("%s: exit %d, done by %.1f s\n", labels[i], status[i], dsv4_test_now_s() - t0);
+        fflush(stdout);
     }
     free(f);
 }

@@ -24,9 +24,10 @@ void dsv4_test_rmtree(char *dir); /* frees dir */
 int dsv4_test_run(const char *cmd, char **output);
 /* Seconds on the monotonic clock, for timing a test's steps. */
 double dsv4_test_now_s(void);
-/* Start the n shell commands at once, then wait for each in turn: status[i] and outputs[i] as dsv4_test_run's,
- * seconds[i] from the start until command i was done and read (at least the time of the commands before it). */
-void dsv4_test_run_together(int n, const char *const *cmds, int *status, char **outputs, double *seconds);
+/* Start the n shell commands at once, then wait for each in turn: status[i] and outputs[i] as dsv4_test_run's.
+ * As each is done it prints "labels[i]: exit N, done by S s" (S counted from the start), so that a log shows how
+ * far a slow run (under compute-sanitizer, say) got. */
+void dsv4_test_run_together(int n, const char *const *cmds, const char *const *labels, int *status, char **outputs);
 /* Fill n floats with NaN so unwritten outputs fail comparisons. */
 void dsv4_test_poison_f32(float *p, size_t n);
 /* Exits 77 (ctest: skipped) when no CUDA device is present; otherwise the suite runs unforked (CUDA and fork do not mix). */
