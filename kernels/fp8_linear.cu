@@ -10,6 +10,13 @@
  * are staged in shared memory once for its 4 warps (cp.async, double-buffered: the next k-block's while this one
  * is multiplied); loaded by each warp from L1/L2 right before its mma they were a dependent load per n-tile.
  *
+ * The k order: a lane multiplies only its own 16 columns, so the 16 k of an mma may be any of their orders, the
+ * same for both operands. mma q takes columns 16t + 4q .. 4q + 3: (4q, 4q + 1) as the mma's k = 2t, 2t + 1 and
+ * (4q + 2, 4q + 3) as k = 2t + 8, 2t + 9. Each activation fragment is then one 32-bit word of shared memory as it
+ * lies; the weights pay one byte permute per word of 4 e4m3, before the pair converters (which take bytes 0, 2
+ * and 1, 3). The order before put bytes 0 and 2 in a fragment and paid 2 permutes per mma on the activations,
+ * 16 per k-block and n-tile.
+ *
  * Grouped (group_rows > 0, wo_a): the groups' weights are the rows of one matrix, so one launch covers them all;
  * a block's 64 rows lie in one group (64 | group_rows) and read that group's slice of x.
  *
@@ -158,7 +165,9 @@ __global__ void __launch_bounds__(F8_WARPS * 32) fp8_linear_kernel(const __grid_
                 uint32_t A[4][4];
 #pragma unroll
                 for (int q = 0; q < 4; q++) {
-                    const uint32_t w0 = qw_word(cur[d][h][0], q), w1 = qw_word(cur[d][h][1], q);
+                    /* bytes (b0, b1, b2, b3) -> (b0, b2, b1, b3): the pair converters take bytes 0, 2 and 1, 3 */
+                    const uint32_t w0 = __byte_perm(qw_word(cur[d][h][0], q), 0, 0x3120),
+                                   w1 = __byte_perm(qw_word(cur[d][h][1], q), 0, 0x3120);
                     A[q][0] = qw_bf16x2_mul(qw_e4m3_pair_raw<0>(w0), QW_BF16X2_2POW120);
                     A[q][1] = qw_bf16x2_mul(qw_e4m3_pair_raw<0>(w1), QW_BF16X2_2POW120);
                     A[q][2] = qw_bf16x2_mul(qw_e4m3_pair_raw<1>(w0), QW_BF16X2_2POW120);
@@ -173,8 +182,7 @@ __global__ void __launch_bounds__(F8_WARPS * 32) fp8_linear_kernel(const __grid_
                     const uint32_t X[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
 #pragma unroll
                     for (int q = 0; q < 4; q++) {
-                        const uint32_t b[2] = {__byte_perm(X[2 * q], X[2 * q + 1], 0x5410),
-                                               __byte_perm(X[2 * q], X[2 * q + 1], 0x7632)};
+                        const uint32_t b[2] = {X[2 * q], X[2 * q + 1]}; /* columns (4q, 4q + 1), (4q + 2, 4q + 3) */
                         dsv4_mma_bf16_16816(tmp[nt], A[q], b);
                     }
                 }
