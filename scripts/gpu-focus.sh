@@ -51,7 +51,8 @@
 #            nothing else uses the GPU
 #   suite    every GPU ctest but the slow CPU-vs-GPU Flash reference check (as gpu-check-all.sh, no sanitizers),
 #            time-boxed to SUITE_S seconds (default 440); ctest's log into $OUT/suite.log
-#   san-n1   why test_n1_dumps does not finish under the sanitizers (the step's comment); into $OUT/san-n1/
+#   san-n1   why test_n1_dumps' jobs do not finish when the sanitizer follows them (the step's comment); into
+#            $OUT/san-n1.tgz
 #   dumps    `dsv4 run --path opt` dumps at the defaults of tiny (alone and as copy 2 of a staggered batch of 3),
 #            tiny-fp8 and topk512, and of tiny with --mhc roundtrip, into $OUT/dumps.tgz: run before and after a
 #            kernel change that must not change a bit, then compare the two with h5diff here. DUMPS_BIN=PATH
@@ -182,42 +183,36 @@ run_step() {
         tar czf "$out/san-rest-logs.tgz" -C /tmp/san-rest . 2>/dev/null
         ;;
     san-n1)
-        # why test_n1_dumps does not finish under the sanitizers: its child jobs run directly under memcheck (the
-        # plain path and --gpus 1, 8 prompt tokens as one-token steps), beside the Check case itself under
-        # memcheck at DSV4_TEST_MAX_STEPS=8; every 30 s the live dsv4 processes (elapsed time, state, wait
-        # channel), at SAN_N1_S - 40 s a gdb backtrace of each one still alive; into $OUT/san-n1/
-        local d=$out/san-n1 box=${SAN_N1_S:-400}
-        mkdir -p "$d" /tmp/san-n1
-        printf '203 34 2 239 195 71 163 54\n' >/tmp/san-n1/prompt.txt
-        local job_args=("" "--gpus 1")
-        for j in 0 1; do
-            local api=()
-            [ $j = 1 ] && api=(--report-api-errors no)
-            (
-                t0=$SECONDS
-                # shellcheck disable=SC2086
-                timeout "$box" compute-sanitizer --tool memcheck "${api[@]}" --error-exitcode 99 "$b/dsv4" run \
-                    --model "$root/golden/tiny" --path opt ${job_args[$j]} --prompt-tokens /tmp/san-n1/prompt.txt \
-                    --decode 0 --dump "/tmp/san-n1/job$j.h5" >"$d/job$j.log" 2>&1
-                echo "job$j (${job_args[$j]:-plain}) rc $? after $((SECONDS - t0)) s" >>"$d/summary.txt"
-            ) &
-        done
-        (OUT=$d TOOLS=memcheck SANITIZER_ARGS="--report-api-errors no" DSV4_TEST_MAX_STEPS=8 \
-            bash "$root/scripts/gpu-sanitize.sh" "$box" test_opt_nccl:test_n1_dumps >"$d/case.txt" 2>&1) &
+        # why test_n1_dumps' child jobs do not finish when the sanitizer follows them from the test (the way
+        # gpu-sanitize.sh no longer runs that case): the whole test under memcheck at DSV4_TEST_MAX_STEPS=8 for
+        # SAN_N1_S (240) s; every 30 s the live processes (elapsed time, state, wait channel); 20 s before the end
+        # each live dsv4 / test process's threads (name, state, wait channel, kernel stack); packed into
+        # $OUT/san-n1.tgz
+        local d=/tmp/san-n1 box=${SAN_N1_S:-240}
+        rm -rf "$d" && mkdir -p "$d"
+        (cd "$b" && env CK_RUN_CASE=test_n1_dumps CK_FORK=no DSV4_TEST_MAX_STEPS=8 DSV4_SOURCE_DIR="$root" \
+            DSV4_BINARY_DIR="$b" DSV4_BIN="$b/dsv4" timeout "$box" compute-sanitizer --tool memcheck \
+            --report-api-errors no --error-exitcode 99 ./test_opt_nccl >"$d/case.log" 2>&1
+            echo "case rc $?" >>"$d/case.log") &
         local t=0
-        while [ $t -lt $((box - 40)) ]; do
-            sleep 30
-            t=$((t + 30))
-            { echo "--- t=${t}s"; ps -eo pid,ppid,etimes,stat,wchan:24,pcpu,args | grep -E "dsv4 |test_opt_nccl" |
-                grep -v grep | cut -c1-220; } >>"$d/ps.txt"
+        while [ $t -lt $((box - 20)) ]; do
+            sleep 10
+            t=$((t + 10))
+            [ $((t % 30)) -eq 0 ] || continue
+            { echo "--- t=${t}s"; ps -eo pid,ppid,etimes,stat,wchan:24,pcpu,args | grep -E "dsv4 run|test_opt_nccl" |
+                grep -v grep | cut -c1-200; } >>"$d/ps.txt"
         done
         for pid in $(pgrep -x dsv4) $(pgrep -x test_opt_nccl); do
-            timeout 60 gdb -p "$pid" -batch -ex "thread apply all bt 12" >"$d/gdb-$pid.txt" 2>&1
+            for task in /proc/"$pid"/task/*; do
+                echo "== $pid/${task##*/} $(cat "$task/comm") $(cut -d' ' -f3 "$task/stat") $(cat "$task/wchan")"
+                cat "$task/stack" 2>/dev/null | head -n 8
+            done >"$d/threads-$pid.txt"
+            ls -l /proc/"$pid"/fd >"$d/fd-$pid.txt" 2>&1
         done
         wait
         echo "== san-n1 done at ${SECONDS}s"
-        cat "$d/summary.txt" "$d/case.txt"
-        tail -n 5 "$d"/job*.log
+        cat "$d/case.log" | cut -c1-200 | tail -n 12
+        tar czf "$out/san-n1.tgz" -C "$d" .
         ;;
     dumps)
         # DUMPS_BIN picks another build's dsv4 (e.g. gpu-ab.sh's base, /tmp/ab-base-tree/b/dsv4), DUMPS_NAME the

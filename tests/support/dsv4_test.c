@@ -144,6 +144,15 @@ int dsv4_test_max_steps(void)
     return n > 0 && n < INT_MAX ? (int)n : 0;
 }
 
+const char *dsv4_test_run_under(void)
+{
+    static char buf[1024];
+    const char *v = getenv("DSV4_TEST_RUN_UNDER");
+    if (!v || !*v) return "";
+    snprintf(buf, sizeof buf, "%s ", v);
+    return buf;
+}
+
 int dsv4_test_steps(int T)
 {
     const int cap = dsv4_test_max_steps();

@@ -43,6 +43,11 @@ long dsv4_test_max_work(void);
 int dsv4_test_max_steps(void);
 /* T, or $DSV4_TEST_MAX_STEPS when that is set and smaller. */
 int dsv4_test_steps(int T);
+/* $DSV4_TEST_RUN_UNDER followed by a space, or "" when unset: the command a test's child `dsv4` jobs run under.
+ * scripts/gpu-sanitize.sh sets it to compute-sanitizer for the cases whose GPU work is all in child jobs that use
+ * NCCL (test_opt_nccl:test_n1_dumps): such a job as a child of a sanitized process did not finish on the H200,
+ * and run under its own compute-sanitizer it does. */
+const char *dsv4_test_run_under(void);
 /* 1 when $DSV4_TEST_MAX_STEPS is set: a long (golden/topk512) test then prints "<test>: not run
  * (DSV4_TEST_MAX_STEPS is set)", the line scripts/gpu-sanitize.sh reports as "not run", and returns. */
 int dsv4_test_leave_out_long(const char *test);
