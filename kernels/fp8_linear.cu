@@ -16,8 +16,10 @@
  *     2t + 9. Each activation fragment is one 32-bit word of shared memory as it lies; the weights pay one byte
  *     permute per word of 4 e4m3 before the pair converters (which take bytes 0, 2 and 1, 3): 16 per k-block.
  *   - activations permuted (NT = 1): (4q, 4q + 2) and (4q + 1, 4q + 3), the converters' own pairs; the
- *     activations pay 2 permutes per mma, 16 per k-block and n-tile. With one n-tile the counts are equal, and
- *     this order measured 3-5% faster at C = 1 on the H200 (bench_qweight, session 10).
+ *     activations pay 2 permutes per mma, 16 per k-block and n-tile. With one n-tile the counts are equal and
+ *     the H200 showed no gain at C = 1 from the other order (bench_qweight; two builds of the same code differ
+ *     by up to 5% there), so NT = 1 keeps this, the kernel's first order. From NT = 2 the weights-permuted
+ *     order was 3-8% faster (C = 16 and 64, every shape but one at C = 16).
  *
  * Grouped (group_rows > 0, wo_a): the groups' weights are the rows of one matrix, so one launch covers them all;
  * a block's 64 rows lie in one group (64 | group_rows) and read that group's slice of x.
