@@ -401,6 +401,24 @@ static int parse_timeout(double *out)
     return 0;
 }
 
+/* The test switches: an unknown value is a usage error, not a silently ignored one. */
+static int parse_flag(const char *name, int *out)
+{
+    const char *v = getenv(name);
+    *out = v && !strcmp(v, "1");
+    if (!v || !*v || !strcmp(v, "0") || *out) return 0;
+    return dsv4_error(DSV4_ERR_USAGE, "%s '%s': want 0 or 1", name, v);
+}
+
+static int parse_stall(int *out)
+{
+    const char *v = getenv("DSV4_NCCL_INJECT_STALL");
+    *out = !v || !*v || !strcmp(v, "0") ? STALL_NONE : !strcmp(v, "1") ? STALL_STREAM
+                                                       : !strcmp(v, "wait") ? STALL_WAIT : -1;
+    if (*out >= 0) return 0;
+    return dsv4_error(DSV4_ERR_USAGE, "DSV4_NCCL_INJECT_STALL '%s': want 0, 1 (hold the stream) or wait", v);
+}
+
 int opt_ranks_init(const dsv4_config *cfg, const dsv4_opt_options *op, opt_build_fn build, void *ctx,
                    dsv4_opt **out)
 {
@@ -412,8 +430,11 @@ int opt_ranks_init(const dsv4_config *cfg, const dsv4_opt_options *op, opt_build
         n_dev = 0; /* no driver or no device: the plan says how many were asked */
         cudaGetLastError();
     }
-    const char *em = getenv("DSV4_NCCL_EMULATE_ONE_GPU");
-    const int emulate = em && !strcmp(em, "1") && n_dev >= 1;
+    int emulate, stall, replica;
+    DSV4_TRY(parse_flag("DSV4_NCCL_EMULATE_ONE_GPU", &emulate));
+    DSV4_TRY(parse_flag("DSV4_NCCL_REPLICA_CHECK", &replica));
+    DSV4_TRY(parse_stall(&stall));
+    emulate = emulate && n_dev >= 1;
     /* before any device work: the divisibility and the device count (emulated: all on GPU 0) */
     DSV4_TRY(dsv4_ref_shard_plan(cfg, N, emulate ? N : n_dev, NULL));
     double timeout;
@@ -439,9 +460,8 @@ int opt_ranks_init(const dsv4_config *cfg, const dsv4_opt_options *op, opt_build
     }
     pthread_mutex_init(&g->e_mu, NULL);
     pthread_cond_init(&g->e_cv, NULL);
-    const char *st = getenv("DSV4_NCCL_INJECT_STALL"), *rc_env = getenv("DSV4_NCCL_REPLICA_CHECK");
-    g->stall = !st ? STALL_NONE : !strcmp(st, "1") ? STALL_STREAM : !strcmp(st, "wait") ? STALL_WAIT : STALL_NONE;
-    g->replica = rc_env && !strcmp(rc_env, "1");
+    g->stall = stall;
+    g->replica = replica;
     for (int r = 0; r < N; r++) g->rk[r].g = g, g->rk[r].rank = r, g->rk[r].dev = emulate ? 0 : r;
     ncclResult_t nr = emulate ? ncclSuccess : ncclGetUniqueId(&g->id);
     int rc = nr == ncclSuccess ? 0 : dsv4_error(DSV4_ERR_CUDA, "ncclGetUniqueId: %s", ncclGetErrorString(nr));

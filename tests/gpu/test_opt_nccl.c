@@ -492,6 +492,19 @@ START_TEST(test_errors_before_allocation)
     ck_assert_int_eq(dsv4_opt_init_random(dsv4_model_config(m), 1, &o, &h), DSV4_ERR_USAGE);
     o.n_gpus = 1, o.device = 1;
     ck_assert_int_eq(dsv4_opt_init(m, &o, &h), DSV4_ERR_USAGE);
+    /* a test switch with an unknown value: a usage error naming it, not an ignored one */
+    o.device = 0;
+    static const char *const bad_env[][2] = {{"DSV4_NCCL_INJECT_STALL", "stal"},
+                                             {"DSV4_NCCL_REPLICA_CHECK", "yes"},
+                                             {"DSV4_NCCL_EMULATE_ONE_GPU", "2"},
+                                             {"DSV4_NCCL_TIMEOUT_S", "-1"}};
+    for (int i = 0; i < 4; i++) {
+        setenv(bad_env[i][0], bad_env[i][1], 1);
+        ck_assert_int_eq(dsv4_opt_init(m, &o, &h), DSV4_ERR_USAGE);
+        ck_assert_msg(strstr(dsv4_last_error(), bad_env[i][0]), "%s", dsv4_last_error());
+        printf("%s=%s: %s\n", bad_env[i][0], bad_env[i][1], dsv4_last_error());
+        unsetenv(bad_env[i][0]);
+    }
     ck_assert_msg(dsv4_opt_device_alloc_count() == before, "a refused init allocated");
     /* the command line: exit 2 and the message */
     char cmd[2048], *out = NULL, g[512];
