@@ -170,11 +170,10 @@ __global__ void __launch_bounds__(F8_WARPS * 32) fp8_linear_kernel(const __grid_
                 uint32_t A[4][4];
 #pragma unroll
                 for (int q = 0; q < 4; q++) {
+                    const uint32_t r0 = qw_word(cur[d][h][0], q), r1 = qw_word(cur[d][h][1], q);
                     /* bytes (b0, b1, b2, b3) -> (b0, b2, b1, b3): the pair converters take bytes 0, 2 and 1, 3 */
-                    const uint32_t w0 = weights_permute ? __byte_perm(qw_word(cur[d][h][0], q), 0, 0x3120)
-                                                        : qw_word(cur[d][h][0], q),
-                                   w1 = weights_permute ? __byte_perm(qw_word(cur[d][h][1], q), 0, 0x3120)
-                                                        : qw_word(cur[d][h][1], q);
+                    const uint32_t w0 = weights_permute ? __byte_perm(r0, 0, 0x3120) : r0,
+                                   w1 = weights_permute ? __byte_perm(r1, 0, 0x3120) : r1;
                     A[q][0] = qw_bf16x2_mul(qw_e4m3_pair_raw<0>(w0), QW_BF16X2_2POW120);
                     A[q][1] = qw_bf16x2_mul(qw_e4m3_pair_raw<0>(w1), QW_BF16X2_2POW120);
                     A[q][2] = qw_bf16x2_mul(qw_e4m3_pair_raw<1>(w0), QW_BF16X2_2POW120);
