@@ -64,6 +64,18 @@ static __device__ int f4_e_hi(const dsv4_fp4_experts_params &p)
     return p.e_end && p.e_end < F4_MAX_E ? p.e_end : F4_MAX_E;
 }
 
+/* One warp: the touched experts before and up to this lane's bitmap word, c its popcount (an inclusive scan). */
+static __device__ int f4_warp_inclusive_count(int c)
+{
+    const int lane = threadIdx.x & 31;
+    int incl = c;
+    for (int o = 1; o < 32; o <<= 1) {
+        const int v = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += v;
+    }
+    return incl;
+}
+
 /* One warp: the local indices (ascending) of the pairs of expert e among the n_pairs of sids; returns the count. */
 template <typename T> static __device__ int f4_warp_pairs_of(T *list, const int32_t *sids, int n_pairs, int e)
 {
@@ -248,12 +260,7 @@ __global__ void __launch_bounds__(F4_UP_WARPS * 32, 3) fp4_up_kernel(const __gri
     f4_touched_bitmap(bits, sids, p.ids, pair0, n_pairs, f4_e_lo(p), f4_e_hi(p));
     if (m0 >= I) return; /* a tail warp (I is a multiple of 16, so a live warp has all 16 rows) */
     const uint32_t word = bits[lane];
-    const int c = __popc(word);
-    int incl = c;
-    for (int o = 1; o < 32; o <<= 1) {
-        const int v = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += v;
-    }
+    const int c = __popc(word), incl = f4_warp_inclusive_count(c);
     const int excl = incl - c, n_e = __shfl_sync(0xffffffffu, incl, 31);
     for (int slot = blockIdx.y; slot < n_e; slot += gridDim.y) {
         /* the expert of rank `slot` in id order: the lane whose bitmap word holds it */
@@ -313,12 +320,7 @@ __global__ void __launch_bounds__(F4_DOWN_WARPS * 32, 2)
     f4_touched_bitmap(bits, sids, p.ids, pair0, n_pairs, f4_e_lo(p), f4_e_hi(p));
     if (warp == 0) {
         uint32_t word = bits[lane];
-        const int c = __popc(word);
-        int incl = c;
-        for (int o = 1; o < 32; o <<= 1) {
-            const int v = __shfl_up_sync(0xffffffffu, incl, o);
-            if (lane >= o) incl += v;
-        }
+        const int c = __popc(word), incl = f4_warp_inclusive_count(c);
         for (int n = incl - c; word; n++, word &= word - 1) elist[n] = (int16_t)(lane * 32 + __ffs(word) - 1);
         if (lane == 31) n_e = incl;
     }
