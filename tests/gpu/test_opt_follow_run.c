@@ -29,10 +29,10 @@ static char *dir;
 /* dsv4 run --path opt on the set's forced tokens into DIR/out.h5 with extra args; returns the output */
 static char *run_opt(const char *set, const char *out, const char *args)
 {
-    char cmd[4096], g[512], *o = NULL;
-    snprintf(g, sizeof g, "%s", dsv4_test_source_path(""));
-    snprintf(cmd, sizeof cmd, "%s run --model %sgolden/%s --path opt --tokens-from %sgolden/%s/forced.h5 %s "
-             "--dump %s/%s 2>&1", dsv4_test_bin(), g, set, g, set, args, dir, out);
+    char cmd[4096], opt_args[2048], dump[1200], *o = NULL;
+    snprintf(opt_args, sizeof opt_args, "--path opt %s", args);
+    snprintf(dump, sizeof dump, "%s/%s", dir, out);
+    dsv4_test_run_command(cmd, sizeof cmd, set, opt_args, NULL, dump);
     int st = dsv4_test_run(cmd, &o);
     ck_assert_msg(st == 0, "%s\n%s", cmd, o ? o : "");
     printf("$ %s\n%s", cmd, o ? o : "");

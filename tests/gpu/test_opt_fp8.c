@@ -38,10 +38,9 @@ static char *tmp;
 /* `dsv4 run --path opt` on golden/SET with ARGS into tmp/NAME.h5 (or --path ref-cpu when ref). */
 static void run(const char *set, const char *name, const char *args)
 {
-    char cmd[2048], *out = NULL, g[512];
-    snprintf(g, sizeof g, "%s", dsv4_test_source_path(""));
-    snprintf(cmd, sizeof cmd, "%s run --model %sgolden/%s %s --tokens-from %sgolden/%s/forced.h5 --dump %s/%s.h5 2>&1",
-             dsv4_test_bin(), g, set, args, g, set, tmp, name);
+    char cmd[4096], dump[1200], *out = NULL;
+    snprintf(dump, sizeof dump, "%s/%s.h5", tmp, name);
+    dsv4_test_run_command(cmd, sizeof cmd, set, args, NULL, dump);
     int st = dsv4_test_run(cmd, &out);
     ck_assert_msg(st == 0, "%s\n%s", cmd, out ? out : "");
     const char *m = out ? strstr(out, "dsv4 run: opt memory") : NULL;

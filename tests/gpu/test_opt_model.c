@@ -73,12 +73,11 @@ END_TEST
 static void run_twice(const char *set, const char *args)
 {
     char *dir = dsv4_test_mkdtemp("opt-det");
-    char cmd[2048], *out = NULL;
-    char g[512];
-    snprintf(g, sizeof g, "%s", dsv4_test_source_path(""));
+    char cmd[4096], opt_args[1024], dump[600], *out = NULL;
+    snprintf(opt_args, sizeof opt_args, "--path opt %s", args);
     for (int r = 0; r < 2; r++) {
-        snprintf(cmd, sizeof cmd, "%s run --model %sgolden/%s --path opt %s --tokens-from %sgolden/%s/forced.h5 "
-                 "--dump %s/run%d.h5 2>&1", dsv4_test_bin(), g, set, args, g, set, dir, r);
+        snprintf(dump, sizeof dump, "%s/run%d.h5", dir, r);
+        dsv4_test_run_command(cmd, sizeof cmd, set, opt_args, NULL, dump);
         int st = dsv4_test_run(cmd, &out);
         ck_assert_msg(st == 0, "%s\n%s", cmd, out ? out : "");
         free(out);

@@ -185,14 +185,13 @@ START_TEST(test_n1_dumps)
     static const char *const names[] = {"plain", "g1a", "g1b"};
     for (int i = 0; i < (dsv4_test_max_steps() ? 1 : 2); i++) { /* DSV4_TEST_MAX_STEPS: tiny only */
         char *dir = dsv4_test_mkdtemp("opt-nccl");
-        char dump[3][600], cmd[3][4096], src[1200], model[600];
+        char dump[3][600], cmd[3][4096], src[1200], opt_args[100];
         const char *cmds[3];
         golden_prompt(sets[i], dir, src, sizeof src);
-        snprintf(model, sizeof model, "%sgolden/%s", dsv4_test_source_path(""), sets[i]);
         for (int j = 0; j < 3; j++) {
             snprintf(dump[j], sizeof dump[j], "%s/%s.h5", dir, names[j]);
-            snprintf(cmd[j], sizeof cmd[j], "%s%s run --model %s --path opt %s %s --dump %s", dsv4_test_run_under(),
-                     dsv4_test_bin(), model, args[j], src, dump[j]);
+            snprintf(opt_args, sizeof opt_args, "--path opt %s", args[j]);
+            dsv4_test_run_command(cmd[j], sizeof cmd[j], sets[i], opt_args, src, dump[j]);
             cmds[j] = cmd[j];
         }
         int st[3];

@@ -153,6 +153,20 @@ const char *dsv4_test_run_under(void)
     return buf;
 }
 
+void dsv4_test_run_command(char *cmd, size_t size, const char *set, const char *args, const char *tokens,
+                           const char *dump)
+{
+    char golden[4200], forced[4300];
+    snprintf(golden, sizeof golden, "%sgolden/%s", dsv4_test_source_path(""), set);
+    if (!tokens) {
+        snprintf(forced, sizeof forced, "--tokens-from %s/forced.h5", golden);
+        tokens = forced;
+    }
+    const int n = snprintf(cmd, size, "%s%s run --model %s %s %s --dump %s", dsv4_test_run_under(), dsv4_test_bin(),
+                           golden, args, tokens, dump);
+    ck_assert_msg(n >= 0 && (size_t)n < size, "the dsv4 run command for %s does not fit in %zu bytes", set, size);
+}
+
 int dsv4_test_steps(int T)
 {
     const int cap = dsv4_test_max_steps();

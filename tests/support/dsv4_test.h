@@ -48,6 +48,11 @@ int dsv4_test_steps(int T);
  * NCCL (test_opt_nccl:test_n1_dumps): such a job as a child of a sanitized process did not finish on the H200,
  * and run under its own compute-sanitizer it does. */
 const char *dsv4_test_run_under(void);
+/* A model-level test's `dsv4 run` job, written into cmd (size bytes; a Check failure when it does not fit):
+ * $DSV4_TEST_RUN_UNDER, then `dsv4 run --model golden/SET ARGS TOKENS --dump DUMP`. ARGS holds the path and its
+ * switches; TOKENS is the input (NULL: --tokens-from golden/SET/forced.h5). */
+void dsv4_test_run_command(char *cmd, size_t size, const char *set, const char *args, const char *tokens,
+                           const char *dump);
 /* 1 when $DSV4_TEST_MAX_STEPS is set: a long (golden/topk512) test then prints "<test>: not run
  * (DSV4_TEST_MAX_STEPS is set)", the line scripts/gpu-sanitize.sh reports as "not run", and returns. */
 int dsv4_test_leave_out_long(const char *test);
