@@ -226,15 +226,24 @@ START_TEST(test_mhc)
 }
 END_TEST
 
-/* Token c's outputs of an mHC pre as bytes: pre | post | comb | x | xn. */
-static void mhc_token_bytes(uint8_t *o, const dsv4_mhc_pre_params *p, int c)
+/* Token c's outputs of an mHC pre as bytes into o: pre | post | comb | x | xn. Returns their count; with o NULL it
+ * only counts. */
+static size_t mhc_token_bytes(uint8_t *o, const dsv4_mhc_pre_params *p, int c)
 {
     const int n = p->n_streams, D = p->dim;
-    get(o, p->pre + c * n, n * 4), o += n * 4;
-    get(o, p->post + c * n, n * 4), o += n * 4;
-    get(o, p->comb + c * n * n, n * n * 4), o += n * n * 4;
-    get(o, p->x + (size_t)c * D, (size_t)D * 4), o += (size_t)D * 4;
-    get(o, p->xn + (size_t)c * D, (size_t)D * 2);
+    const struct { const void *src; size_t bytes; } part[] = {
+        {p->pre + c * n, (size_t)n * 4},
+        {p->post + c * n, (size_t)n * 4},
+        {p->comb + c * n * n, (size_t)n * n * 4},
+        {p->x + (size_t)c * D, (size_t)D * 4},
+        {p->xn + (size_t)c * D, (size_t)D * 2},
+    };
+    size_t at = 0;
+    for (size_t i = 0; i < sizeof part / sizeof part[0]; i++) {
+        if (o) get(o + at, part[i].src, part[i].bytes);
+        at += part[i].bytes;
+    }
+    return at;
 }
 
 /* The cast-free pre of a token gives the same bits in a batch of 1, 9 (2 tokens per partial block) or 33 (4 per
@@ -261,8 +270,7 @@ START_TEST(test_mhc_batch_bitwise)
     p.n_tok = 33;
     p.workspace_bytes = dsv4_opt_mhc_pre_workspace_bytes(&p);
     p.workspace = dup_dev(NULL, p.workspace_bytes);
-    /* outputs of one token as bytes: pre | post | comb | x | xn */
-    const size_t per_tok = (size_t)(2 * n + n * n + D) * 4 + (size_t)D * 2;
+    const size_t per_tok = mhc_token_bytes(NULL, &p, 0);
     uint8_t *batch = (uint8_t *)malloc(33 * per_tok), *one = (uint8_t *)malloc(per_tok);
     for (int ci = 0; ci < 2; ci++) {
         const int C = Cs[ci];
