@@ -134,14 +134,16 @@ run_step() {
         grep -E "memory plan|weights .*caches|^64 +all-on|error|fail" "$out/bench-auto-kv8.log" | head -n 8 | cut -c1-200
         ;;
     san-model)
+        rm -rf /tmp/san-model && mkdir -p /tmp/san-model # a warm machine keeps /tmp: no report of an earlier call
         for job in memcheck:test_opt_model memcheck:test_opt_fp8 memcheck:test_opt_follow_run racecheck:test_opt_fp8 \
             memcheck:test_opt_kernels racecheck:test_opt_kernels memcheck:test_gpu_cublas racecheck:test_gpu_cublas \
             memcheck:test_ref_gpu_ops racecheck:test_ref_gpu_ops; do
-            (OUT=/tmp/san TOOLS=${job%%:*} bash "$root/scripts/gpu-sanitize.sh" 380 ${job#*:} >"/tmp/san-${job/:/-}.txt" 2>&1) &
+            (OUT=/tmp/san TOOLS=${job%%:*} bash "$root/scripts/gpu-sanitize.sh" 380 ${job#*:} \
+                >"/tmp/san-model/${job/:/-}.txt" 2>&1) &
         done
         wait
         echo "== sanitizers done at ${SECONDS}s"
-        cat /tmp/san-*.txt | tee "$out/san-model.txt"
+        cat /tmp/san-model/*.txt | tee "$out/san-model.txt"
         ;;
     ubench)
         # git on the device named an older commit than the tree it ran (session 7): pass DSV4_COMMIT in the command
@@ -161,7 +163,7 @@ run_step() {
         ;;
     san-rest)
         cases() { grep -oE '^ +test_[a-z0-9_]+,' "$root/tests/gpu/$1.c" | tr -d ' ,' | sed "s/^/$1:/"; }
-        mkdir -p /tmp/san-rest
+        rm -rf /tmp/san-rest && mkdir -p /tmp/san-rest # a warm machine keeps /tmp: no report of an earlier call
         todo=${SAN_ONLY:-}
         if [ -z "$todo" ]; then
             for t in $(cases test_opt_model) $(cases test_opt_follow_run); do todo="$todo racecheck:$t"; done
