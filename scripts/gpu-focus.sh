@@ -52,6 +52,9 @@
 #            a bit, then compare the two with h5diff here
 #   ncu-mhc  Nsight Compute on bench_mhc --quick's mHC pre kernels (partial, finish and the roundtrip's own):
 #            speed-of-light, warp state and launch statistics into $OUT/ncu-mhc.csv
+#   ncu-fp8  Nsight Compute on bench_qweight --quick's FP8 linear launches at 64 tokens (the NT = 8 kernel: every
+#            shape, each launch): speed-of-light, warp state with stall reasons, memory workload, occupancy, into
+#            $OUT/ncu-fp8.csv
 #   device call: command "bash scripts/gpu-focus.sh tests nccl ncu-fp4", carry [".debs"]
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -249,6 +252,14 @@ for step in "$@"; do
             --page details "$b/bench_mhc" --quick >"$out/ncu-mhc.csv" 2>"$out/ncu-mhc.err"
         echo "== ncu mhc rc $? at ${SECONDS}s"
         tail -n 3 "$out/ncu-mhc.err"
+        ;;
+    ncu-fp8)
+        timeout 240 ncu --kernel-name-base demangled --kernel-name regex:'fp8_linear_kernel<8,' --launch-count 80 \
+            --section SpeedOfLight \
+            --section WarpStateStats --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
+            --csv --page details "$b/bench_qweight" --quick >"$out/ncu-fp8.csv" 2>"$out/ncu-fp8.err"
+        echo "== ncu fp8 rc $? at ${SECONDS}s"
+        tail -n 3 "$out/ncu-fp8.err"
         ;;
     ncu-fp4-c64)
         timeout 240 ncu --kernel-name regex:'fp4_(up|down)_kernel' --launch-skip 58 --launch-count 2 \
