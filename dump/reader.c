@@ -626,14 +626,14 @@ int dsv4_dump_read_rows(const dsv4_dump *d, const char *name, int64_t row0, int6
     if (rc) return rc;
     DSV4_CHECK(row0 >= 0 && nrows >= 0 && row0 + nrows <= info.shape[0], "%s: %s: rows [%lld, %lld) out of [0, %lld)",
                d->path, name, (long long)row0, (long long)(row0 + nrows), (long long)info.shape[0]);
-    DSV4_CHECK(dst || nrows == 0, "%s: %s: dst is NULL", d->path, name);
     hsize_t start[4] = {(hsize_t)row0}, count[4] = {(hsize_t)nrows};
     size_t n = (size_t)nrows;
     for (int i = 1; i < info.ndim; i++) {
         count[i] = (hsize_t)info.shape[i];
         n *= count[i];
     }
-    if (n == 0) return 0;
+    if (n == 0) return 0; /* no elements (no rows, or rows of width 0): nothing to read, dst may be NULL */
+    DSV4_CHECK(dst, "%s: %s: dst is NULL", d->path, name);
     dsv4_h5_dset *e = dsv4_h5_table_get(d->dsets, name);
     hid_t fspace = H5Dget_space(e->id);
     hid_t mspace = H5Screate_simple(info.ndim, count, NULL);

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "dsv4/dsv4_dump.h"
 #include "dsv4/dsv4_verify.h"
 #include "dsv4_test.h"
 #include "synth_dump.h"
@@ -34,6 +35,36 @@ START_TEST(golden_against_itself_passes)
     int st = dsv4_test_run(cmd, &out);
     ck_assert_msg(st == 0, "%s vs itself: exit %d\n%s", g_sets[_i], st, out);
     ck_assert_ptr_nonnull(strstr(out, "VERDICT: PASS"));
+    free(out);
+}
+END_TEST
+
+/* A prompt of 3 tokens makes no compressed entry: its dump holds [3, 0] indexer_scores (dump-format.md). Such a
+ * dump compared with itself passes. */
+START_TEST(dump_with_empty_probes_against_itself_passes)
+{
+    if (!have("golden/tiny/config.json")) return;
+    char prompt[4300], dump[4300], cmd[13000];
+    snprintf(prompt, sizeof prompt, "%s/three-tokens.txt", g_dir);
+    snprintf(dump, sizeof dump, "%s/three-tokens.h5", g_dir);
+    FILE *f = fopen(prompt, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("5 17 42\n", f);
+    ck_assert_int_eq(fclose(f), 0);
+    char *out = NULL;
+    snprintf(cmd, sizeof cmd, "'%s' run --model '%s' --path ref-cpu --prompt-tokens '%s' --decode 0 --dump '%s'",
+             dsv4_test_bin(), dsv4_test_source_path("golden/tiny"), prompt, dump);
+    ck_assert_msg(dsv4_test_run(cmd, &out) == 0, "%s\n%s", cmd, out);
+    free(out);
+    dsv4_dump *d = NULL;
+    dsv4_dataset_info info;
+    ck_assert_msg(dsv4_dump_open(dump, &d) == 0, "%s", dsv4_last_error());
+    ck_assert_msg(dsv4_dump_info(d, "layers/1/indexer_scores", &info) == 0, "%s", dsv4_last_error());
+    ck_assert_msg(info.ndim == 2 && info.shape[0] == 3 && info.shape[1] == 0, "indexer_scores is not [3, 0]");
+    dsv4_dump_free(d);
+    snprintf(cmd, sizeof cmd, "'%s' verify --no-color '%s' '%s'", dsv4_test_bin(), dump, dump);
+    const int st = dsv4_test_run(cmd, &out);
+    ck_assert_msg(st == 0 && strstr(out, "VERDICT: PASS"), "exit %d\n%s", st, out);
     free(out);
 }
 END_TEST
@@ -93,6 +124,7 @@ int main(void)
     tcase_set_timeout(tc, 300);
     tcase_add_loop_test(tc, golden_against_itself_passes, 0, N_SETS);
     tcase_add_loop_test(tc, one_perturbed_layer_is_caught_there, 0, N_SETS);
+    tcase_add_test(tc, dump_with_empty_probes_against_itself_passes);
     suite_add_tcase(s, tc);
     int rc = dsv4_test_main(s);
     dsv4_test_rmtree(g_dir);

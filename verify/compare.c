@@ -311,6 +311,7 @@ int dsv4_cmp_read_rows(dsv4_cmp_ctx *x, const dsv4_dump *d, const char *name, co
 {
     int64_t lo = rows[0], span = (int64_t)rows[n - 1] - lo + 1;
     x->r->bytes_read += (long long)(span * (int64_t)row_bytes);
+    if (row_bytes == 0) return 0; /* rows of width 0: nothing to read */
     if (span == n) return dsv4_dump_read_rows(d, name, lo, n, dst);
     size_t need = (size_t)span * row_bytes;
     if (need > x->scratch_cap) {

@@ -48,8 +48,11 @@ static int structure_row(dsv4_cmp_ctx *x, dsv4_verify_probe *p, int position, in
     return 0;
 }
 
+/* A buffer of at least `need` bytes, and never NULL: a probe of width 0 ([R, 0], say indexer_scores before the
+ * first compressed entry) gives rows of 0 bytes, whose pointers are still offset and passed on. */
 static int grow_buf(void **buf, size_t *cap, size_t need)
 {
+    if (need == 0) need = 1;
     if (need <= *cap) return 0;
     void *b = realloc(*buf, need);
     if (!b) return dsv4_error(DSV4_ERR_NOMEM, "verify: out of memory (%zu bytes)", need);

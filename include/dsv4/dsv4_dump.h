@@ -85,7 +85,7 @@ int dsv4_dump_has(const dsv4_dump *d, const char *name);
  * config_json cannot be parsed). Other names are not checked. */
 int dsv4_dump_info(const dsv4_dump *d, const char *name, dsv4_dataset_info *info);
 /* Read rows [row0, row0+nrows) of dataset `name` into dst (f32 or i32 as stored; dst holds
- * nrows * prod(shape[1:]) elements). Reads only that slab. */
+ * nrows * prod(shape[1:]) elements, and may be NULL when that is 0). Reads only that slab. */
 int dsv4_dump_read_rows(const dsv4_dump *d, const char *name, int64_t row0, int64_t nrows, void *dst);
 
 /* ------------------------------------------------------------------------------------------------ probes */
