@@ -276,6 +276,35 @@ START_TEST(subset_positions_compared_where_both_store)
 }
 END_TEST
 
+/* A finite indexer score in a column only the wider file has (an entry the other file's row does not hold) is a
+ * non-finite-metric failure there, and its description says the narrower file has no such value (it read past
+ * the golden's row before). */
+START_TEST(finite_score_past_the_narrower_row_is_reported)
+{
+    synth_spec s;
+    synth_spec_init(&s);
+    int32_t a[28], b[40];
+    for (int i = 0; i < 40; i++) b[i] = i;
+    memcpy(a, b, sizeof a);
+    s.positions = a;
+    s.n_positions = 28;
+    ck_assert_int_eq(synth_write(tmp_path("golden.h5"), &s, 0), 0);
+    s.positions = b;
+    s.n_positions = 40;
+    ck_assert_int_eq(synth_write(tmp_path("cand.h5"), &s, 1), 0);
+    /* golden rows hold 7 entries, the candidate's 10; at position 27 entry 9 is not yet closed (-inf) */
+    ck_assert_int_eq(synth_set_f32(tmp_path("cand.h5"), "layers/1/indexer_scores", 27, 9, 1.5f), 0);
+    dsv4_verify_result *r = NULL;
+    ck_assert_int_eq(dsv4_verify_run(tmp_path("golden.h5"), tmp_path("cand.h5"), NULL, &r), 0);
+    ck_assert_int_eq(r->status, DSV4_VERIFY_DIVERGED);
+    ck_assert_str_eq(r->first.dataset, "layers/1/indexer_scores");
+    ck_assert_int_eq(r->first.position, 27);
+    ck_assert_int_eq(r->first.metric, DSV4_METRIC_NONFINITE);
+    ck_assert_msg(strstr(r->first.detail, "first at [9]: golden absent, candidate 1.5"), "%s", r->first.detail);
+    dsv4_verify_result_free(r);
+}
+END_TEST
+
 START_TEST(parted_tokens_are_reported)
 {
     synth_spec s;
@@ -335,6 +364,7 @@ int main(void)
     tcase_add_test(tc, wrong_schema_exit_2);
     tcase_add_test(tc, no_common_positions_exit_2);
     tcase_add_test(tc, subset_positions_compared_where_both_store);
+    tcase_add_test(tc, finite_score_past_the_narrower_row_is_reported);
     tcase_add_test(tc, parted_tokens_are_reported);
     tcase_add_test(tc, help_and_bad_usage);
     suite_add_tcase(s, tc);

@@ -339,6 +339,13 @@ static int key_before(int pos_a, int rank_a, int order_a, int entry_a, const dsv
     return entry_a < b->entry;
 }
 
+size_t dsv4_cmp_row_elems(const dsv4_dataset_info *info)
+{
+    size_t n = 1;
+    for (int d = 1; d < info->ndim; d++) n *= (size_t)info->shape[d];
+    return n;
+}
+
 static void describe(const dsv4_verify_probe *p, const dsv4_verify_row *row, dsv4_verify_metric m, const void *g,
                      const void *c, const void *aux_g, int64_t aux_n, char *out, size_t n)
 {
@@ -349,9 +356,15 @@ static void describe(const dsv4_verify_probe *p, const dsv4_verify_row *row, dsv
         return;
     }
     if (m == DSV4_METRIC_NONFINITE && g && c && row->nonfinite_at >= 0 && p->kind != DSV4_VERIFY_KIND_ROUTER_WEIGHTS) {
-        snprintf(out, n, "%.0f non-finite; first at %s: golden %g, candidate %g", row->v[m],
-                 dsv4_verify_fmt_coord(info, row->nonfinite_at, coord, sizeof coord),
-                 (double)((const float *)g)[row->nonfinite_at], (double)((const float *)c)[row->nonfinite_at]);
+        /* rows of differing widths (indexer_scores over N entries): the first bad value may be a finite score in a
+         * column that only the wider file has */
+        const int64_t at = row->nonfinite_at, wg = (int64_t)dsv4_cmp_row_elems(&p->golden_info),
+                      wc = (int64_t)dsv4_cmp_row_elems(&p->candidate_info);
+        char gv[40] = "absent", cv[40] = "absent";
+        if (at < wg) snprintf(gv, sizeof gv, "%g", (double)((const float *)g)[at]);
+        if (at < wc) snprintf(cv, sizeof cv, "%g", (double)((const float *)c)[at]);
+        snprintf(out, n, "%.0f non-finite; first at %s: golden %s, candidate %s", row->v[m],
+                 dsv4_verify_fmt_coord(wg >= wc ? info : &p->candidate_info, at, coord, sizeof coord), gv, cv);
         return;
     }
     switch (p->kind) {

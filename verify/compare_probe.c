@@ -23,12 +23,6 @@
 
 #define DSV4_CMP_BLOCK_BYTES ((size_t)8 << 20)
 
-static size_t row_elems(const dsv4_dataset_info *info)
-{
-    size_t n = 1;
-    for (int d = 1; d < info->ndim; d++) n *= (size_t)info->shape[d];
-    return n;
-}
 
 static void shape_str(const dsv4_dataset_info *info, char *buf, size_t n)
 {
@@ -92,7 +86,7 @@ static int per_position(dsv4_cmp_ctx *x, dsv4_verify_probe *p)
 {
     dsv4_verify_result *r = x->r;
     const dsv4_dataset_info *gi = &p->golden_info, *ci = &p->candidate_info;
-    size_t eg = row_elems(gi), ec = row_elems(ci);
+    size_t eg = dsv4_cmp_row_elems(gi), ec = dsv4_cmp_row_elems(ci);
     char aux_name[128] = "";
     aux_src ag = {NULL, 0}, ac = {NULL, 0};
     if (p->kind == DSV4_VERIFY_KIND_TOPK || p->kind == DSV4_VERIFY_KIND_ROUTER_WEIGHTS) {
@@ -106,11 +100,11 @@ static int per_position(dsv4_cmp_ctx *x, dsv4_verify_probe *p)
                   ib.shape[0] == r->candidate.n_positions;
         if (p->kind == DSV4_VERIFY_KIND_TOPK) {
             if (okg)
-                ag = (aux_src){aux_name, row_elems(&ia)};
+                ag = (aux_src){aux_name, dsv4_cmp_row_elems(&ia)};
             else
                 snprintf(p->note, sizeof p->note,
                          "the golden has no usable %s: every pick outside the golden set is strict", aux_name);
-        } else if (okg && okc && row_elems(&ia) == eg && row_elems(&ib) == ec) {
+        } else if (okg && okc && dsv4_cmp_row_elems(&ia) == eg && dsv4_cmp_row_elems(&ib) == ec) {
             ag = (aux_src){aux_name, eg};
             ac = (aux_src){aux_name, ec};
         } else {
@@ -196,7 +190,7 @@ static int entry_included(const dsv4_cmp_ctx *x, int pos)
 static int per_entry(dsv4_cmp_ctx *x, dsv4_verify_probe *p)
 {
     const dsv4_dataset_info *gi = &p->golden_info, *ci = &p->candidate_info;
-    size_t e = row_elems(gi);
+    size_t e = dsv4_cmp_row_elems(gi);
     int64_t ng = gi->shape[0], nc = ci->shape[0], n = ng < nc ? ng : nc;
     int64_t block = (int64_t)(DSV4_CMP_BLOCK_BYTES / (e ? e * 4 : 4));
     if (block < 1) block = 1;

@@ -36,6 +36,8 @@ void dsv4_cmp_judge(dsv4_cmp_ctx *x, dsv4_verify_probe *p, int ri, const void *g
 
 /* A new row for p (grows p->rows); NULL when out of memory. */
 dsv4_verify_row *dsv4_cmp_new_row(dsv4_verify_probe *p, int position, int entry);
+/* Elements in one row of a dataset: the product of its shape past the first dimension. */
+size_t dsv4_cmp_row_elems(const dsv4_dataset_info *info);
 
 /* Read rows[0..n) (ascending file rows) of dataset name into dst [n, row_elems]; reads the span
  * rows[0]..rows[n-1] once through the scratch buffer when the rows are not contiguous. */
