@@ -8,10 +8,12 @@
 #define _POSIX_C_SOURCE 200809L
 #include <check.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "dsv4/dsv4_dump.h"
 #include "dsv4/dsv4_verify.h"
 #include "dsv4_test.h"
 #include "synth_dump.h"
@@ -207,6 +209,75 @@ START_TEST(strict_pick_after_a_tie_still_fails)
 }
 END_TEST
 
+/* A near tie at (position, layer) of both files: the golden's best non-pick gets the score kth - rel * max|score|
+ * (in both files, so indexer_scores agree), and the candidate picks it instead of the golden's k-th pick. */
+static void plant_near_tie(int position, int layer, double rel)
+{
+    char topk[64], scores[64];
+    snprintf(topk, sizeof topk, "layers/%d/topk_idx", layer);
+    snprintf(scores, sizeof scores, "layers/%d/indexer_scores", layer);
+    dsv4_dump *d = NULL;
+    dsv4_dataset_info ti, si;
+    ck_assert_int_eq(dsv4_dump_open(g_golden, &d), 0);
+    ck_assert_int_eq(dsv4_dump_info(d, topk, &ti), 0);
+    ck_assert_int_eq(dsv4_dump_info(d, scores, &si), 0);
+    const int k = (int)ti.shape[1], n = (int)si.shape[1];
+    int32_t picks[64];
+    float sc[256];
+    ck_assert(k <= 64 && n <= 256);
+    ck_assert_int_eq(dsv4_dump_read_rows(d, topk, position, 1, picks), 0);
+    ck_assert_int_eq(dsv4_dump_read_rows(d, scores, position, 1, sc), 0);
+    dsv4_dump_free(d);
+    int kth = picks[0], other = -1;
+    double scale = 0;
+    for (int j = 0; j < k; j++)
+        if (sc[picks[j]] < sc[kth]) kth = picks[j];
+    for (int w = 0; w < n; w++) {
+        int picked = 0;
+        for (int j = 0; j < k; j++) picked |= picks[j] == w;
+        if (isfinite(sc[w]) && fabs(sc[w]) > scale) scale = fabs(sc[w]);
+        if (!picked && isfinite(sc[w]) && (other < 0 || sc[w] > sc[other])) other = w;
+    }
+    ck_assert_int_ge(other, 0);
+    const double near = (double)sc[kth] - rel * scale;
+    ck_assert_int_eq(synth_set_element(g_golden, scores, position, other, near), 0);
+    ck_assert_int_eq(synth_set_element(g_cand, scores, position, other, near), 0);
+    for (int j = 0; j < k; j++)
+        if (picks[j] == kth) ck_assert_int_eq(synth_set_element(g_cand, topk, position, j, other), 0);
+}
+
+/* A pick 5e-3 of the row's scale below the k-th golden score: outside fp32's tie tolerance (1e-4), inside its
+ * after_tie one (1e-2). After the tie it passes, and is counted among the checks that passed only thanks to the
+ * after_tie gates (it was not: that count compared the metric under the looser tie tolerance with the normal
+ * gate, which never changes for strict picks); without the tie it fails. */
+START_TEST(near_tie_after_a_tie_passes_only_thanks_to_after_tie)
+{
+    write_pair(1, 0, 0, 0);
+    plant_near_tie(35, 3, 5e-3);
+    dsv4_verify_result *r = verify(NULL);
+    ck_assert_int_eq(r->status, DSV4_VERIFY_PASS);
+    ck_assert_int_eq(r->n_after_tie_saved, 1);
+    int found = 0;
+    for (int i = 0; i < r->n_probes; i++)
+        for (int k = 0; k < r->probes[i].n_rows; k++) {
+            const dsv4_verify_row *row = &r->probes[i].rows[k];
+            if (!row->after_tie_saved) continue;
+            found++;
+            ck_assert_str_eq(r->probes[i].dataset, "layers/3/topk_idx");
+            ck_assert_int_eq(row->position, 35);
+            ck_assert_uint_eq(row->after_tie_saved, 1u << DSV4_METRIC_STRICT);
+        }
+    ck_assert_int_eq(found, 1);
+    dsv4_verify_result_free(r);
+    write_pair(0, 0, 0, 0);
+    plant_near_tie(35, 3, 5e-3);
+    r = verify(NULL);
+    assert_first(r, 35, 3, "layers/3/topk_idx", 0);
+    ck_assert_int_eq(r->first.metric, DSV4_METRIC_STRICT);
+    dsv4_verify_result_free(r);
+}
+END_TEST
+
 START_TEST(tie_given_by_option)
 {
     /* the files show no tie (e.g. the golden does not store that position); another comparison proved one */
@@ -351,6 +422,7 @@ int main(void)
     tcase_add_test(tc, noise_above_after_tie_fails);
     tcase_add_test(tc, noise_before_the_tie_is_gated_normally);
     tcase_add_test(tc, strict_pick_after_a_tie_still_fails);
+    tcase_add_test(tc, near_tie_after_a_tie_passes_only_thanks_to_after_tie);
     tcase_add_test(tc, tie_given_by_option);
     tcase_add_test(tc, profile_after_tie_section);
     tcase_add_test(tc, shipped_profiles_have_after_tie);

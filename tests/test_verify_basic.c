@@ -293,7 +293,7 @@ START_TEST(finite_score_past_the_narrower_row_is_reported)
     s.n_positions = 40;
     ck_assert_int_eq(synth_write(tmp_path("cand.h5"), &s, 1), 0);
     /* golden rows hold 7 entries, the candidate's 10; at position 27 entry 9 is not yet closed (-inf) */
-    ck_assert_int_eq(synth_set_f32(tmp_path("cand.h5"), "layers/1/indexer_scores", 27, 9, 1.5f), 0);
+    ck_assert_int_eq(synth_set_element(tmp_path("cand.h5"), "layers/1/indexer_scores", 27, 9, 1.5f), 0);
     dsv4_verify_result *r = NULL;
     ck_assert_int_eq(dsv4_verify_run(tmp_path("golden.h5"), tmp_path("cand.h5"), NULL, &r), 0);
     ck_assert_int_eq(r->status, DSV4_VERIFY_DIVERGED);

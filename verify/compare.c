@@ -508,7 +508,9 @@ void dsv4_cmp_judge(dsv4_cmp_ctx *x, dsv4_verify_probe *p, int ri, const void *g
                 first_v = v;
                 first_t = gates[i].tol;
             }
-        } else if (row->after_tie && dsv4_verify_gate_fails(gates[i].metric, v, normal[i])) {
+        } else if (row->after_tie &&
+                   dsv4_verify_gate_fails(gates[i].metric, x->normal_tie_v ? x->normal_tie_v[gates[i].metric] : v,
+                                          normal[i])) {
             row->after_tie_saved |= 1u << gates[i].metric;
             r->n_after_tie_saved++;
             p->n_after_tie_saved++;

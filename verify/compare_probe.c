@@ -142,16 +142,28 @@ static int per_position(dsv4_cmp_ctx *x, dsv4_verify_probe *p)
             /* after the first tie the tie tolerance is the after_tie one too (the scores have moved) */
             int after = dsv4_cmp_after_tie(x, p, row->position, -1);
             double tie_abs = after ? p->after_tie_abs : p->tie_abs, tie_rel = after ? p->after_tie_rel : p->tie_rel;
+            /* after the tie, the same row under the normal tie tolerance too: whether it passed only thanks to
+             * the after_tie one (the gates on strict picks and argmax do not change, their tie tolerance does) */
+            dsv4_verify_row normal_tie;
+            const int tie_kind = p->kind == DSV4_VERIFY_KIND_TOPK || p->kind == DSV4_VERIFY_KIND_LOGITS;
+            const int shadow = after && tie_kind && (tie_abs != p->tie_abs || tie_rel != p->tie_rel);
+            if (shadow) dsv4_verify_row_clear(&normal_tie, row->position, row->entry);
             switch (p->kind) {
             case DSV4_VERIFY_KIND_TOPK:
                 dsv4_verify_topk((const int32_t *)gf, (const int32_t *)cf, (int)eg, ga, (int64_t)ag.elems, tie_abs,
                                  tie_rel, row);
+                if (shadow)
+                    dsv4_verify_topk((const int32_t *)gf, (const int32_t *)cf, (int)eg, ga, (int64_t)ag.elems,
+                                     p->tie_abs, p->tie_rel, &normal_tie);
                 break;
             case DSV4_VERIFY_KIND_ROUTER_IDS:
                 dsv4_verify_router_ids((const int32_t *)gf, (const int32_t *)cf, (int)eg, row);
                 break;
             case DSV4_VERIFY_KIND_ROUTER_WEIGHTS: dsv4_verify_router_weights(gf, cf, ga, ca, (int)eg, row); break;
-            case DSV4_VERIFY_KIND_LOGITS: dsv4_verify_logits(gf, cf, w, tie_abs, tie_rel, row); break;
+            case DSV4_VERIFY_KIND_LOGITS:
+                dsv4_verify_logits(gf, cf, w, tie_abs, tie_rel, row);
+                if (shadow) dsv4_verify_logits(gf, cf, w, p->tie_abs, p->tie_rel, &normal_tie);
+                break;
             case DSV4_VERIFY_KIND_INT: dsv4_verify_int((const int32_t *)gf, (const int32_t *)cf, w, row); break;
             default:
                 dsv4_verify_dense_f32(gf, cf, w, row);
@@ -159,7 +171,9 @@ static int per_position(dsv4_cmp_ctx *x, dsv4_verify_probe *p)
                 if (ec > eg) extra_columns(cf, w, (int64_t)ec, row);
                 break;
             }
+            x->normal_tie_v = shadow ? normal_tie.v : NULL;
             dsv4_cmp_judge(x, p, p->n_rows - 1, gf, cf, ga, ca, (int64_t)ag.elems);
+            x->normal_tie_v = NULL;
         }
         i = j;
     }

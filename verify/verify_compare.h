@@ -20,6 +20,8 @@ typedef struct dsv4_cmp_ctx {
     int scan;               /* 1 while looking for the first tie (top-k probes only): rows are computed with
                              * the normal tie tolerance and not judged; dsv4_cmp_judge only notes ties */
     int scan_hit;           /* the probe being scanned has a tie-accepted row (its later rows cannot be first) */
+    const double *normal_tie_v; /* while judging an after-tie top-k or logits row: its metrics under the normal
+                                 * tie tolerance (the judge counts what passed only thanks to the after_tie one) */
 } dsv4_cmp_ctx;
 
 /* 1 when a row of probe p at (position, entry) comes after the first tie-accepted top-k difference in model

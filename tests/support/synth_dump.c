@@ -390,7 +390,7 @@ int synth_set_root_attr(const char *path, const char *name, const char *value)
     return w < 0 ? DSV4_ERR_IO : 0;
 }
 
-int synth_set_f32(const char *path, const char *dataset, int64_t row, int64_t col, float value)
+int synth_set_element(const char *path, const char *dataset, int64_t row, int64_t col, double value)
 {
     hid_t f = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
     if (f < 0) return DSV4_ERR_IO;
@@ -399,7 +399,7 @@ int synth_set_f32(const char *path, const char *dataset, int64_t row, int64_t co
     hid_t ms = H5Screate_simple(2, one, NULL);
     herr_t w = fs >= 0 && H5Sget_simple_extent_ndims(fs) == 2 &&
                        H5Sselect_hyperslab(fs, H5S_SELECT_SET, start, NULL, one, NULL) >= 0
-                   ? H5Dwrite(d, H5T_NATIVE_FLOAT, ms, fs, H5P_DEFAULT, &value)
+                   ? H5Dwrite(d, H5T_NATIVE_DOUBLE, ms, fs, H5P_DEFAULT, &value)
                    : -1;
     H5Sclose(ms);
     if (fs >= 0) H5Sclose(fs);
