@@ -176,6 +176,25 @@ START_TEST(tag_checker_catches_errors)
 }
 END_TEST
 
+/* A file may hold a probe of any name (an unknown one is compared as a dense probe): in the HTML its name is
+ * escaped wherever it appears (the plot's tooltips, the per-layer table's column heads). */
+START_TEST(html_escapes_probe_names)
+{
+    write_pair();
+    ck_assert_int_eq(synth_copy_dataset(g_golden, "layers/0/attn_out", "layers/0/q&k<2>"), 0);
+    ck_assert_int_eq(synth_copy_dataset(g_cand, "layers/0/attn_out", "layers/0/q&k<2>"), 0);
+    char cmd[16000];
+    snprintf(cmd, sizeof cmd, "'%s' verify '%s' '%s' --html '%s' --quiet", dsv4_test_bin(), g_golden, g_cand, g_html);
+    ck_assert_int_eq(dsv4_test_run(cmd, NULL), 1);
+    char *html = slurp(g_html);
+    ck_assert_ptr_nonnull(strstr(html, "q&amp;k&lt;2&gt;"));
+    ck_assert_ptr_null(strstr(html, "q&k<2>"));
+    const char *bad = check_tags(html);
+    ck_assert_msg(bad == NULL, "HTML: %s", bad);
+    free(html);
+}
+END_TEST
+
 START_TEST(html_is_well_formed_and_renders)
 {
     write_pair();
@@ -264,6 +283,7 @@ int main(void)
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, json_holds_the_numbers);
     tcase_add_test(tc, tag_checker_catches_errors);
+    tcase_add_test(tc, html_escapes_probe_names);
     tcase_add_test(tc, html_is_well_formed_and_renders);
     tcase_add_test(tc, reports_of_a_failed_comparison);
     suite_add_tcase(s, tc);

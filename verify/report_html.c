@@ -196,7 +196,8 @@ static void plot_layers(FILE *f, const dsv4_verify_result *r)
             fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"%s\" fill=\"%s\" stroke=\"%s\"><title>", px(&pl, p->layer),
                     py(&pl, v), p->n_failed_rows ? "4.5" : "2.5", floor_hit ? "white" : col,
                     p->n_failed_rows ? "#c00" : col);
-            fprintf(f, "%s: rel_l2 %.3e%s</title></circle>\n", p->dataset, v, p->n_failed_rows ? " (fails)" : "");
+            esc(f, p->dataset);
+            fprintf(f, ": rel_l2 %.3e%s</title></circle>\n", v, p->n_failed_rows ? " (fails)" : "");
         }
         int lx = 70 + (j % 5) * 155, ly = 365 + (j / 5) * 16;
         fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"12\" height=\"4\" fill=\"%s\"/>", lx, ly - 4, col);
@@ -444,7 +445,11 @@ static void table_layers(FILE *f, const dsv4_verify_result *r)
     int nl = dsv4_verify_columns(r, labels, DSV4_VERIFY_MAX_COLUMNS);
     if (!nl) return;
     fprintf(f, "<h2>Per layer: worst gated metric of each probe</h2>\n<table>\n<tr><th>layer</th><th>type</th>");
-    for (int j = 0; j < nl; j++) fprintf(f, "<th>%s</th>", labels[j]);
+    for (int j = 0; j < nl; j++) { /* a column label is a probe name, and a file may hold any name */
+        fprintf(f, "<th>");
+        esc(f, labels[j]);
+        fprintf(f, "</th>");
+    }
     fprintf(f, "</tr>\n");
     for (int l = 0; l < r->n_layers; l++) {
         char t[32];

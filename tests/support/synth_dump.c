@@ -408,6 +408,19 @@ int synth_set_element(const char *path, const char *dataset, int64_t row, int64_
     return w < 0 ? DSV4_ERR_IO : 0;
 }
 
+int synth_copy_dataset(const char *path, const char *src, const char *dst)
+{
+    hid_t f = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
+    if (f < 0) return DSV4_ERR_IO;
+    hid_t lcpl = H5Pcreate(H5P_LINK_CREATE);
+    herr_t w = lcpl >= 0 && H5Pset_create_intermediate_group(lcpl, 1) >= 0
+                   ? H5Ocopy(f, src, f, dst, H5P_DEFAULT, lcpl)
+                   : -1;
+    if (lcpl >= 0) H5Pclose(lcpl);
+    H5Fclose(f);
+    return w < 0 ? DSV4_ERR_IO : 0;
+}
+
 int synth_copy_perturbed(const char *src, const char *dst, int layer, double rel, uint64_t seed)
 {
     dsv4_dump *d;

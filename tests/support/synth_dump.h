@@ -50,6 +50,8 @@ int synth_set_root_attr(const char *path, const char *name, const char *value);
 /* Overwrite element [row, col] of the 2-D dataset `dataset` (float or int) of an existing file in place (HDF5
  * directly, converting the value to the dataset's type). */
 int synth_set_element(const char *path, const char *dataset, int64_t row, int64_t col, double value);
+/* Copy dataset src of an existing file to a new dataset dst of the same file (groups made as needed). */
+int synth_copy_dataset(const char *path, const char *src, const char *dst);
 /* Copy dump src to dst through the dump reader and writer, adding relative rms noise `rel` to every float
  * probe of layer `layer` only (final/ when layer == -1). Every other byte of probe data is kept. */
 int synth_copy_perturbed(const char *src, const char *dst, int layer, double rel, uint64_t seed);
