@@ -160,6 +160,10 @@ START_TEST(router_and_dense_by_hand)
     dsv4_verify_router_ids(g, one, 3, &row);
     ck_assert_double_eq(row.v[DSV4_METRIC_MISMATCH], 1);
     ck_assert_double_eq_tol(row.v[DSV4_METRIC_JACCARD], 0.5, 1e-12);
+    /* an expert picked twice is one mismatch more than a swap: bf16's gate (mismatch <= 1) must not take it */
+    const int32_t twice[3] = {5, 5, 7};
+    dsv4_verify_router_ids(g, twice, 3, &row);
+    ck_assert_double_eq(row.v[DSV4_METRIC_MISMATCH], 2);
     /* weights paired by id: the same weights in another order are equal */
     const float gw[3] = {0.5f, 0.3f, 0.2f}, cw[3] = {0.2f, 0.5f, 0.3f};
     dsv4_verify_row_clear(&row, 0, -1);

@@ -226,7 +226,12 @@ void dsv4_verify_router_ids(const int32_t *g, const int32_t *c, int k, dsv4_veri
     if (k > 256) k = 256; /* num_experts_per_tok is 6 in Flash; a row this wide is not a router */
     int ng = sorted_ids(g, k, gs), nc = sorted_ids(c, k, cs);
     int common = intersect(gs, ng, cs, nc, in);
-    row->v[DSV4_METRIC_MISMATCH] = (ng - common) > (nc - common) ? (ng - common) : (nc - common);
+    /* one swapped expert counts 1; a router never picks an expert twice, so each repeat in a set counts 1 more
+     * (without that {1, 1, 5} against {1, 2, 5} would look like one swap) */
+    int repeats = 0;
+    for (int i = 1; i < ng; i++) repeats += gs[i] == gs[i - 1];
+    for (int i = 1; i < nc; i++) repeats += cs[i] == cs[i - 1];
+    row->v[DSV4_METRIC_MISMATCH] = ((ng - common) > (nc - common) ? (ng - common) : (nc - common)) + repeats;
     row->v[DSV4_METRIC_RECALL] = ng > 0 ? (double)common / ng : (nc == 0 ? 1.0 : 0.0);
     int uni = ng + nc - common;
     row->v[DSV4_METRIC_JACCARD] = uni > 0 ? (double)common / uni : 1.0;
