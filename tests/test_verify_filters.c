@@ -168,6 +168,25 @@ START_TEST(tol_override_and_profile_file)
     ck_assert_int_eq(cli(args, &out), 2);
     ck_assert_ptr_nonnull(strstr(out, "unknown metric 'rel_l3'"));
     free(out);
+    /* a misspelt entry key is an error too: topk_idx would fall back to the default's rel_l2, which top-k rows do
+     * not have, and so be gated by nothing */
+    f = fopen(prof, "w");
+    fputs("{\"probes\": {\"default\": {\"rel_l2\": 0.1}, \"topk-idx\": {\"strict\": 0}}}", f);
+    fclose(f);
+    ck_assert_int_eq(cli(args, &out), 2);
+    ck_assert_msg(strstr(out, "loose.json: probes.\"topk-idx\" is not a probe of dump-format.md"), "%s", out);
+    free(out);
+    f = fopen(prof, "w");
+    fputs("{\"probes\": {\"default\": {\"rel_l2\": 0.1}, \"layers/x/attn_out\": {\"rel_l2\": 0.1}}}", f);
+    fclose(f);
+    ck_assert_int_eq(cli(args, &out), 2);
+    ck_assert_msg(strstr(out, "probes.\"layers/x/attn_out\" is not a probe"), "%s", out);
+    free(out);
+    ck_assert_int_eq(cli("--tol atn_out=rel_l2:1e-2", &out), 2);
+    ck_assert_msg(strstr(out, "'atn_out' is not a probe of dump-format.md"), "%s", out);
+    free(out);
+    ck_assert_int_eq(cli("--tol final/logits=kl:1e-3", &out), 1); /* a known dataset key is taken */
+    free(out);
     ck_assert_int_eq(cli("--profile bf16", &out), 0); /* 1e-3 noise is within bf16 */
     free(out);
     ck_assert_int_eq(cli("--profile nosuch", &out), 2);

@@ -373,6 +373,11 @@ int dsv4_verify_probe_order(const char *probe)
     return n;
 }
 
+int dsv4_verify_probe_known(const char *probe)
+{
+    return dsv4_verify_probe_order(probe) < (int)(sizeof dsv4_verify_probe_table / sizeof dsv4_verify_probe_table[0]);
+}
+
 const char *dsv4_verify_probe_label(const char *probe)
 {
     int i = dsv4_verify_probe_order(probe);

@@ -147,6 +147,24 @@ static int profile_locate(const char *name, char *path, size_t n)
                       tried);
 }
 
+/* 1 when key names what an entry may gate: "default", a probe of dump-format.md, or one layer's dataset of it
+ * ("layers/3/attn_out", "final/logits"). A misspelt key would otherwise gate nothing: the probe it meant
+ * falls back to the default entry, whose metrics may not even apply to it (rel_l2 on topk_idx). */
+static int key_known(const char *key)
+{
+    if (!strcmp(key, "default")) return 1;
+    const char *probe = key;
+    if (!strncmp(key, "final/", 6)) {
+        probe = key + 6;
+    } else if (!strncmp(key, "layers/", 7)) {
+        const char *d = key + 7;
+        while (*d >= '0' && *d <= '9') d++;
+        if (d == key + 7 || *d != '/') return 0;
+        probe = d + 1;
+    }
+    return dsv4_verify_probe_known(probe);
+}
+
 /* The entries of one section ("probes" or "after_tie") into p. */
 static int section_parse(dsv4_verify_profile *p, json_t *section, const char *what, const char *source)
 {
@@ -155,6 +173,11 @@ static int section_parse(dsv4_verify_profile *p, json_t *section, const char *wh
     json_object_foreach(section, key, val)
     {
         if (!json_is_object(val)) return dsv4_error(DSV4_ERR_FORMAT, "%s: %s.%s is not an object", source, what, key);
+        if (!key_known(key))
+            return dsv4_error(DSV4_ERR_FORMAT,
+                              "%s: %s.\"%s\" is not a probe of dump-format.md (keys: default, a probe name such as "
+                              "topk_idx, or one layer's dataset such as layers/3/attn_out)",
+                              source, what, key);
         dsv4_profile_entry *e = profile_find(p, key);
         if (!e && !(e = profile_add(p, key))) return dsv4_error(DSV4_ERR_NOMEM, "profile: out of memory");
         const char *mk;
@@ -316,6 +339,11 @@ int dsv4_verify_profile_override(dsv4_verify_profile *p, const char *spec)
     char key[96], metric[32];
     snprintf(key, sizeof key, "%.*s", (int)(eq - spec), spec);
     snprintf(metric, sizeof metric, "%.*s", (int)(colon - eq - 1), eq + 1);
+    if (!key_known(key))
+        return dsv4_error(DSV4_ERR_USAGE,
+                          "--tol '%s': '%s' is not a probe of dump-format.md (a probe name such as topk_idx, one "
+                          "layer's dataset such as layers/3/attn_out, or default)",
+                          spec, key);
     double value;
     if (!strcmp(colon + 1, "off")) {
         value = NAN;

@@ -13,6 +13,8 @@
 /* Rank of a probe name inside its layer in model order; unknown names sort last. Per-entry probes are
  * placed where they are computed (compressed_kv after kv, indexer_kv before indexer_scores). */
 int dsv4_verify_probe_order(const char *probe);
+/* 1 when probe is a probe name of dump-format.md. */
+int dsv4_verify_probe_known(const char *probe);
 /* Short column label of a probe for the terminal table ("attn_out" -> "attn_out", "indexer_scores" ->
  * "idx_sc"). */
 const char *dsv4_verify_probe_label(const char *probe);
