@@ -278,6 +278,41 @@ START_TEST(near_tie_after_a_tie_passes_only_thanks_to_after_tie)
 }
 END_TEST
 
+/* The filters narrow what is compared, not which gates apply: the tie at (30, layer 1) still puts the noisy
+ * rows after it under the after_tie gates when --layers, --positions or --probes leave that top-k row out. */
+START_TEST(filters_keep_the_first_tie)
+{
+    write_pair(1, 1e-3, 2, TIE_POS);
+    for (int f = 0; f < 3; f++) {
+        dsv4_verify_options o;
+        dsv4_verify_options_init(&o);
+        if (f == 0) o.layer_lo = 2;
+        if (f == 1) o.pos_lo = TIE_POS + 1;
+        if (f == 2) o.probes = "attn_*";
+        dsv4_verify_result *r = verify(&o);
+        ck_assert_msg(r->status == DSV4_VERIFY_PASS, "filter %d: status %d, first at %d %s", f, r->status,
+                      r->first.position, r->first.dataset);
+        ck_assert(r->first_tie.found && !r->first_tie.given);
+        ck_assert_int_eq(r->first_tie.position, TIE_POS);
+        ck_assert_int_eq(r->first_tie.layer, TIE_LAYER);
+        ck_assert_int_eq(r->first_tie.accepted, 1);
+        ck_assert_int_gt(r->n_after_tie_saved, 0);
+        dsv4_verify_result_free(r);
+    }
+    /* a --tie-at earlier than the one seen still counts first */
+    dsv4_verify_options o;
+    dsv4_verify_options_init(&o);
+    o.layer_lo = 2;
+    o.tie_at_position = 20;
+    o.tie_at_layer = 1;
+    dsv4_verify_result *r = verify(&o);
+    ck_assert_int_eq(r->status, DSV4_VERIFY_PASS);
+    ck_assert(r->first_tie.found && r->first_tie.given);
+    ck_assert_int_eq(r->first_tie.position, 20);
+    dsv4_verify_result_free(r);
+}
+END_TEST
+
 START_TEST(tie_given_by_option)
 {
     /* the files show no tie (e.g. the golden does not store that position); another comparison proved one */
@@ -423,6 +458,7 @@ int main(void)
     tcase_add_test(tc, noise_before_the_tie_is_gated_normally);
     tcase_add_test(tc, strict_pick_after_a_tie_still_fails);
     tcase_add_test(tc, near_tie_after_a_tie_passes_only_thanks_to_after_tie);
+    tcase_add_test(tc, filters_keep_the_first_tie);
     tcase_add_test(tc, tie_given_by_option);
     tcase_add_test(tc, profile_after_tie_section);
     tcase_add_test(tc, shipped_profiles_have_after_tie);

@@ -681,15 +681,10 @@ static int run(dsv4_cmp_ctx *x, const char *golden_path, const char *candidate_p
     return 0;
 }
 
-int dsv4_verify_run(const char *golden_path, const char *candidate_path, const dsv4_verify_options *o,
-                    dsv4_verify_result **out)
+static int verify_once(const char *golden_path, const char *candidate_path, const dsv4_verify_options *o,
+                       dsv4_verify_result **out)
 {
     *out = NULL;
-    dsv4_verify_options def;
-    if (!o) {
-        dsv4_verify_options_init(&def);
-        o = &def;
-    }
     DSV4_CHECK(golden_path && candidate_path, "verify: two dump paths are needed");
     dsv4_verify_result *r = calloc(1, sizeof *r);
     if (!r) return dsv4_error(DSV4_ERR_NOMEM, "verify: out of memory");
@@ -718,5 +713,45 @@ int dsv4_verify_run(const char *golden_path, const char *candidate_path, const d
         snprintf(r->error, sizeof r->error, "%s", dsv4_last_error());
     }
     *out = r;
+    return 0;
+}
+
+/* Filters (--probes, --layers, --positions) narrow what is compared and shown, not which gates apply: a first
+ * tie outside them still puts the later rows under the after_tie gates. So a filtered run first compares every
+ * top-k row, unfiltered, and then runs as if that tie had been given by --tie-at (the earlier of the two). */
+int dsv4_verify_run(const char *golden_path, const char *candidate_path, const dsv4_verify_options *o,
+                    dsv4_verify_result **out)
+{
+    *out = NULL;
+    dsv4_verify_options def;
+    if (!o) {
+        dsv4_verify_options_init(&def);
+        o = &def;
+    }
+    const int filtered = o->probes || o->layer_lo >= 0 || o->layer_hi >= 0 || o->pos_lo >= 0 || o->pos_hi >= 0;
+    if (!filtered) return verify_once(golden_path, candidate_path, o, out);
+    dsv4_verify_options all = *o;
+    all.probes = "topk_idx";
+    all.layer_lo = all.layer_hi = all.pos_lo = all.pos_hi = -1;
+    dsv4_verify_result *scan = NULL;
+    int rc = verify_once(golden_path, candidate_path, &all, &scan);
+    if (rc) return rc;
+    dsv4_verify_tie seen = scan->first_tie;
+    dsv4_verify_result_free(scan);
+    if (!seen.found || seen.given) return verify_once(golden_path, candidate_path, o, out);
+    dsv4_verify_options with_tie = *o;
+    const int user_first = o->tie_at_position >= 0 && o->tie_at_layer >= 0 &&
+                           (o->tie_at_position < seen.position ||
+                            (o->tie_at_position == seen.position && o->tie_at_layer <= seen.layer));
+    if (!user_first) {
+        with_tie.tie_at_position = seen.position;
+        with_tie.tie_at_layer = seen.layer;
+    }
+    if ((rc = verify_once(golden_path, candidate_path, &with_tie, out))) return rc;
+    dsv4_verify_tie *t = &(*out)->first_tie;
+    if (!user_first && t->found && t->given && t->position == seen.position && t->layer == seen.layer) {
+        t->given = 0; /* seen in these files, if outside the filters */
+        t->accepted = seen.accepted;
+    }
     return 0;
 }
