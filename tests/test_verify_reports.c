@@ -195,6 +195,64 @@ START_TEST(html_escapes_probe_names)
 }
 END_TEST
 
+/* 1 when s is valid UTF-8 (no overlong forms, surrogates or code points past U+10FFFF). */
+static int valid_utf8(const char *s)
+{
+    const unsigned char *u = (const unsigned char *)s;
+    while (*u) {
+        int n = *u < 0x80                 ? 1
+                : *u >= 0xc2 && *u <= 0xdf ? 2
+                : *u >= 0xe0 && *u <= 0xef ? 3
+                : *u >= 0xf0 && *u <= 0xf4 ? 4
+                                           : 0;
+        if (!n) return 0;
+        unsigned cp = n == 1 ? *u : *u & (0x7fu >> n);
+        for (int i = 1; i < n; i++) {
+            if ((u[i] & 0xc0) != 0x80) return 0;
+            cp = cp << 6 | (u[i] & 0x3fu);
+        }
+        if ((n == 3 && cp < 0x800) || (n == 4 && (cp < 0x10000 || cp > 0x10ffff)) || (cp >= 0xd800 && cp <= 0xdfff))
+            return 0;
+        u += n;
+    }
+    return 1;
+}
+
+/* A file's text is any bytes (a producer attribute in Latin-1, a dataset name): the JSON keeps every key, with
+ * U+FFFD for each byte that is not UTF-8 (jansson refused the string, and the object holding it was dropped), and
+ * the HTML page, declared UTF-8, is valid UTF-8. */
+START_TEST(reports_keep_text_that_is_not_utf8)
+{
+    write_pair();
+    ck_assert_int_eq(synth_set_root_attr(g_cand, "producer", "caf\xe9 tool 1.0"), 0);
+    ck_assert_int_eq(synth_copy_dataset(g_golden, "layers/0/attn_out", "layers/0/x\xff"), 0);
+    ck_assert_int_eq(synth_copy_dataset(g_cand, "layers/0/attn_out", "layers/0/x\xff"), 0);
+    char cmd[20000];
+    snprintf(cmd, sizeof cmd, "'%s' verify '%s' '%s' --json '%s' --html '%s' --quiet", dsv4_test_bin(), g_golden,
+             g_cand, g_json, g_html);
+    ck_assert_int_eq(dsv4_test_run(cmd, NULL), 1);
+    json_error_t e;
+    json_t *root = json_load_file(g_json, 0, &e);
+    ck_assert_msg(root != NULL, "%s: %s", g_json, e.text);
+    json_t *cand = json_object_get(root, "candidate");
+    ck_assert_msg(json_is_object(cand), "no \"candidate\" object");
+    ck_assert_str_eq(json_string_value(json_object_get(cand, "producer")), "caf\xef\xbf\xbd tool 1.0");
+    int found = 0;
+    json_t *probes = json_object_get(root, "probes"), *pr;
+    size_t i;
+    json_array_foreach(probes, i, pr)
+    {
+        found += !strcmp(json_string_value(json_object_get(pr, "dataset")), "layers/0/x\xef\xbf\xbd");
+    }
+    ck_assert_int_eq(found, 1);
+    json_decref(root);
+    char *html = slurp(g_html);
+    ck_assert_msg(valid_utf8(html), "the HTML is not valid UTF-8");
+    ck_assert_ptr_nonnull(strstr(html, "caf\xef\xbf\xbd tool"));
+    free(html);
+}
+END_TEST
+
 START_TEST(html_is_well_formed_and_renders)
 {
     write_pair();
@@ -284,6 +342,7 @@ int main(void)
     tcase_add_test(tc, json_holds_the_numbers);
     tcase_add_test(tc, tag_checker_catches_errors);
     tcase_add_test(tc, html_escapes_probe_names);
+    tcase_add_test(tc, reports_keep_text_that_is_not_utf8);
     tcase_add_test(tc, html_is_well_formed_and_renders);
     tcase_add_test(tc, reports_of_a_failed_comparison);
     suite_add_tcase(s, tc);

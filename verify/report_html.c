@@ -29,7 +29,13 @@ static void esc(FILE *f, const char *s)
         case '&': fputs("&amp;", f); break;
         case '"': fputs("&quot;", f); break;
         default:
-            if ((unsigned char)*s >= 0x20 || *s == '\n' || *s == '\t') fputc(*s, f);
+            if ((unsigned char)*s >= 0x80) { /* the page is UTF-8: a byte that starts no valid sequence is U+FFFD */
+                int k = dsv4_verify_utf8_len(s);
+                if (k > 0) fwrite(s, 1, (size_t)k, f), s += k - 1;
+                else fputs("\xef\xbf\xbd", f);
+            } else if ((unsigned char)*s >= 0x20 || *s == '\n' || *s == '\t') {
+                fputc(*s, f);
+            }
         }
     }
 }

@@ -40,12 +40,38 @@ static json_t *coord(const dsv4_dataset_info *info, int64_t flat)
     return a;
 }
 
+/* A JSON string of text from the files or the command line (names, paths, attributes, messages that quote
+ * them): jansson refuses invalid UTF-8, and json_pack then drops the whole object, so each byte that does not
+ * start a valid sequence becomes U+FFFD. */
+static json_t *text(const char *s)
+{
+    if (!s) s = "";
+    json_t *j = json_string(s);
+    if (j) return j;
+    size_t n = strlen(s), len = 0;
+    char *clean = malloc(3 * n + 1);
+    if (!clean) return NULL;
+    for (size_t i = 0; i < n;) {
+        int k = dsv4_verify_utf8_len(s + i);
+        if (k > 0) {
+            memcpy(clean + len, s + i, (size_t)k);
+            len += (size_t)k, i += (size_t)k;
+        } else {
+            memcpy(clean + len, "\xef\xbf\xbd", 3);
+            len += 3, i++;
+        }
+    }
+    clean[len] = 0;
+    j = json_string(clean);
+    free(clean);
+    return j;
+}
+
 static json_t *file_obj(const dsv4_verify_file *f)
 {
-    return json_pack("{s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:i}", "path", f->path ? f->path : "", "producer",
-                     f->producer ? f->producer : "", "weights_digest", f->weights_digest ? f->weights_digest : "",
-                     "mode", f->mode ? f->mode : "", "prompt_len", f->prompt_len, "n_decode", f->n_decode, "n_tokens",
-                     f->n_tokens, "n_positions", f->n_positions);
+    return json_pack("{s:o, s:o, s:o, s:o, s:i, s:i, s:i, s:i}", "path", text(f->path), "producer", text(f->producer),
+                     "weights_digest", text(f->weights_digest), "mode", text(f->mode), "prompt_len", f->prompt_len,
+                     "n_decode", f->n_decode, "n_tokens", f->n_tokens, "n_positions", f->n_positions);
 }
 
 static json_t *shape_obj(const dsv4_dataset_info *info)
@@ -94,8 +120,8 @@ static json_t *row_obj(const dsv4_verify_probe *p, const dsv4_verify_row *row)
 static json_t *probe_obj(const dsv4_verify_probe *p)
 {
     static const char *const presence[] = {"both", "golden", "candidate"};
-    json_t *o = json_pack("{s:s, s:s, s:i, s:s, s:s}", "dataset", p->dataset, "probe", p->probe, "layer", p->layer,
-                          "kind", kind_names[p->kind], "in", presence[p->presence]);
+    json_t *o = json_pack("{s:o, s:o, s:i, s:s, s:s}", "dataset", text(p->dataset), "probe", text(p->probe), "layer",
+                          p->layer, "kind", kind_names[p->kind], "in", presence[p->presence]);
     json_object_set_new(o, "golden", shape_obj(&p->golden_info));
     json_object_set_new(o, "candidate", shape_obj(&p->candidate_info));
     json_t *gates = json_object();
@@ -112,7 +138,7 @@ static json_t *probe_obj(const dsv4_verify_probe *p)
         json_object_set_new(o, "after_tie_tie_abs", num(p->after_tie_abs));
         json_object_set_new(o, "after_tie_tie_rel", num(p->after_tie_rel));
     }
-    if (p->note[0]) json_object_set_new(o, "note", json_string(p->note));
+    if (p->note[0]) json_object_set_new(o, "note", text(p->note));
     if (p->presence != DSV4_VERIFY_IN_BOTH) return o;
     json_t *worst = json_object(), *mean = json_object();
     for (int m = 0; m < DSV4_METRIC_COUNT; m++) {
@@ -140,10 +166,11 @@ static json_t *result_obj(const dsv4_verify_result *r)
     static const char *const verdict[] = {"pass", "diverged", "error"};
     json_t *o = json_pack("{s:s, s:s, s:i}", "schema", DSV4_VERIFY_JSON_SCHEMA, "verdict", verdict[r->status],
                           "exit_status", r->status);
-    if (r->status == DSV4_VERIFY_ERROR) json_object_set_new(o, "error", json_string(r->error));
+    if (r->status == DSV4_VERIFY_ERROR) json_object_set_new(o, "error", text(r->error));
     json_object_set_new(o, "golden", file_obj(&r->golden));
     json_object_set_new(o, "candidate", file_obj(&r->candidate));
-    json_object_set_new(o, "profile", json_pack("{s:s, s:s}", "name", r->profile_name, "source", r->profile_source));
+    json_object_set_new(o, "profile",
+                        json_pack("{s:o, s:o}", "name", text(r->profile_name), "source", text(r->profile_source)));
     json_object_set_new(o, "weights_differ", json_boolean(r->digests_differ));
     json_object_set_new(o, "seconds", json_real(r->seconds));
     json_object_set_new(o, "bytes_read", json_integer(r->bytes_read));
@@ -166,11 +193,11 @@ static json_t *result_obj(const dsv4_verify_result *r)
     json_t *first = json_null();
     if (r->first.found) {
         const dsv4_verify_divergence *d = &r->first;
-        first = json_pack("{s:i, s:i, s:s, s:s, s:o, s:o, s:s}", "position", d->position, "layer", d->layer, "dataset",
-                          d->dataset, "metric", dsv4_verify_metric_name(d->metric), "value", num(d->value), "tolerance",
-                          num(d->tolerance), "detail", d->detail);
+        first = json_pack("{s:i, s:i, s:o, s:s, s:o, s:o, s:o}", "position", d->position, "layer", d->layer, "dataset",
+                          text(d->dataset), "metric", dsv4_verify_metric_name(d->metric), "value", num(d->value),
+                          "tolerance", num(d->tolerance), "detail", text(d->detail));
         if (d->entry >= 0) json_object_set_new(first, "entry", json_integer(d->entry));
-        if (d->probe_index >= 0) json_object_set_new(first, "probe", json_string(r->probes[d->probe_index].probe));
+        if (d->probe_index >= 0) json_object_set_new(first, "probe", text(r->probes[d->probe_index].probe));
     }
     json_object_set_new(o, "first_divergence", first);
     /* the after_tie rule (docs/verify.md "After a tie"): where it started and what it changed */
@@ -178,9 +205,9 @@ static json_t *result_obj(const dsv4_verify_result *r)
     if (r->first_tie.found) {
         const dsv4_verify_tie *t = &r->first_tie;
         char sentence[768];
-        tie = json_pack("{s:i, s:i, s:s, s:i, s:b, s:s}", "position", t->position, "layer", t->layer, "dataset",
-                        t->dataset, "accepted", t->accepted, "given", t->given, "summary",
-                        dsv4_verify_tie_sentence(r, sentence, sizeof sentence));
+        tie = json_pack("{s:i, s:i, s:o, s:i, s:b, s:o}", "position", t->position, "layer", t->layer, "dataset",
+                        text(t->dataset), "accepted", t->accepted, "given", t->given, "summary",
+                        text(dsv4_verify_tie_sentence(r, sentence, sizeof sentence)));
     }
     json_object_set_new(o, "first_tie", tie);
     json_object_set_new(o, "after_tie",
@@ -190,8 +217,8 @@ static json_t *result_obj(const dsv4_verify_result *r)
     json_t *og = json_array(), *oc = json_array(), *probes = json_array();
     for (int i = 0; i < r->n_probes; i++) {
         const dsv4_verify_probe *p = &r->probes[i];
-        if (p->presence == DSV4_VERIFY_ONLY_GOLDEN) json_array_append_new(og, json_string(p->dataset));
-        if (p->presence == DSV4_VERIFY_ONLY_CANDIDATE) json_array_append_new(oc, json_string(p->dataset));
+        if (p->presence == DSV4_VERIFY_ONLY_GOLDEN) json_array_append_new(og, text(p->dataset));
+        if (p->presence == DSV4_VERIFY_ONLY_CANDIDATE) json_array_append_new(oc, text(p->dataset));
         json_array_append_new(probes, probe_obj(p));
     }
     json_object_set_new(o, "only_in_golden", og);

@@ -207,3 +207,23 @@ const char *dsv4_verify_tie_sentence(const dsv4_verify_result *r, char *buf, siz
                  r->n_after_tie_checks, r->n_after_tie_saved);
     return buf;
 }
+
+int dsv4_verify_utf8_len(const char *s)
+{
+    const unsigned char *u = (const unsigned char *)s;
+    int n;
+    unsigned cp;
+    if (u[0] < 0x80) return 1;
+    if (u[0] >= 0xc2 && u[0] <= 0xdf) n = 2, cp = u[0] & 0x1fu;
+    else if (u[0] >= 0xe0 && u[0] <= 0xef) n = 3, cp = u[0] & 0x0fu;
+    else if (u[0] >= 0xf0 && u[0] <= 0xf4) n = 4, cp = u[0] & 0x07u;
+    else return 0;
+    for (int i = 1; i < n; i++) {
+        if ((u[i] & 0xc0) != 0x80) return 0; /* also stops at the terminating 0 */
+        cp = cp << 6 | (u[i] & 0x3fu);
+    }
+    /* overlong forms, UTF-16 surrogates and code points past U+10FFFF are not valid */
+    if ((n == 3 && cp < 0x800) || (n == 4 && (cp < 0x10000 || cp > 0x10ffff)) || (cp >= 0xd800 && cp <= 0xdfff))
+        return 0;
+    return n;
+}

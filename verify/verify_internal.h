@@ -78,5 +78,9 @@ const char *dsv4_verify_tie_where(const dsv4_verify_result *r, char *buf, size_t
 /* One sentence on the after_tie rule for the reports: where the first tie-accepted difference is (or that it
  * was given), and how many checks used / passed only thanks to the after_tie gates. "" when no tie. */
 const char *dsv4_verify_tie_sentence(const dsv4_verify_result *r, char *buf, size_t n);
+/* Length of the valid UTF-8 sequence at s (1-4 bytes), or 0 when the byte at s does not start one. The reports
+ * write U+FFFD for such a byte: dataset names and paths are arbitrary bytes, and a message cut by snprintf may
+ * end inside a character. */
+int dsv4_verify_utf8_len(const char *s);
 
 #endif
