@@ -305,6 +305,38 @@ START_TEST(finite_score_past_the_narrower_row_is_reported)
 }
 END_TEST
 
+/* Another tool's extra probe may have a long name: up to DSV4_VERIFY_NAME_MAX - 1 bytes it is compared (a 96-byte
+ * buffer cut it before, and the comparison stopped: no such dataset); past that it is one structure failure that
+ * says why, not a stop. */
+START_TEST(long_dataset_names)
+{
+    synth_spec s;
+    synth_spec_init(&s);
+    ck_assert_int_eq(synth_write(tmp_path("golden.h5"), &s, 0), 0);
+    ck_assert_int_eq(synth_write(tmp_path("cand.h5"), &s, 1), 0);
+    char fits[DSV4_VERIFY_NAME_MAX], too_long[DSV4_VERIFY_NAME_MAX + 40];
+    snprintf(fits, sizeof fits, "layers/0/extra_%0*d", DSV4_VERIFY_NAME_MAX - 1 - 15, 0);
+    snprintf(too_long, sizeof too_long, "layers/0/extra_%0*d", DSV4_VERIFY_NAME_MAX + 20 - 15, 0);
+    ck_assert_int_eq((int)strlen(fits), DSV4_VERIFY_NAME_MAX - 1);
+    const char *golden = tmp_path("golden.h5"), *cand = tmp_path("cand.h5"), *files[2] = {golden, cand};
+    for (int f = 0; f < 2; f++) ck_assert_int_eq(synth_copy_dataset(files[f], "layers/0/attn_out", fits), 0);
+    dsv4_verify_result *r = NULL;
+    ck_assert_int_eq(dsv4_verify_run(golden, cand, NULL, &r), 0);
+    ck_assert_msg(r->status == DSV4_VERIFY_PASS, "status %d: %s %s", r->status, r->error, r->first.detail);
+    int compared = 0;
+    for (int i = 0; i < r->n_probes; i++) compared += !strcmp(r->probes[i].dataset, fits) && r->probes[i].n_rows > 0;
+    ck_assert_int_eq(compared, 1);
+    dsv4_verify_result_free(r);
+    for (int f = 0; f < 2; f++) ck_assert_int_eq(synth_copy_dataset(files[f], "layers/0/attn_out", too_long), 0);
+    ck_assert_int_eq(dsv4_verify_run(golden, cand, NULL, &r), 0);
+    ck_assert_int_eq(r->status, DSV4_VERIFY_DIVERGED);
+    ck_assert_int_eq(r->first.metric, DSV4_METRIC_STRUCTURE);
+    ck_assert_msg(strstr(r->first.detail, "longer than the 255 the verifier holds: not compared"), "%s",
+                  r->first.detail);
+    dsv4_verify_result_free(r);
+}
+END_TEST
+
 START_TEST(parted_tokens_are_reported)
 {
     synth_spec s;
@@ -365,6 +397,7 @@ int main(void)
     tcase_add_test(tc, no_common_positions_exit_2);
     tcase_add_test(tc, subset_positions_compared_where_both_store);
     tcase_add_test(tc, finite_score_past_the_narrower_row_is_reported);
+    tcase_add_test(tc, long_dataset_names);
     tcase_add_test(tc, parted_tokens_are_reported);
     tcase_add_test(tc, help_and_bad_usage);
     suite_add_tcase(s, tc);

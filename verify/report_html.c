@@ -467,7 +467,7 @@ static void table_layers(FILE *f, const dsv4_verify_result *r)
                 fprintf(f, "<td>.</td>");
                 continue;
             }
-            char title[160], tb[32];
+            char title[DSV4_VERIFY_NAME_MAX + 64], tb[32];
             snprintf(title, sizeof title, "%s: %s (tolerance %s)", r->probes[c.probe].dataset,
                      dsv4_verify_metric_name(c.metric), dsv4_verify_fmt(c.metric, c.tol, tb, sizeof tb));
             td_value(f, c.metric, c.value, c.failed, title);

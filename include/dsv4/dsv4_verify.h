@@ -86,6 +86,10 @@ typedef struct dsv4_verify_gate {
 #define DSV4_VERIFY_MAX_GATES 8
 
 /* One compared row: a position of a per-position probe, or an entry of a per-entry probe. */
+/* Bytes of a dataset name the verifier holds, the terminating 0 included: a dataset with a longer name (another
+ * tool's extra probe, say) is a structure failure "name too long", not compared. */
+#define DSV4_VERIFY_NAME_MAX 256
+
 typedef struct dsv4_verify_row {
     int position; /* the position (per-entry: the position closing the entry; -1 unknown ratio) */
     int entry;    /* per-entry row index, else -1 */
@@ -100,8 +104,8 @@ typedef struct dsv4_verify_row {
 } dsv4_verify_row;
 
 typedef struct dsv4_verify_probe {
-    char dataset[96]; /* "layers/3/attn_out", "final/logits" */
-    char probe[48];   /* "attn_out", "logits" */
+    char dataset[DSV4_VERIFY_NAME_MAX]; /* "layers/3/attn_out", "final/logits"; longer names are not compared */
+    char probe[DSV4_VERIFY_NAME_MAX];   /* "attn_out", "logits" */
     int layer;        /* decoder layer, or -1 for final/ */
     int order;        /* rank inside its layer in model order (docs/verify.md) */
     dsv4_verify_kind kind;
@@ -133,7 +137,7 @@ typedef struct dsv4_verify_divergence {
     int layer;        /* decoder layer, -1 final/ or tokens */
     int entry;        /* per-entry row, else -1 */
     int probe_index;  /* into result->probes, -1 for the token stream */
-    char dataset[96]; /* "layers/3/attn_out", or "tokens" */
+    char dataset[DSV4_VERIFY_NAME_MAX]; /* "layers/3/attn_out", or "tokens" */
     dsv4_verify_metric metric;
     double value, tolerance;
     char detail[320]; /* e.g. "max |d| 1.2e-02 at [2,311]" */
@@ -147,7 +151,7 @@ typedef struct dsv4_verify_tie {
     int found;
     int position, layer;
     int probe_index;  /* into result->probes, -1 when given and the files lack that dataset */
-    char dataset[96]; /* "layers/1/topk_idx" */
+    char dataset[DSV4_VERIFY_NAME_MAX]; /* "layers/1/topk_idx" */
     int accepted;     /* tie-accepted picks in that row (0 when given) */
     int given;        /* 1: from dsv4_verify_options.tie_at_* (established by another comparison), not seen here */
 } dsv4_verify_tie;
