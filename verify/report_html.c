@@ -233,6 +233,13 @@ static void plot_topk(FILE *f, const dsv4_verify_result *r)
     double bw = pl.w / n * 0.6;
     for (int i = 0; i < n; i++) {
         double x = px(&pl, i), top = py(&pl, s[i].recall_mean), base = py(&pl, pl.ymin);
+        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"10\" text-anchor=\"middle\">L%d</text>\n", x,
+                pl.y0 + pl.h + 13, s[i].layer);
+        if (isnan(s[i].recall_mean)) { /* no row had a recall (a structure failure): no bar, the table says why */
+            fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"9\" text-anchor=\"middle\">not compared</text>\n",
+                    x, pl.y0 + 12);
+            continue;
+        }
         fprintf(f,
                 "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"%s\"><title>layer %d: recall mean "
                 "%.4f min %.4f</title></rect>\n",
@@ -241,8 +248,6 @@ static void plot_topk(FILE *f, const dsv4_verify_result *r)
         double ym = py(&pl, s[i].recall_min);
         fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#b00\" stroke-width=\"2\"/>\n",
                 x - bw / 2, ym, x + bw / 2, ym);
-        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"10\" text-anchor=\"middle\">L%d</text>\n", x,
-                pl.y0 + pl.h + 13, s[i].layer);
         fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"9\" text-anchor=\"middle\">%ld/%ld</text>\n", x, pl.y0 + 12,
                 s[i].strict, s[i].accepted);
     }
