@@ -17,14 +17,21 @@
  * - Bytes "that must move" count each weight the step reads once, the experts a batch touches (the expected
  *   number of distinct experts of C·k uniform picks), the gathered KV rows and the live indexer keys; FLOPs are
  *   2 per multiply-add. The floor is max(bytes / copy bandwidth, FLOPs / GEMM rate).
+ * - The arguments, and that --json can be written there, are checked in every build before any GPU work. The
+ *   results go to a registered temporary renamed into place (model/tempfile.c); a results file that could not
+ *   be written makes the exit status 2 (the bench's numbers are lost), whatever the runs did.
  */
 #define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "bench_model.h"
 #include "commands.h"
@@ -65,26 +72,12 @@ static void bench_usage(FILE *f)
             "                      the kernel timings are rank 0's. With N > 1 (or --nccl-time) every context adds\n"
             "                      --reps eager steps timed with CUDA events around each all-reduce\n"
             "  --nccl-time         the collective timing at N = 1 too\n\n"
-            "Progress goes to stderr, the tables to stdout. Exit status: 0 ok, 1 a run failed, 2 bad usage.\n");
+            "Progress goes to stderr, the tables to stdout. Exit status: 0 ok, 1 a run failed, 2 bad usage or the\n"
+            "--json file could not be written (checked before the GPU work, and at the end).\n");
 }
 
-#ifndef DSV4_HAVE_CUDA
-int dsv4_cmd_bench(int argc, char **argv)
-{
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            bench_usage(stdout);
-            return 0;
-        }
-    fprintf(stderr, "dsv4 bench: this build has no CUDA (configure with a CUDA compiler)\n");
-    return 2;
-}
-#else
-
-#include <cublas_v2.h>
-#include <cuda_runtime_api.h>
-#include <jansson.h>
-
+/* ------------------------------------------------------------------------------------ arguments */
+/* Parsed and checked in every build, before any GPU work (a CPU-only build then says it has no CUDA). */
 enum { MAX_LIST = 16, N_VARIANTS = 6, MAX_KT = 16 };
 static const char *const variant_names[N_VARIANTS] = {"all-on", "attn", "indexer", "mhc", "index-context",
                                                        "all-naive"};
@@ -107,46 +100,62 @@ typedef struct bench_args {
     int nccl_time; /* time the collectives at N = 1 too */
 } bench_args;
 
-static double now_s(void)
+static int is_digit(char c) { return c >= '0' && c <= '9'; }
+
+/* An option's integer: decimal digits only (no sign, no blanks, not empty) in [lo, hi]; the message says "want
+ * <alt>an integer ..." (alt: the other values the option takes, or ""). */
+static int parse_int(const char *k, const char *v, long lo, long hi, const char *alt, int *out)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+    char *end = NULL;
+    errno = 0;
+    long n = is_digit(v[0]) ? strtol(v, &end, 10) : -1;
+    if (n < lo || n > hi || errno || *end) {
+        fprintf(stderr, "dsv4 bench: %s '%s': want %san integer in [%ld, %ld]\n", k, v, alt, lo, hi);
+        return -1;
+    }
+    *out = (int)n;
+    return 0;
 }
 
-static double t_start;
-static void progress(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void progress(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "[bench %6.1fs] ", now_s() - t_start);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-}
-
+/* A comma list of integers in [1, 2^20], each optionally with a K (x1024) suffix, checked after the suffix. */
 static int parse_list(const char *s, int *out, int *n, const char *what)
 {
     *n = 0;
-    const char *p = s;
-    while (*p) {
-        char *end;
-        long v = strtol(p, &end, 10);
-        if (end == p || v < 1 || v > (1L << 20) || *n == MAX_LIST) {
-            fprintf(stderr, "dsv4 bench: %s '%s': want a comma list of at most %d integers in [1, 2^20]\n", what, s,
-                    MAX_LIST);
+    for (const char *p = s;;) {
+        char *end = NULL;
+        errno = 0;
+        long v = is_digit(*p) ? strtol(p, &end, 10) : -1;
+        if (v >= 0 && (*end == 'K' || *end == 'k')) v = v > (1L << 10) ? -1 : v * 1024, end++;
+        if (v < 1 || v > (1L << 20) || errno || *n == MAX_LIST || (*end && *end != ',') ||
+            (*end == ',' && !end[1])) {
+            fprintf(stderr, "dsv4 bench: %s '%s': want a comma list of at most %d integers in [1, 2^20] (K = x1024)\n",
+                    what, s, MAX_LIST);
             return -1;
         }
-        if (*end == 'K' || *end == 'k') v *= 1024, end++;
         out[(*n)++] = (int)v;
-        p = *end == ',' ? end + 1 : end;
-        if (*end && *end != ',') {
-            fprintf(stderr, "dsv4 bench: %s '%s': unexpected '%c'\n", what, s, *end);
+        if (!*end) return 0;
+        p = end + 1;
+    }
+}
+
+/* --variants: a comma list of variant names, no empty item. */
+static int parse_variants(const char *s, bench_args *a)
+{
+    a->n_variant = 0;
+    for (const char *p = s;;) {
+        size_t len = strcspn(p, ",");
+        int found = -1;
+        for (int j = 0; j < N_VARIANTS; j++)
+            if (strlen(variant_names[j]) == len && !strncmp(p, variant_names[j], len)) found = j;
+        if (found < 0 || a->n_variant == N_VARIANTS) {
+            fprintf(stderr, "dsv4 bench: --variants '%s': want a comma list of all-on, attn, indexer, mhc, "
+                            "index-context, all-naive\n", s);
             return -1;
         }
+        a->variant[a->n_variant++] = found;
+        if (!p[len]) return 0;
+        p += len + 1;
     }
-    return *n ? 0 : -1;
 }
 
 static int parse_args(int argc, char **argv, bench_args *a)
@@ -177,55 +186,43 @@ static int parse_args(int argc, char **argv, bench_args *a)
             fprintf(stderr, "dsv4 bench: %s needs a value\n", k);
             return -1;
         } else if (!strcmp(k, "--layers")) {
-            a->layers = strcmp(v, "auto") ? atoi(v) : 0;
-            if (strcmp(v, "auto") && (a->layers < 1 || a->layers > DSV4_MAX_LAYERS)) {
-                fprintf(stderr, "dsv4 bench: --layers '%s': want auto or 1..%d\n", v, DSV4_MAX_LAYERS);
-                return -1;
-            }
+            a->layers = 0;
+            if (strcmp(v, "auto") && parse_int(k, v, 1, DSV4_MAX_LAYERS, "auto or ", &a->layers)) return -1;
         } else if (!strcmp(k, "--batch")) {
             if (parse_list(v, a->batch, &a->n_batch, "--batch")) return -1;
         } else if (!strcmp(k, "--context")) {
             if (parse_list(v, a->ctx, &a->n_ctx, "--context")) return -1;
         } else if (!strcmp(k, "--max-context")) {
             int n = 0, t[MAX_LIST];
-            if (parse_list(v, t, &n, "--max-context") || n != 1) return -1;
+            if (parse_list(v, t, &n, "--max-context")) return -1;
+            if (n != 1) {
+                fprintf(stderr, "dsv4 bench: --max-context '%s': want one integer\n", v);
+                return -1;
+            }
             a->max_context = t[0];
         } else if (!strcmp(k, "--variants")) {
-            a->n_variant = 0;
-            char buf[256];
-            snprintf(buf, sizeof buf, "%s", v);
-            for (char *s = strtok(buf, ","); s; s = strtok(NULL, ",")) {
-                int found = -1;
-                for (int j = 0; j < N_VARIANTS; j++)
-                    if (!strcmp(s, variant_names[j])) found = j;
-                if (found < 0 || a->n_variant == N_VARIANTS) {
-                    fprintf(stderr, "dsv4 bench: --variants: '%s' is none of all-on, attn, indexer, mhc, "
-                                    "index-context, all-naive\n", s);
-                    return -1;
-                }
-                a->variant[a->n_variant++] = found;
-            }
+            if (parse_variants(v, a)) return -1;
         } else if (!strcmp(k, "--warmup")) {
-            a->warmup = atoi(v);
+            if (parse_int(k, v, 1, 127, "", &a->warmup)) return -1;
         } else if (!strcmp(k, "--reps")) {
-            a->reps = atoi(v);
+            if (parse_int(k, v, 1, 127, "", &a->reps)) return -1;
         } else if (!strcmp(k, "--kernel-reps")) {
-            a->kernel_reps = atoi(v);
+            if (parse_int(k, v, 0, 1 << 20, "", &a->kernel_reps)) return -1;
         } else if (!strcmp(k, "--scaling")) {
             if (!strcmp(v, "none")) a->n_scaling = 0;
             else if (parse_list(v, a->scaling, &a->n_scaling, "--scaling")) return -1;
         } else if (!strcmp(k, "--scaling-batch")) {
             if (parse_list(v, a->sbatch, &a->n_sbatch, "--scaling-batch")) return -1;
         } else if (!strcmp(k, "--seed")) {
-            a->seed = strtoull(v, NULL, 10);
-        } else if (!strcmp(k, "--gpus")) {
-            char *end;
-            long n = strtol(v, &end, 10);
-            if (*end || n < 1 || n > 64) {
-                fprintf(stderr, "dsv4 bench: --gpus '%s': want a count 1..64\n", v);
+            char *end = NULL;
+            errno = 0;
+            a->seed = is_digit(v[0]) ? strtoull(v, &end, 10) : 0;
+            if (!end || *end || errno) { /* strtoull would take "-1" as 2^64 - 1 */
+                fprintf(stderr, "dsv4 bench: --seed '%s': want an integer in [0, 2^64)\n", v);
                 return -1;
             }
-            a->gpus = (int)n;
+        } else if (!strcmp(k, "--gpus")) {
+            if (parse_int(k, v, 1, 64, "", &a->gpus)) return -1;
         } else if (!strcmp(k, "--json")) {
             a->json = v;
         } else if (!strcmp(k, "--kv")) {
@@ -258,8 +255,8 @@ static int parse_args(int argc, char **argv, bench_args *a)
         fprintf(stderr, "dsv4 bench: --nccl-time needs --gpus N\n");
         return -1;
     }
-    if (a->warmup < 1 || a->reps < 1 || a->warmup + a->reps > 128 || a->kernel_reps < 0) {
-        fprintf(stderr, "dsv4 bench: want --warmup >= 1, --reps >= 1, warmup + reps <= 128, --kernel-reps >= 0\n");
+    if (a->warmup + a->reps > 128) {
+        fprintf(stderr, "dsv4 bench: --warmup %d + --reps %d: want at most 128 steps\n", a->warmup, a->reps);
         return -1;
     }
     for (int i = 0; i < a->n_ctx; i++)
@@ -269,6 +266,76 @@ static int parse_args(int argc, char **argv, bench_args *a)
             return -1;
         }
     return 0;
+}
+
+/* ------------------------------------------------------------------------------------ the results file */
+/* --json is written as docs/robustness.md says: to "<path>.tmp.<pid>", registered with model/tempfile.c (a signal
+ * removes it), renamed into place when complete, removed when the write or the rename fails. */
+static int results_tmp_name(const char *path, char *tmp, size_t size)
+{
+    if ((size_t)snprintf(tmp, size, "%s.tmp.%ld", path, (long)getpid()) >= size)
+        return dsv4_error(DSV4_ERR_USAGE, "%s: cannot write the results: the name is too long", path);
+    return 0;
+}
+
+/* Before any GPU work: can the results be written there? Creates and removes the temporary; refuses a final name
+ * that is a directory or another non-file (the rename would fail after the whole run). */
+static int results_check(const char *path)
+{
+    char tmp[4200];
+    struct stat st;
+    if (!path) return 0;
+    if (!stat(path, &st) && !S_ISREG(st.st_mode))
+        return dsv4_error(DSV4_ERR_USAGE, "%s: cannot write the results: it is not a regular file", path);
+    int rc = results_tmp_name(path, tmp, sizeof tmp);
+    if (rc) return rc;
+    int slot = dsv4_tempfile_register(tmp);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) {
+        rc = dsv4_error(DSV4_ERR_IO, "%s: cannot write the results: %s", path, strerror(errno));
+    } else {
+        close(fd);
+        unlink(tmp);
+    }
+    dsv4_tempfile_unregister(slot);
+    return rc;
+}
+
+#ifndef DSV4_HAVE_CUDA
+int dsv4_cmd_bench(int argc, char **argv)
+{
+    bench_args a;
+    if (parse_args(argc, argv, &a)) return 2;
+    if (results_check(a.json)) {
+        fprintf(stderr, "dsv4 bench: %s\n", dsv4_last_error());
+        return 2;
+    }
+    fprintf(stderr, "dsv4 bench: this build has no CUDA (configure with a CUDA compiler)\n");
+    return 2;
+}
+#else
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <jansson.h>
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static double t_start;
+static void progress(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void progress(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "[bench %6.1fs] ", now_s() - t_start);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
 }
 
 static const char *gib(double b, char *buf) { return dsv4_mem_format(b, buf, 32); }
@@ -422,14 +489,21 @@ static json_t *kernels_json(const dsv4_opt_kernel_time *kt, int nk, const ceilin
 }
 
 /* ------------------------------------------------------------------------------------ the command */
+/* The results file, as results_check's comment says; nothing is left behind when it fails. */
 static int write_json(const char *path, json_t *root)
 {
+    char tmp[4200];
     if (!path) return 0;
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    if (json_dump_file(root, tmp, JSON_INDENT(1) | JSON_REAL_PRECISION(6)) || rename(tmp, path))
-        return dsv4_error(DSV4_ERR_IO, "%s: cannot write the results", path);
-    return 0;
+    int rc = results_tmp_name(path, tmp, sizeof tmp);
+    if (rc) return rc;
+    int slot = dsv4_tempfile_register(tmp); /* before the file exists: a signal while writing removes it */
+    if (json_dump_file(root, tmp, JSON_INDENT(1) | JSON_REAL_PRECISION(6)))
+        rc = dsv4_error(DSV4_ERR_IO, "%s: cannot write the results (the temporary %s)", path, tmp);
+    else if (rename(tmp, path))
+        rc = dsv4_error(DSV4_ERR_IO, "%s: cannot write the results: rename: %s", path, strerror(errno));
+    if (rc) unlink(tmp);
+    dsv4_tempfile_unregister(slot);
+    return rc;
 }
 
 static void print_tables(json_t *root);
@@ -449,6 +523,10 @@ int dsv4_cmd_bench(int argc, char **argv)
 {
     bench_args a;
     if (parse_args(argc, argv, &a)) return 2;
+    if (results_check(a.json)) {
+        fprintf(stderr, "dsv4 bench: %s\n", dsv4_last_error());
+        return 2;
+    }
     t_start = now_s();
     int rc = 0, dev = 0, drv = 0, rt = 0;
     struct cudaDeviceProp prop;
@@ -708,10 +786,11 @@ int dsv4_cmd_bench(int argc, char **argv)
         json_object_set_new(root, "complete", json_boolean(1));
     }
     json_object_set_new(root, "elapsed_s", json_real(now_s() - t_start));
-    if (write_json(a.json, root)) fprintf(stderr, "dsv4 bench: %s\n", dsv4_last_error());
+    const int json_rc = write_json(a.json, root);
+    if (json_rc) fprintf(stderr, "dsv4 bench: %s\n", dsv4_last_error());
     print_tables(root);
     json_decref(root);
-    return rc ? 1 : 0;
+    return json_rc ? 2 : rc ? 1 : 0; /* the results file not written: 2, as for any output that could not be */
 }
 
 /* ------------------------------------------------------------------------------------ tables */

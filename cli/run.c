@@ -10,6 +10,8 @@
  * run a batch of C copies of the sequence, copy c starting c steps later, dumping the copy --dump-seq, and can
  * follow a reference dump's discrete choices (--follow: topk_idx / router_ids; dsv4_opt.h "Decision following").
  * The CPU reference can follow too, and round where the optimized path holds bf16 (--emulate bf16).
+ * An option of one path given with another (--kv with ref-cpu, --emulate with opt), a number that is empty or
+ * has trailing junk, and --decode-from past the prompt are usage errors (exit 2), never ignored or clamped.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
@@ -46,7 +48,7 @@ static void run_usage(FILE *f)
             "  --greedy               feed each step the argmax of the previous logits (ties: lowest id)\n"
             "  --forced               feed the dump's own tokens (default for a forced dump)\n"
             "  --decode-from K        prefill positions 0..K-1, then one-token decode steps from K\n"
-            "                         (default: the prompt length; 0 = the whole prompt token by token)\n"
+            "                         (0..the prompt length, the default; 0 = the whole prompt token by token)\n"
             "  --dump-positions L     positions to store: comma list of ids, ranges and the words 'all' and\n"
             "                         'decode' (the last prompt position and every decode position), e.g.\n"
             "                         0,3,10-20,decode;\n"
@@ -67,7 +69,8 @@ static void run_usage(FILE *f)
             "                         residual streams, GEMM inputs, caches, attention P and outputs; docs/verify.md\n"
             "                         \"The bf16 emulation of the reference\"): an independent model of the bf16\n"
             "                         design's rounding error. Default none (the plain fp32 reference)\n"
-            "opt only (first value = default; the second is the naive variant of design.md):\n"
+            "opt only (first value = default; the second is the naive variant of design.md; the references refuse\n"
+            "these, exit 2):\n"
             "  --attn, --indexer, --mhc, --index-context, --kv   the switches, e.g. --mhc roundtrip\n"
             "  --max-context N        positions the caches are allocated for (default: the run's tokens)\n"
             "  --batch C              decode C copies together, copy c starting c steps later (default 1)\n"
@@ -144,6 +147,7 @@ static int parse_positions(const char *spec, int T, int P, int32_t **out, int *n
     char *mark = calloc((size_t)T + 1, 1);
     if (!mark) return dsv4_error(DSV4_ERR_NOMEM, "out of memory");
     const char *s = spec;
+    if (!*s) goto bad; /* no item: not a dump of zero positions */
     while (*s) {
         const char *comma = strchr(s, ',');
         size_t len = comma ? (size_t)(comma - s) : strlen(s);
@@ -169,7 +173,7 @@ static int parse_positions(const char *spec, int T, int P, int32_t **out, int *n
             for (long p = a; p <= b; p++) mark[p] = 1;
         }
         s += len;
-        if (*s == ',') s++;
+        if (*s == ',' && !*++s) goto bad; /* a trailing comma: an empty item */
     }
     int cnt = 0;
     for (int p = 0; p < T; p++) cnt += mark[p];
@@ -224,7 +228,23 @@ typedef struct run_args {
     dsv4_opt_options opt; /* --path opt */
     dsv4_ref_options ref; /* --path ref-cpu */
     int max_context;      /* 0: the run's length */
+    const char *opt_only; /* the first option given that only --path opt takes, or NULL */
 } run_args;
+
+/* A count option's value: decimal digits only (no sign, no blanks, not empty) in [lo, hi]. */
+static int parse_count(const char *o, const char *v, long lo, long hi, int *out)
+{
+    if (!v) return dsv4_error(DSV4_ERR_USAGE, "%s needs a value", o);
+    if (v[0] < '0' || v[0] > '9') goto bad;
+    char *end;
+    errno = 0;
+    long n = strtol(v, &end, 10);
+    if (*end || errno || n < lo || n > hi) goto bad;
+    *out = (int)n;
+    return 0;
+bad:
+    return dsv4_error(DSV4_ERR_USAGE, "%s: '%s' is not a count in [%ld, %ld]", o, v, lo, hi);
+}
 
 static int parse_args(int argc, char **argv, run_args *a)
 {
@@ -266,36 +286,30 @@ static int parse_args(int argc, char **argv, run_args *a)
             if (!v) return dsv4_error(DSV4_ERR_USAGE, "%s needs a value", o);
             int rc = dsv4_opt_options_set(&a->opt, o + 2, v);
             if (rc) return rc;
+            if (!a->opt_only) a->opt_only = o;
             i++;
         } else if (!strcmp(o, "--graph")) {
             if (!v || (strcmp(v, "on") && strcmp(v, "off")))
                 return dsv4_error(DSV4_ERR_USAGE, "--graph: want on or off");
             a->opt.cuda_graph = !strcmp(v, "on");
+            if (!a->opt_only) a->opt_only = o;
             i++;
         } else if (!strcmp(o, "--gpus")) {
-            char *end;
-            long n = v ? strtol(v, &end, 10) : 0;
-            if (!v || *end || n < 1 || n > 64) return dsv4_error(DSV4_ERR_USAGE, "--gpus: want a count 1..64");
-            a->opt.n_gpus = (int)n;
+            int rc = parse_count(o, v, 1, 64, &a->opt.n_gpus);
+            if (rc) return rc;
             i++;
         } else if (!strcmp(o, "--max-context") || !strcmp(o, "--batch") || !strcmp(o, "--dump-seq")) {
-            char *end;
-            if (!v) return dsv4_error(DSV4_ERR_USAGE, "%s needs a value", o);
-            long n = strtol(v, &end, 10);
-            if (*end || n < 0 || n > (1 << 20)) return dsv4_error(DSV4_ERR_USAGE, "%s: '%s' is not a count", o, v);
-            if (!strcmp(o, "--max-context")) a->max_context = (int)n;
-            else if (!strcmp(o, "--batch")) a->opt.n_seq = (int)n;
-            else a->opt.dump_seq = (int)n;
+            const int seq = !strcmp(o, "--dump-seq");
+            int n, rc = parse_count(o, v, seq ? 0 : 1, 1 << 20, &n);
+            if (rc) return rc;
+            if (!strcmp(o, "--max-context")) a->max_context = n;
+            else if (!strcmp(o, "--batch")) a->opt.n_seq = n;
+            else a->opt.dump_seq = n;
+            if (!a->opt_only) a->opt_only = o;
             i++;
-        }
-        else if (!strcmp(o, "--decode") || !strcmp(o, "--decode-from")) {
-            char *end;
-            if (!v) return dsv4_error(DSV4_ERR_USAGE, "%s needs a value", o);
-            long n = strtol(v, &end, 10);
-            if (*end || n < 0 || n > 100000000)
-                return dsv4_error(DSV4_ERR_USAGE, "%s: '%s' is not a count", o, v);
-            if (!strcmp(o, "--decode")) a->decode = (int)n;
-            else a->decode_from = (int)n;
+        } else if (!strcmp(o, "--decode") || !strcmp(o, "--decode-from")) {
+            int rc = parse_count(o, v, 0, 100000000, !strcmp(o, "--decode") ? &a->decode : &a->decode_from);
+            if (rc) return rc;
             i++;
         } else return dsv4_error(DSV4_ERR_USAGE, "unknown option '%s' (see dsv4 run --help)", o);
 #undef TAKE
@@ -306,6 +320,8 @@ static int parse_args(int argc, char **argv, run_args *a)
     if (a->greedy && a->forced) return dsv4_error(DSV4_ERR_USAGE, "--greedy and --forced exclude each other");
     if (strcmp(a->path, "ref-cpu") && strcmp(a->path, "ref-gpu") && strcmp(a->path, "opt"))
         return dsv4_error(DSV4_ERR_USAGE, "--path '%s': want ref-cpu, ref-gpu or opt", a->path);
+    if (a->opt_only && strcmp(a->path, "opt"))
+        return dsv4_error(DSV4_ERR_USAGE, "%s is an option of --path opt (not of %s)", a->opt_only, a->path);
     if (a->opt.n_gpus > 0 && strcmp(a->path, "opt"))
         return dsv4_error(DSV4_ERR_USAGE, "--gpus is for --path opt (the references run on one device)");
     if (a->follow && strcmp(a->path, "opt") && strcmp(a->path, "ref-cpu"))
@@ -483,10 +499,24 @@ int dsv4_cmd_run(int argc, char **argv)
         fprintf(stderr, "dsv4 run: %s\n", dsv4_last_error());
         return exit_code(rc);
     }
+    if (a.decode_from > pl.P) { /* decode positions are not prefilled (a greedy one's token is not known yet) */
+        rc = dsv4_error(DSV4_ERR_USAGE, "--decode-from %d: past the prompt of %d tokens (want 0..%d)",
+                        a.decode_from, pl.P, pl.P);
+        goto out;
+    }
     int K = a.decode_from >= 0 ? a.decode_from : pl.P;
-    if (K > pl.P) K = pl.P;
     const int use_opt = !strcmp(a.path, "opt");
     if (use_opt) K = 0; /* the optimized path feeds the prompt as one-token steps */
+
+    /* the positions before the model: a bad list is a usage error before any loading */
+    if (a.positions) rc = parse_positions(a.positions, pl.T, pl.P, &positions, &n_pos);
+    else if (pl.gold_pos) {
+        positions = malloc(((size_t)pl.n_gold_pos + 1) * sizeof *positions);
+        if (!positions) rc = dsv4_error(DSV4_ERR_NOMEM, "out of memory");
+        for (int i = 0; positions && i < pl.n_gold_pos; i++)
+            if (pl.gold_pos[i] < pl.T) positions[n_pos++] = pl.gold_pos[i];
+    } else rc = parse_positions("all", pl.T, pl.P, &positions, &n_pos);
+    if (rc) goto out;
 
     if ((rc = dsv4_model_open(a.model, &m))) goto out;
     const dsv4_config *cfg = dsv4_model_config(m);
@@ -515,15 +545,6 @@ int dsv4_cmd_run(int argc, char **argv)
         printf(" bytes; rest (embed, head, ...) %zu bytes\n", dsv4_opt_layer_weight_bytes(op, -1));
         if (a.opt.n_gpus > 0) printf("dsv4 run: opt memory above is rank 0's shard of %d ranks\n", a.opt.n_gpus);
     }
-
-    if (a.positions) rc = parse_positions(a.positions, pl.T, pl.P, &positions, &n_pos);
-    else if (pl.gold_pos) {
-        positions = malloc(((size_t)pl.n_gold_pos + 1) * sizeof *positions);
-        if (!positions) rc = dsv4_error(DSV4_ERR_NOMEM, "out of memory");
-        for (int i = 0; positions && i < pl.n_gold_pos; i++)
-            if (pl.gold_pos[i] < pl.T) positions[n_pos++] = pl.gold_pos[i];
-    } else rc = parse_positions("all", pl.T, pl.P, &positions, &n_pos);
-    if (rc) goto out;
 
     if (a.dump) {
         char digest[65];

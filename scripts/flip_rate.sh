@@ -80,6 +80,8 @@ fi
 for v in "$n" "$len" "$prefill" "$jobs"; do
     [[ "$v" =~ ^[0-9]+$ ]] && [ "$v" -gt 0 ] || { echo "flip_rate.sh: '$v' must be a positive integer" >&2; exit 2; }
 done
+# dsv4 run refuses --decode-from past the prompt (it was clamped to the prompt length)
+[ "$prefill" -le "$len" ] || { echo "flip_rate.sh: --prefill $prefill: past --len $len" >&2; exit 2; }
 vocab=$(sed -n 's/.*"vocab_size": *\([0-9]*\).*/\1/p' "$model/config.json" | head -n 1)
 [ -n "$vocab" ] || { echo "flip_rate.sh: $model/config.json: no vocab_size" >&2; exit 2; }
 keep=1

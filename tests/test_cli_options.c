@@ -1,0 +1,208 @@
+/* test_cli_options.c - the option checks of `dsv4 run` and `dsv4 bench` (cli/run.c, cli/bench.c), on the CPU.
+ *
+ * Every bad option is a usage error (exit 2) whose message names the option and its value, before any model is
+ * loaded or any GPU is touched, so these run in a CPU-only build and in a CUDA build alike:
+ * - run: the optimized path's options (--attn ... --dump-seq) given with --path ref-cpu / ref-gpu, which would be
+ *   ignored there; an empty number (--decode "" once ran as 0 decode steps); an empty or trailing-comma
+ *   --dump-positions (once a dump of no positions); --decode-from past the prompt (once clamped silently).
+ * - bench: numbers with trailing junk or none at all (atoi took "5abc" as 5 and "abc" as 0), a negative --seed
+ *   (strtoull wrapped it), a K suffix that takes a list value past 2^20 (checked before the suffix), a trailing
+ *   comma; a --json that cannot be written (a missing folder, a directory) is refused up front, leaving nothing.
+ * The bench cases that must parse end on a bad --context (checked last, before the GPU), so that a build with a
+ * GPU never starts a benchmark here.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "dsv4_test.h"
+
+/* `dsv4 ARGS`: exit status want, output holding each of needles and none of absent (NULL-terminated lists). */
+static void expect_cli(int want, const char *args, const char *const *needles, const char *const *absent)
+{
+    char cmd[8192], *out = NULL;
+    snprintf(cmd, sizeof cmd, "%s %s 2>&1", dsv4_test_bin(), args);
+    int st = dsv4_test_run(cmd, &out);
+    printf("$ %s -> %d\n%s", cmd, st, out ? out : "");
+    ck_assert_msg(st == want, "%s: exit %d, want %d\n%s", cmd, st, want, out ? out : "");
+    for (int i = 0; needles && needles[i]; i++)
+        ck_assert_msg(out && strstr(out, needles[i]), "%s: output lacks '%s'\n%s", cmd, needles[i], out ? out : "");
+    for (int i = 0; absent && absent[i]; i++)
+        ck_assert_msg(!out || !strstr(out, absent[i]), "%s: output has '%s'\n%s", cmd, absent[i], out ? out : "");
+    free(out);
+}
+
+#define NEED(...) ((const char *const[]){__VA_ARGS__, NULL})
+
+/* A folder holding t.txt, a prompt of 3 token ids; *prefix receives "run --model golden/tiny --prompt-tokens
+ * DIR/t.txt" (static). */
+static char *prompt_dir(const char **prefix)
+{
+    static char buf[8400];
+    char *dir = dsv4_test_mkdtemp("cli-options");
+    char path[4200];
+    snprintf(path, sizeof path, "%s/t.txt", dir);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("5 6 7\n", f);
+    fclose(f);
+    snprintf(buf, sizeof buf, "run --model %sgolden/tiny --prompt-tokens %s", dsv4_test_source_path(""), path);
+    *prefix = buf;
+    return dir;
+}
+
+/* The number of entries of dir other than . and .. */
+static int count_entries(const char *dir)
+{
+    DIR *d = opendir(dir);
+    ck_assert_ptr_nonnull(d);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));) n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+    closedir(d);
+    return n;
+}
+
+/* ------------------------------------------------------------------------------------ dsv4 run */
+START_TEST(run_refuses_opt_options_on_ref_paths)
+{
+    const char *pre;
+    char *dir = prompt_dir(&pre);
+    static const char *const opts[][2] = {
+        {"--attn", "simt"},      {"--indexer", "fp32"}, {"--mhc", "roundtrip"}, {"--index-context", "max"},
+        {"--kv", "fp8"},         {"--weights", "fp8"},  {"--quantize", "fp8"},  {"--graph", "off"},
+        {"--max-context", "64"}, {"--batch", "3"},      {"--dump-seq", "0"},
+    };
+    static const char *const paths[] = {"ref-cpu", "ref-gpu"};
+    char args[8192], opt_msg[128], not_msg[64];
+    for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++)
+        for (int p = 0; p < 2; p++) {
+            snprintf(args, sizeof args, "%s --path %s %s %s", pre, paths[p], opts[i][0], opts[i][1]);
+            snprintf(opt_msg, sizeof opt_msg, "%s is an option of --path opt", opts[i][0]);
+            snprintf(not_msg, sizeof not_msg, "(not of %s)", paths[p]);
+            expect_cli(2, args, NEED(opt_msg, not_msg), NULL);
+        }
+    /* the default path is ref-cpu: the same without --path */
+    snprintf(args, sizeof args, "%s --batch 3 --kv fp8", pre);
+    expect_cli(2, args, NEED("--batch is an option of --path opt", "(not of ref-cpu)"), NULL);
+    /* with --path opt they are taken (a CPU-only build then says it has no CUDA, a GPU one fails on --dump-seq) */
+    snprintf(args, sizeof args, "%s --path opt --kv fp8 --batch 2 --dump-seq 2", pre);
+    expect_cli(2, args, NEED("--dump-seq 2"), NEED("is an option of"));
+    /* what the CPU reference does take still runs */
+    snprintf(args, sizeof args, "%s --path ref-cpu --emulate bf16 --decode 1 --decode-from 1 --dump-positions all",
+             pre);
+    expect_cli(0, args, NEED("tokens after the prompt"), NULL);
+    dsv4_test_rmtree(dir);
+}
+END_TEST
+
+START_TEST(run_refuses_empty_and_out_of_range_numbers)
+{
+    const char *pre;
+    char *dir = prompt_dir(&pre);
+    char args[8192];
+    static const char *const empty[] = {"--decode", "--decode-from", "--max-context", "--batch", "--dump-seq"};
+    for (size_t i = 0; i < sizeof empty / sizeof empty[0]; i++) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "%s: '' is not", empty[i]);
+        snprintf(args, sizeof args, "%s --path opt %s ''", pre, empty[i]);
+        expect_cli(2, args, NEED(msg), NULL);
+        snprintf(msg, sizeof msg, "%s: ' 4' is not", empty[i]);
+        snprintf(args, sizeof args, "%s --path opt %s ' 4'", pre, empty[i]);
+        expect_cli(2, args, NEED(msg), NULL);
+    }
+    snprintf(args, sizeof args, "%s --path opt --max-context 0", pre);
+    expect_cli(2, args, NEED("--max-context: '0'"), NULL);
+    snprintf(args, sizeof args, "%s --path opt --batch 0", pre);
+    expect_cli(2, args, NEED("--batch: '0'"), NULL);
+    snprintf(args, sizeof args, "%s --dump-positions ''", pre);
+    expect_cli(2, args, NEED("--dump-positions: cannot parse ''"), NULL);
+    snprintf(args, sizeof args, "%s --dump-positions 0,", pre);
+    expect_cli(2, args, NEED("--dump-positions: cannot parse '0,'"), NULL);
+    /* past the 3-token prompt: refused on every path (the optimized one included) */
+    snprintf(args, sizeof args, "%s --decode-from 99", pre);
+    expect_cli(2, args, NEED("--decode-from 99", "3 tokens"), NULL);
+    snprintf(args, sizeof args, "%s --path opt --decode-from 4", pre);
+    expect_cli(2, args, NEED("--decode-from 4", "3 tokens"), NULL);
+    /* the prompt length itself is the default, and allowed */
+    snprintf(args, sizeof args, "%s --decode-from 3 --decode 1", pre);
+    expect_cli(0, args, NEED("prefill 3"), NULL);
+    dsv4_test_rmtree(dir);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------------------ dsv4 bench */
+START_TEST(bench_refuses_bad_numbers)
+{
+    static const char *const bad[][2] = {
+        {"--reps 5abc", "--reps '5abc'"},
+        {"--warmup 2x", "--warmup '2x'"},
+        {"--warmup ''", "--warmup ''"},
+        {"--layers 3abc", "--layers '3abc'"},
+        {"--kernel-reps abc", "--kernel-reps 'abc'"},
+        {"--seed xyz", "--seed 'xyz'"},
+        {"--seed -1", "--seed '-1'"},
+        {"--seed ''", "--seed ''"},
+        {"--seed 99999999999999999999999", "--seed '99999999999999999999999'"},
+        {"--gpus 2x", "--gpus '2x'"},
+        {"--batch 2048K", "--batch '2048K'"},
+        {"--batch 1,", "--batch '1,'"},
+        {"--batch ''", "--batch ''"},
+        {"--batch ' 4'", "--batch ' 4'"},
+        {"--context 4096,,8192", "--context '4096,,8192'"},
+        {"--max-context 1,2", "--max-context '1,2'"},
+        {"--variants ''", "--variants ''"},
+        {"--variants all-on,", "--variants 'all-on,'"},
+    };
+    char args[512];
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(args, sizeof args, "bench %s", bad[i][0]);
+        expect_cli(2, args, NEED(bad[i][1]), NEED("no CUDA"));
+    }
+    /* good values parse: these end on the bad --context, checked last and before any GPU work */
+    static const char *const good[] = {"--reps 5",          "--kernel-reps 0", "--seed 18446744073709551615",
+                                       "--batch 1K,64",     "--layers 3",      "--layers auto",
+                                       "--max-context 64K", "--warmup 2"};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        snprintf(args, sizeof args, "bench %s --context 100", good[i]);
+        expect_cli(2, args, NEED("--context 100: want a multiple of 128"), NULL);
+    }
+}
+END_TEST
+
+START_TEST(bench_refuses_a_json_it_cannot_write)
+{
+    char *dir = dsv4_test_mkdtemp("cli-bench-json");
+    char args[8192], sub[4200];
+    snprintf(args, sizeof args, "bench --json %s/no/such/folder/b.json", dir);
+    expect_cli(2, args, NEED("/no/such/folder/b.json", "cannot write the results"), NEED("no CUDA"));
+    snprintf(sub, sizeof sub, "%s/adir", dir);
+    ck_assert_int_eq(mkdir(sub, 0755), 0);
+    snprintf(args, sizeof args, "bench --json %s", sub);
+    expect_cli(2, args, NEED("adir", "cannot write the results"), NEED("no CUDA"));
+    ck_assert_int_eq(count_entries(dir), 1); /* adir only: no temporary left beside it */
+    ck_assert_int_eq(count_entries(sub), 0);
+    /* a writable one passes the check (its temporary created and removed) and the run stops at the GPU: no
+     * device is visible (CUDA_VISIBLE_DEVICES=-1) or the build has no CUDA; nothing is left in the folder */
+    snprintf(args, sizeof args, "bench --json %s/ok.json", sub);
+    setenv("CUDA_VISIBLE_DEVICES", "-1", 1);
+    expect_cli(2, args, NEED("no CUDA"), NEED("cannot write"));
+    unsetenv("CUDA_VISIBLE_DEVICES");
+    ck_assert_int_eq(count_entries(sub), 0);
+    dsv4_test_rmtree(dir);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("cli_options");
+    TCase *tc = tcase_create("core");
+    tcase_add_test(tc, run_refuses_opt_options_on_ref_paths);
+    tcase_add_test(tc, run_refuses_empty_and_out_of_range_numbers);
+    tcase_add_test(tc, bench_refuses_bad_numbers);
+    tcase_add_test(tc, bench_refuses_a_json_it_cannot_write);
+    suite_add_tcase(s, tc);
+    return dsv4_test_main(s);
+}
