@@ -17,7 +17,9 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
+#include <float.h>
 #include <jansson.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -127,9 +129,20 @@ static int get_string(const cfg_ctx *c, json_t *obj, const char *key, const char
     return 0;
 }
 
-/* One rope dict (rope_parameters.main/compress, a flat rope_parameters, or rope_scaling); `d` may be NULL. */
-static int parse_rope(const cfg_ctx *c, json_t *d, const char *label, double theta_def, int64_t max_pos,
-                      dsv4_rope_params *r)
+/* A RoPE base b: the tables are b^(-2i/d) in fp32 (rope.c), which decay only for b > 1, and YaRN divides by ln b;
+ * b = 0 gives inf/NaN everywhere, and a b past FLT_MAX is undefined to convert to float. */
+static int check_theta(const cfg_ctx *c, const char *key, double v)
+{
+    if (v > 1.0 && v <= FLT_MAX) return 0;
+    return dsv4_error(DSV4_ERR_CONFIG, "%s: key \"%s\" = %g (a RoPE base must be a number > 1 and at most %g)",
+                      c->origin, key, v, (double)FLT_MAX);
+}
+
+/* One rope dict (rope_parameters.main/compress, a flat rope_parameters, or rope_scaling); `d` may be NULL.
+ * theta_def is the value of the top-level key theta_key, used (and checked under that name) when `d` has no
+ * rope_theta of its own. */
+static int parse_rope(const cfg_ctx *c, json_t *d, const char *label, double theta_def, const char *theta_key,
+                      int64_t max_pos, dsv4_rope_params *r)
 {
     char key[64];
     memset(r, 0, sizeof *r);
@@ -139,7 +152,7 @@ static int parse_rope(const cfg_ctx *c, json_t *d, const char *label, double the
     r->original_max_position_embeddings = max_pos;
     r->theta = theta_def;
     if (d && !json_is_object(d)) return wrong_type(c, label, "an object");
-    if (!d) return 0;
+    if (!d) return check_theta(c, theta_key, theta_def);
     const char *type = "default";
     json_t *jt = get(d, "rope_type");
     if (!jt) jt = get(d, "type");
@@ -164,9 +177,15 @@ static int parse_rope(const cfg_ctx *c, json_t *d, const char *label, double the
         dst = v_ ? json_number_value(v_) : (def);                                                                \
     } while (0)
     ROPE_NUM("rope_theta", r->theta, theta_def);
+    snprintf(key, sizeof key, "%s.rope_theta", label);
+    int rc = check_theta(c, get(d, "rope_theta") ? key : theta_key, r->theta);
+    if (rc) return rc;
     if (r->yarn) {
         double omp;
         ROPE_NUM("factor", r->factor, 1.0);
+        if (!(r->factor > 0 && r->factor <= FLT_MAX)) /* 1/(factor * b^e) in fp32: 0 divides, FLT_MAX+ is undefined */
+            return dsv4_error(DSV4_ERR_CONFIG, "%s: key \"%s.factor\" = %g (the YaRN factor must be a number > 0 and "
+                              "at most %g)", c->origin, label, r->factor, (double)FLT_MAX);
         ROPE_NUM("original_max_position_embeddings", omp, (double)max_pos);
         if (!(omp >= 0 && omp < 9e15)) /* a double out of int64's range would be undefined to convert */
             return dsv4_error(DSV4_ERR_CONFIG, "%s: key \"%s.original_max_position_embeddings\" = %g is out of range",
@@ -278,20 +297,21 @@ static int parse_ropes(const cfg_ctx *c, dsv4_config *cfg)
     if (rs && !json_is_object(rs)) return wrong_type(c, "rope_scaling", "an object");
     json_t *main = rp ? get(rp, "main") : NULL, *comp = rp ? get(rp, "compress") : NULL;
     if (json_is_object(main) && json_is_object(comp)) {
-        if ((rc = parse_rope(c, main, "rope_parameters.main", rope_theta, cfg->max_position_embeddings,
+        if ((rc = parse_rope(c, main, "rope_parameters.main", rope_theta, "rope_theta", cfg->max_position_embeddings,
                              &cfg->rope_main)))
             return rc;
-        return parse_rope(c, comp, "rope_parameters.compress", compress_theta, cfg->max_position_embeddings,
-                          &cfg->rope_compress);
+        return parse_rope(c, comp, "rope_parameters.compress", compress_theta, "compress_rope_theta",
+                          cfg->max_position_embeddings, &cfg->rope_compress);
     }
-    if ((rc = parse_rope(c, NULL, "rope_parameters.main", rope_theta, cfg->max_position_embeddings, &cfg->rope_main)))
+    if ((rc = parse_rope(c, NULL, "rope_parameters.main", rope_theta, "rope_theta", cfg->max_position_embeddings,
+                         &cfg->rope_main)))
         return rc;
     json_t *yarn = rp ? rp : rs;
-    if ((rc = parse_rope(c, yarn, rp ? "rope_parameters" : "rope_scaling", compress_theta,
+    if ((rc = parse_rope(c, yarn, rp ? "rope_parameters" : "rope_scaling", compress_theta, "compress_rope_theta",
                          cfg->max_position_embeddings, &cfg->rope_compress)))
         return rc;
     cfg->rope_compress.theta = compress_theta; /* the flat dict's own rope_theta is the main one */
-    return 0;
+    return check_theta(c, "compress_rope_theta", compress_theta);
 }
 
 static int parse_quant(const cfg_ctx *c, dsv4_config *cfg)
@@ -328,29 +348,36 @@ static int validate(const cfg_ctx *c, const dsv4_config *g)
     const char *o = c->origin;
     REQUIRE(g->num_hidden_layers >= 1 && g->num_hidden_layers <= DSV4_MAX_LAYERS,
             "%s: key \"num_hidden_layers\" = %d (must be 1..%d)", o, g->num_hidden_layers, DSV4_MAX_LAYERS);
+    /* counts and widths: > 0, and those that size a list or a tensor from the config alone capped (dsv4.h), so that
+     * a config cannot ask for 3 x 10^9 x L expected tensors; sliding_window and the compress rates size only the
+     * decode state, which is checked against the host's memory instead (memlimit.c) */
     const struct {
         const char *key;
-        int v;
-    } pos[] = {{"vocab_size", g->vocab_size},
-               {"hidden_size", g->hidden_size},
-               {"num_attention_heads", g->num_attention_heads},
-               {"head_dim", g->head_dim},
-               {"q_lora_rank", g->q_lora_rank},
-               {"o_groups", g->o_groups},
-               {"o_lora_rank", g->o_lora_rank},
-               {"sliding_window", g->sliding_window},
-               {"index_n_heads", g->index_n_heads},
-               {"index_head_dim", g->index_head_dim},
-               {"index_topk", g->index_topk},
-               {"n_routed_experts", g->n_routed_experts},
-               {"num_experts_per_tok", g->num_experts_per_tok},
-               {"moe_intermediate_size", g->moe_intermediate_size},
-               {"hc_mult", g->hc_mult},
-               {"compress_rates.compressed_sparse_attention", g->compress_rate_csa},
-               {"compress_rates.heavily_compressed_attention", g->compress_rate_hca}};
-    for (size_t i = 0; i < sizeof pos / sizeof pos[0]; i++)
+        int v, max;
+    } pos[] = {{"vocab_size", g->vocab_size, DSV4_MAX_VOCAB},
+               {"hidden_size", g->hidden_size, DSV4_MAX_WIDTH},
+               {"num_attention_heads", g->num_attention_heads, DSV4_MAX_HEADS},
+               {"head_dim", g->head_dim, DSV4_MAX_WIDTH},
+               {"q_lora_rank", g->q_lora_rank, DSV4_MAX_WIDTH},
+               {"o_groups", g->o_groups, DSV4_MAX_HEADS},
+               {"o_lora_rank", g->o_lora_rank, DSV4_MAX_WIDTH},
+               {"sliding_window", g->sliding_window, INT_MAX},
+               {"index_n_heads", g->index_n_heads, DSV4_MAX_HEADS},
+               {"index_head_dim", g->index_head_dim, DSV4_MAX_WIDTH},
+               {"index_topk", g->index_topk, INT_MAX},
+               {"n_routed_experts", g->n_routed_experts, DSV4_MAX_EXPERTS},
+               {"num_experts_per_tok", g->num_experts_per_tok, DSV4_MAX_EXPERTS},
+               {"moe_intermediate_size", g->moe_intermediate_size, DSV4_MAX_WIDTH},
+               {"hc_mult", g->hc_mult, DSV4_MAX_HC_MULT},
+               {"compress_rates.compressed_sparse_attention", g->compress_rate_csa, INT_MAX},
+               {"compress_rates.heavily_compressed_attention", g->compress_rate_hca, INT_MAX}};
+    for (size_t i = 0; i < sizeof pos / sizeof pos[0]; i++) {
         REQUIRE(pos[i].v > 0, "%s: key \"%s\" = %d (must be > 0)", o, pos[i].key, pos[i].v);
+        REQUIRE(pos[i].v <= pos[i].max, "%s: key \"%s\" = %d (must be 1..%d)", o, pos[i].key, pos[i].v, pos[i].max);
+    }
     REQUIRE(g->n_shared_experts >= 0, "%s: key \"n_shared_experts\" is negative", o);
+    REQUIRE(g->n_shared_experts <= DSV4_MAX_EXPERTS, "%s: key \"n_shared_experts\" = %d (must be 0..%d)", o,
+            g->n_shared_experts, DSV4_MAX_EXPERTS);
     REQUIRE(g->hc_sinkhorn_iters >= 0, "%s: key \"hc_sinkhorn_iters\" is negative", o);
     REQUIRE(g->num_key_value_heads == 1, "%s: key \"num_key_value_heads\" = %d (DeepSeek-V4 has one shared KV head)",
             o, g->num_key_value_heads);
@@ -368,6 +395,8 @@ static int validate(const cfg_ctx *c, const dsv4_config *g)
     REQUIRE(g->max_position_embeddings > 0, "%s: key \"max_position_embeddings\" must be > 0", o);
     REQUIRE(!g->rope_compress.yarn || (g->rope_compress.factor > 0 && g->rope_compress.original_max_position_embeddings > 0),
             "%s: YaRN compress rope needs factor > 0 and original_max_position_embeddings > 0", o);
+    REQUIRE(!g->rope_main.yarn || (g->rope_main.factor > 0 && g->rope_main.original_max_position_embeddings > 0),
+            "%s: YaRN main rope needs factor > 0 and original_max_position_embeddings > 0", o);
     return 0;
 }
 
@@ -424,15 +453,25 @@ int dsv4_config_parse(const char *json_text, const char *origin, dsv4_config *cf
         if (ints[i].alias && !get(root, key) && get(root, ints[i].alias)) key = ints[i].alias;
         if ((rc = get_int(&c, root, key, ints[i].required, ints[i].def, ints[i].dst))) goto done;
     }
+    /* an id or a list of ids (transformers allows both; the first is kept); each must be a token of the vocabulary,
+     * or at least fit an int32 while vocab_size is itself wrong (validate() says why) */
     json_t *eos = get(root, "eos_token_id");
-    if (json_is_array(eos)) eos = json_array_size(eos) ? json_array_get(eos, 0) : NULL; /* first of a list */
+    size_t n_eos = json_is_array(eos) ? json_array_size(eos) : eos != NULL;
     cfg->eos_token_id = 1;
-    if (eos) {
-        if (!json_is_integer(eos)) {
+    for (size_t i = 0; i < n_eos; i++) {
+        json_t *v = json_is_array(eos) ? json_array_get(eos, i) : eos;
+        if (!json_is_integer(v)) {
             rc = wrong_type(&c, "eos_token_id", "an integer or a list of integers");
             goto done;
         }
-        cfg->eos_token_id = (int)json_integer_value(eos);
+        json_int_t id = json_integer_value(v);
+        int64_t hi = cfg->vocab_size > 0 ? cfg->vocab_size : INT32_MAX;
+        if (id < 0 || id >= hi) {
+            rc = dsv4_error(DSV4_ERR_CONFIG, "%s: key \"eos_token_id\" = %lld is not a token id (must be 0..%lld)",
+                            origin, (long long)id, (long long)hi - 1);
+            goto done;
+        }
+        if (i == 0) cfg->eos_token_id = (int)id;
     }
     if (!get(root, "bos_token_id") && json_is_null(json_object_get(root, "bos_token_id"))) cfg->bos_token_id = -1;
     if ((rc = get_int64(&c, root, "max_position_embeddings", 0, 1048576, &cfg->max_position_embeddings))) goto done;

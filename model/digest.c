@@ -1,14 +1,17 @@
 /* digest.c - weights_digest (dump-format.md): lowercase hex SHA-256 of model.safetensors, or for a sharded
  * model of the concatenation of ALL *.safetensors files of the folder in sorted (byte-wise) name order —
- * not only the shards the index names. Read with plain read() in 4 MiB chunks (OpenSSL EVP API). */
+ * not only the shards the index names. Read with plain read() in 4 MiB chunks (OpenSSL EVP API); a name that is
+ * not a regular file (a FIFO, a directory) is an error, never read. */
 #define _POSIX_C_SOURCE 200809L
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "model/internal.h"
 
@@ -17,19 +20,38 @@ static int cmp_str(const void *a, const void *b)
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
+/* Only a regular file is hashed: a FIFO named like a shard would block the read for ever (O_NONBLOCK keeps the
+ * open itself from blocking), a directory has no bytes to hash. */
 static int hash_file(EVP_MD_CTX *ctx, const char *path, unsigned char *buf, size_t cap)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) return dsv4_error(DSV4_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    size_t got;
+    int fd = open(path, O_RDONLY | O_NONBLOCK);
+    if (fd < 0) return dsv4_error(DSV4_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return dsv4_error(DSV4_ERR_IO, "%s: cannot stat: %s", path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return dsv4_error(DSV4_ERR_IO, "%s: not a regular file (weights_digest hashes every *.safetensors file)",
+                          path);
+    }
     int rc = 0;
-    while ((got = fread(buf, 1, cap, f)) > 0)
-        if (EVP_DigestUpdate(ctx, buf, got) != 1) {
+    for (;;) {
+        ssize_t got = read(fd, buf, cap);
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) {
+            rc = dsv4_error(DSV4_ERR_IO, "%s: read error: %s", path, strerror(errno));
+            break;
+        }
+        if (got == 0) break;
+        if (EVP_DigestUpdate(ctx, buf, (size_t)got) != 1) {
             rc = dsv4_error(DSV4_ERR_IO, "%s: SHA-256 update failed", path);
             break;
         }
-    if (!rc && ferror(f)) rc = dsv4_error(DSV4_ERR_IO, "%s: read error", path);
-    fclose(f);
+    }
+    close(fd);
     return rc;
 }
 

@@ -15,6 +15,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include <jansson.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -81,6 +82,7 @@ static int add_tensor(dsv4_model *m, const char *name, const char *disk_name, co
                       const dsv4_st_entry *e, size_t offset, size_t nbytes, int ndim, const int64_t *shape)
 {
     if (m->n == m->cap) {
+        if (m->cap > INT_MAX / 2) return dsv4_error(DSV4_ERR_NOMEM, "%s: more than %d tensors", m->dir, m->cap);
         int nc = m->cap ? m->cap * 2 : 256;
         dsv4_tensor *nt = realloc(m->tensors, (size_t)nc * sizeof *nt);
         if (!nt) return dsv4_error(DSV4_ERR_NOMEM, "%s: out of memory", m->dir);
@@ -112,6 +114,12 @@ static int add_fused(dsv4_model *m, const dsv4_st_file *f, const dsv4_st_entry *
         return dsv4_error(DSV4_ERR_UNSUPPORTED, "%s: tensor %s: fused expert tensor in %s (only F32/BF16/F16)",
                           f->path, e->name, dsv4_dtype_name(e->dtype));
     int64_t E = e->shape[0], R = e->shape[1], C = e->shape[2];
+    /* every view is a tensor of its own: a header claiming 10^9 experts of 0 bytes would otherwise make 10^9 of
+     * them, so the count is checked against the config before any is added */
+    if (E != m->cfg.n_routed_experts)
+        return dsv4_error(DSV4_ERR_FORMAT,
+                          "%s: tensor %s: fused expert tensor holds %lld experts, the config's n_routed_experts is %d",
+                          f->path, e->name, (long long)E, m->cfg.n_routed_experts);
     size_t es = dsv4_dtype_size(e->dtype);
     if (kind == DSV4_FUSED_GATE_UP && R % 2)
         return dsv4_error(DSV4_ERR_FORMAT, "%s: tensor %s: gate_up_proj has an odd row count %lld", f->path, e->name,
@@ -176,11 +184,16 @@ static int file_exists(const char *path)
 
 static int open_sharded(dsv4_model *m, const char *index_path)
 {
+    /* read through dsv4_file_read_text: a FIFO or a directory under the index's name is refused, not read for ever */
+    char *text;
+    size_t len;
+    int rc = dsv4_file_read_text(index_path, &text, &len);
+    if (rc) return rc;
     json_error_t jerr;
-    json_t *root = json_load_file(index_path, JSON_REJECT_DUPLICATES, &jerr);
+    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
+    free(text);
     if (!root)
         return dsv4_error(DSV4_ERR_FORMAT, "%s: not valid JSON (%s, line %d)", index_path, jerr.text, jerr.line);
-    int rc = 0;
     json_t *wm = json_object_get(root, "weight_map");
     const char **shards = NULL;
     size_t nshards = 0;

@@ -95,21 +95,30 @@ static int starts_with(const char *s, const char *pre)
     return !strncmp(s, pre, strlen(pre));
 }
 
+/* The decimal number at the start of `s` (layer or expert id), *end just past it; -1 if `s` does not start with a
+ * digit or the number exceeds 1000000 (no model has that many layers or experts, and the bound keeps the
+ * accumulation far from overflow: a sscanf %d of "4294967296" would wrap to expert 0). */
+static int parse_index(const char *s, const char **end)
+{
+    if (*s < '0' || *s > '9') return -1;
+    long v = 0;
+    for (; *s >= '0' && *s <= '9'; s++) {
+        v = v * 10 + (*s - '0');
+        if (v > 1000000) return -1;
+    }
+    *end = s;
+    return (int)v;
+}
+
 /* "layers.12." -> 12 and the rest; -1 if `s` does not start with "layers.<digits>.". */
 static int parse_layer_prefix(const char *s, const char **rest)
 {
     if (!starts_with(s, "layers.")) return -1;
-    const char *p = s + 7;
-    if (*p < '0' || *p > '9') return -1;
-    long v = 0;
-    while (*p >= '0' && *p <= '9') {
-        v = v * 10 + (*p - '0');
-        if (v > 1000000) return -1;
-        p++;
-    }
-    if (*p != '.') return -1;
+    const char *p;
+    int v = parse_index(s + 7, &p);
+    if (v < 0 || *p != '.') return -1;
     *rest = p + 1;
-    return (int)v;
+    return v;
 }
 
 /* The per-layer rest in transformers naming -> official rest; 1 if it was a transformers name. */
@@ -129,19 +138,17 @@ static int map_tf_rest(const char *rest, char *out, size_t cap, dsv4_fused_kind 
         return 1;
     }
     /* Per-expert transformers-style modules: mlp.experts.E.{gate,up,down}_proj.weight or .w1/.w2/.w3. */
-    int e = -1, n = 0;
-    char proj[16];
-    if (sscanf(rest, "mlp.experts.%d.%15[a-z_0-9].weight%n", &e, proj, &n) == 2 && rest[n] == 0 && e >= 0) {
-        const char *w = !strcmp(proj, "gate_proj") || !strcmp(proj, "w1")   ? "w1"
-                        : !strcmp(proj, "up_proj") || !strcmp(proj, "w3")   ? "w3"
-                        : !strcmp(proj, "down_proj") || !strcmp(proj, "w2") ? "w2"
-                                                                            : NULL;
-        if (w) {
-            snprintf(out, cap, "ffn.experts.%d.%s.weight", e, w);
-            return 1;
-        }
-    }
-    return 0;
+    const char *p;
+    int e = starts_with(rest, "mlp.experts.") ? parse_index(rest + 12, &p) : -1;
+    if (e < 0 || *p != '.') return 0;
+    p++;
+    const char *w = !strcmp(p, "gate_proj.weight") || !strcmp(p, "w1.weight")   ? "w1"
+                    : !strcmp(p, "up_proj.weight") || !strcmp(p, "w3.weight")   ? "w3"
+                    : !strcmp(p, "down_proj.weight") || !strcmp(p, "w2.weight") ? "w2"
+                                                                                : NULL;
+    if (!w) return 0;
+    snprintf(out, cap, "ffn.experts.%d.%s.weight", e, w);
+    return 1;
 }
 
 /* Map a weight (non-scale) name. */

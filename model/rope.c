@@ -1,7 +1,8 @@
 /* rope.c - the RoPE frequency tables of model-spec §3, shared by every path (reference CPU/GPU, optimized):
  * plain base^(-2i/d) for the main table, YaRN-blended for the compress table (no magnitude factor).
  * Computed in fp32 exactly as transformers computes them (its tables equal the official formula), so every path
- * starts from the same bits. */
+ * starts from the same bits. The YaRN range is clamped before it becomes an int (config.c refuses a base <= 1, but a
+ * base just above 1 still sends ln b to 0). */
 #include <math.h>
 
 #include "dsv4/dsv4.h"
@@ -20,10 +21,12 @@ void dsv4_rope_yarn_range(const dsv4_rope_params *rp, int rope_dim, int *lo, int
     double l0 = (double)rp->original_max_position_embeddings;
     double beta_fast = rp->beta_fast > 0 ? rp->beta_fast : 32.0;
     double beta_slow = rp->beta_slow > 0 ? rp->beta_slow : 1.0;
-    int l = (int)floor(rope_correction_dim(beta_fast, rope_dim, rp->theta, l0));
-    int h = (int)ceil(rope_correction_dim(beta_slow, rope_dim, rp->theta, l0));
-    *lo = l < 0 ? 0 : l;
-    *hi = h > rope_dim - 1 ? rope_dim - 1 : h;
+    /* clamped while still double: a base just above 1 (ln b -> 0) or L0 = 0 gives a correction dim of +-inf or past
+     * int, which is undefined to convert; every bound it is clamped to lies outside [0, rope_dim) just the same */
+    double l = floor(rope_correction_dim(beta_fast, rope_dim, rp->theta, l0));
+    double h = ceil(rope_correction_dim(beta_slow, rope_dim, rp->theta, l0));
+    *lo = !(l >= 0) ? 0 : l > 1 << 29 ? 1 << 29 : (int)l;                              /* NaN: 0 */
+    *hi = !(h <= rope_dim - 1) ? rope_dim - 1 : h < -(1 << 29) ? -(1 << 29) : (int)h; /* NaN: rope_dim - 1 */
 }
 
 void dsv4_rope_inv_freq(const dsv4_rope_params *rp, int rope_dim, float *inv_freq)

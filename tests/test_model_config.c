@@ -311,6 +311,120 @@ START_TEST(test_config_constraints)
 }
 END_TEST
 
+START_TEST(test_config_rope_values)
+{
+    /* a base of 0 gave NaN everywhere; a base of 1 with YaRN divided by ln 1 = 0 (rope.c), a factor of 0 by 0 */
+    expect_error("{" REQUIRED_KEYS ", \"rope_theta\": 0}", DSV4_ERR_CONFIG, "key \"rope_theta\" = 0",
+                 "must be a number > 1");
+    expect_error("{" REQUIRED_KEYS ", \"rope_theta\": -10000}", DSV4_ERR_CONFIG, "\"rope_theta\"", "> 1");
+    expect_error("{" REQUIRED_KEYS ", \"rope_theta\": 1e39}", DSV4_ERR_CONFIG, "\"rope_theta\"", "at most");
+    expect_error("{" REQUIRED_KEYS ", \"compress_rope_theta\": 1,"
+                 " \"rope_scaling\": {\"type\": \"yarn\", \"factor\": 16}}",
+                 DSV4_ERR_CONFIG, "key \"compress_rope_theta\" = 1", "> 1");
+    expect_error("{" REQUIRED_KEYS ", \"compress_rope_theta\": 0.5}", DSV4_ERR_CONFIG, "\"compress_rope_theta\"", NULL);
+    expect_error("{" REQUIRED_KEYS ", \"rope_scaling\": {\"type\": \"yarn\", \"factor\": 0}}", DSV4_ERR_CONFIG,
+                 "key \"rope_scaling.factor\" = 0", "must be a number > 0");
+    expect_error("{" REQUIRED_KEYS ", \"rope_scaling\": {\"type\": \"yarn\", \"factor\": -4}}", DSV4_ERR_CONFIG,
+                 "rope_scaling.factor", NULL);
+    expect_error("{" REQUIRED_KEYS ", \"rope_parameters\": {\"rope_type\": \"yarn\", \"factor\": 1e300}}",
+                 DSV4_ERR_CONFIG, "rope_parameters.factor", "at most");
+    /* the transformers dialect: each dict's own keys are named */
+    const char *mc = "{" REQUIRED_KEYS ", \"rope_parameters\":"
+                     " {\"main\": {\"rope_type\": \"default\", \"rope_theta\": %s},"
+                     " \"compress\": {\"rope_type\": \"yarn\", \"factor\": %s, \"rope_theta\": %s}}}";
+    char buf[1024];
+    snprintf(buf, sizeof buf, mc, "0", "16", "160000");
+    expect_error(buf, DSV4_ERR_CONFIG, "key \"rope_parameters.main.rope_theta\" = 0", NULL);
+    snprintf(buf, sizeof buf, mc, "10000", "16", "1");
+    expect_error(buf, DSV4_ERR_CONFIG, "key \"rope_parameters.compress.rope_theta\" = 1", NULL);
+    snprintf(buf, sizeof buf, mc, "10000", "0", "160000");
+    expect_error(buf, DSV4_ERR_CONFIG, "key \"rope_parameters.compress.factor\" = 0", NULL);
+    /* a dict's own base wins, so a bad top-level one it replaces is not used and not refused */
+    dsv4_config c;
+    const char *own = "{" REQUIRED_KEYS ", \"rope_theta\": 0, \"compress_rope_theta\": 0,"
+                      " \"rope_parameters\": {\"main\": {\"rope_theta\": 10000},"
+                      " \"compress\": {\"rope_type\": \"yarn\", \"factor\": 16, \"rope_theta\": 160000}}}";
+    ck_assert_msg(dsv4_config_parse(own, "x.json", &c) == 0, "%s", dsv4_last_error());
+    ck_assert_double_eq(c.rope_main.theta, 10000.0);
+    /* the released and the saved configs stay legal (their own tests check every value) */
+    ck_assert_int_eq(dsv4_config_parse(flash_config(), "flash/config.json", &c), 0);
+    ck_assert_int_eq(dsv4_config_parse(dsv4_stw_tiny_config(), "tiny/config.json", &c), 0);
+}
+END_TEST
+
+START_TEST(test_rope_base_just_above_one)
+{
+    /* legal (> 1), but ln b ~ 1e-12 puts YaRN's correction dims near 1e14: past int, undefined to convert (x86 gave
+     * INT_MIN, so lo = 0 and every pair extrapolated). transformers keeps them as Python ints: lo ~ 1e14 > hi, every
+     * ramp is 1 and every pair interpolated, 1 / (factor * b^e) = 1/16 with b = 1.0f in fp32 */
+    dsv4_config c;
+    ck_assert_int_eq(dsv4_config_parse("{" REQUIRED_KEYS ", \"rope_parameters\": {\"main\": {\"rope_theta\": 10000},"
+                                       " \"compress\": {\"rope_type\": \"yarn\", \"factor\": 16,"
+                                       " \"original_max_position_embeddings\": 256, \"rope_theta\": 1.000000000001}}}",
+                                       "x.json", &c),
+                     0);
+    int lo, hi;
+    dsv4_rope_yarn_range(&c.rope_compress, c.qk_rope_head_dim, &lo, &hi);
+    ck_assert_msg(lo > hi && hi == c.qk_rope_head_dim - 1, "yarn range [%d, %d]", lo, hi);
+    float f[4];
+    ck_assert_int_eq(c.qk_rope_head_dim, 8);
+    dsv4_rope_inv_freq(&c.rope_compress, c.qk_rope_head_dim, f);
+    for (int i = 0; i < 4; i++) ck_assert_msg(f[i] == 1.0f / 16.0f, "inv_freq[%d] = %g, want 1/16", i, f[i]);
+}
+END_TEST
+
+START_TEST(test_config_counts_capped)
+{
+    /* 10^9 experts passed and made `dsv4 inspect` list 3 x 10^9 x L tensors (400 GB) */
+    expect_error("{" REQUIRED_KEYS ", \"n_routed_experts\": 1000000000}", DSV4_ERR_CONFIG,
+                 "key \"n_routed_experts\" = 1000000000", "must be 1..1024");
+    expect_error("{" REQUIRED_KEYS ", \"num_local_experts\": 1025}", DSV4_ERR_CONFIG, "\"n_routed_experts\" = 1025",
+                 "1..1024");
+    expect_error("{" REQUIRED_KEYS ", \"n_shared_experts\": 1000000}", DSV4_ERR_CONFIG, "\"n_shared_experts\"",
+                 "0..1024");
+    expect_error("{\"vocab_size\": 32, \"hidden_size\": 16, \"num_hidden_layers\": 5, \"num_attention_heads\": 2048,"
+                 " \"head_dim\": 64}",
+                 DSV4_ERR_CONFIG, "\"num_attention_heads\" = 2048", "1..1024");
+    expect_error("{" REQUIRED_KEYS ", \"index_n_heads\": 100000}", DSV4_ERR_CONFIG, "\"index_n_heads\"", "1..1024");
+    expect_error("{\"vocab_size\": 32, \"hidden_size\": 1000000, \"num_hidden_layers\": 5, \"num_attention_heads\": 8,"
+                 " \"head_dim\": 64}",
+                 DSV4_ERR_CONFIG, "\"hidden_size\" = 1000000", "1..65536");
+    expect_error("{" REQUIRED_KEYS ", \"moe_intermediate_size\": 2000000000}", DSV4_ERR_CONFIG,
+                 "\"moe_intermediate_size\"", "1..65536");
+    expect_error("{" REQUIRED_KEYS ", \"q_lora_rank\": 70000}", DSV4_ERR_CONFIG, "\"q_lora_rank\"", "1..65536");
+    expect_error("{\"vocab_size\": 100000000, \"hidden_size\": 16, \"num_hidden_layers\": 5,"
+                 " \"num_attention_heads\": 8, \"head_dim\": 64}",
+                 DSV4_ERR_CONFIG, "\"vocab_size\" = 100000000", "1..16777216");
+    expect_error("{" REQUIRED_KEYS ", \"hc_mult\": 17}", DSV4_ERR_CONFIG, "\"hc_mult\" = 17", "1..16");
+    /* at the caps themselves: legal */
+    dsv4_config c;
+    ck_assert_msg(dsv4_config_parse("{" REQUIRED_KEYS ", \"n_routed_experts\": 1024, \"n_shared_experts\": 1024,"
+                                    " \"hc_mult\": 16, \"index_n_heads\": 1024}",
+                                    "x.json", &c) == 0,
+                  "%s", dsv4_last_error());
+    ck_assert_int_eq(c.n_routed_experts, DSV4_MAX_EXPERTS);
+}
+END_TEST
+
+START_TEST(test_config_eos_token_id_range)
+{
+    /* 99999999999 was truncated to an int; a list of ids is legal (transformers), each entry must be a token */
+    expect_error("{" REQUIRED_KEYS ", \"eos_token_id\": 99999999999}", DSV4_ERR_CONFIG,
+                 "key \"eos_token_id\" = 99999999999", "not a token id (must be 0..31)");
+    expect_error("{" REQUIRED_KEYS ", \"eos_token_id\": -1}", DSV4_ERR_CONFIG, "\"eos_token_id\" = -1", "0..31");
+    expect_error("{" REQUIRED_KEYS ", \"eos_token_id\": 32}", DSV4_ERR_CONFIG, "\"eos_token_id\" = 32", "0..31");
+    expect_error("{" REQUIRED_KEYS ", \"eos_token_id\": [7, 4294967297]}", DSV4_ERR_CONFIG,
+                 "\"eos_token_id\" = 4294967297", NULL);
+    expect_error("{" REQUIRED_KEYS ", \"eos_token_id\": [7, \"8\"]}", DSV4_ERR_CONFIG, "eos_token_id",
+                 "a list of integers");
+    dsv4_config c;
+    ck_assert_int_eq(dsv4_config_parse("{" REQUIRED_KEYS ", \"eos_token_id\": [31, 0]}", "x.json", &c), 0);
+    ck_assert_int_eq(c.eos_token_id, 31);
+    ck_assert_int_eq(dsv4_config_parse("{" REQUIRED_KEYS ", \"eos_token_id\": []}", "x.json", &c), 0);
+    ck_assert_int_eq(c.eos_token_id, 1);
+}
+END_TEST
+
 START_TEST(test_config_load_file)
 {
     dsv4_config c;
@@ -340,6 +454,10 @@ int main(void)
     tcase_add_test(tc, test_config_wrong_type);
     tcase_add_test(tc, test_config_not_json);
     tcase_add_test(tc, test_config_constraints);
+    tcase_add_test(tc, test_config_rope_values);
+    tcase_add_test(tc, test_rope_base_just_above_one);
+    tcase_add_test(tc, test_config_counts_capped);
+    tcase_add_test(tc, test_config_eos_token_id_range);
     tcase_add_test(tc, test_config_load_file);
     suite_add_tcase(s, tc);
     return dsv4_test_main(s);

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "dsv4/dsv4.h"
@@ -416,6 +417,109 @@ START_TEST(test_unexpected_tensor)
 }
 END_TEST
 
+/* ------------------------------------------------------------------ counts that size what open builds */
+START_TEST(test_fused_experts_count_not_the_config)
+{
+    /* a fused tensor is split into one view per expert: 10^9 experts of 0 bytes each would be 10^9 views (and
+     * ~150 GB of names), so the count is checked against n_routed_experts (4 in the fixture) before any is made */
+    dsv4_stw *w = small_set();
+    ck_assert_int_eq(dsv4_stw_add_raw_entry(w, "model.layers.0.mlp.experts.gate_up_proj",
+                                            "{\"dtype\":\"BF16\",\"shape\":[1000000000,0,64],\"data_offsets\":[0,0]}"),
+                     0);
+    expect_open_error(folder(w, NULL), DSV4_ERR_FORMAT, "model.safetensors", "model.layers.0.mlp.experts.gate_up_proj",
+                      "holds 1000000000 experts, the config's n_routed_experts is 4");
+    w = small_set();
+    ck_assert_int_eq(dsv4_stw_add_raw_entry(w, "model.layers.1.mlp.experts.down_proj",
+                                            "{\"dtype\":\"BF16\",\"shape\":[5,0,32],\"data_offsets\":[0,0]}"),
+                     0);
+    expect_open_error(folder(w, NULL), DSV4_ERR_FORMAT, "model.safetensors", "model.layers.1.mlp.experts.down_proj",
+                      "holds 5 experts");
+}
+END_TEST
+
+START_TEST(test_expert_id_past_int)
+{
+    /* "4294967296" read with %d wrapped to expert 0 and stood in for the missing layers.0.ffn.experts.0.w1 */
+    char *dir = dsv4_test_mkdtemp("corrupt");
+    dsv4_stw_model_opts o = {DSV4_STW_OFFICIAL_F32, "layers.0.ffn.experts.0.w1.weight", NULL, 1};
+    ck_assert_int_eq(dsv4_stw_make_model(dir, dsv4_stw_tiny_config(), &o), 0);
+    dsv4_model *m;
+    ck_assert_int_eq(dsv4_model_open(dir, &m), 0);
+    dsv4_stw *all = dsv4_stw_new();
+    for (int i = 0; i < dsv4_model_tensor_count(m); i++) {
+        const dsv4_tensor *t = dsv4_model_tensor_at(m, i);
+        ck_assert_int_eq(dsv4_stw_add(all, t->name, dsv4_dtype_name(t->dtype), t->ndim, t->shape, t->data, t->nbytes),
+                         0);
+    }
+    const dsv4_config cfg = *dsv4_model_config(m);
+    dsv4_model_free(m);
+    int64_t s[2] = {cfg.moe_intermediate_size, cfg.hidden_size};
+    float *x = calloc((size_t)(s[0] * s[1]), sizeof *x);
+    ck_assert_int_eq(dsv4_stw_add_f32(all, "model.layers.0.mlp.experts.4294967296.gate_proj.weight", 2, s, x), 0);
+    free(x);
+    char path[4200], cmd[4400], *out = NULL;
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    ck_assert_int_eq(dsv4_stw_write(all, path, NULL), 0);
+    dsv4_stw_free(all);
+    snprintf(cmd, sizeof cmd, "'%s' inspect '%s'", dsv4_test_bin(), dir);
+    ck_assert_int_eq(dsv4_test_run(cmd, &out), 1);
+    ck_assert_msg(strstr(out, "unexpected: layers.0.mlp.experts.4294967296.gate_proj.weight"), "%s", out);
+    ck_assert_msg(strstr(out, "missing: layers.0.ffn.experts.0.w1.weight"), "%s", out);
+    ck_assert_msg(strstr(out, "check: 2 problems\n"), "%s", out);
+    free(out);
+    dsv4_test_rmtree(dir);
+}
+END_TEST
+
+/* --------------------------------------------- FIFOs and directories where files are read (these hung) */
+START_TEST(test_index_fifo_or_directory)
+{
+    char *dir = sharded();
+    char path[4200];
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    ck_assert_int_eq(unlink(path), 0);
+    ck_assert_int_eq(mkfifo(path, 0600), 0);
+    expect_open_error(dir, DSV4_ERR_IO, "model.safetensors.index.json", "not a regular file", NULL);
+    dir = sharded();
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    ck_assert_int_eq(unlink(path), 0);
+    ck_assert_int_eq(mkdir(path, 0700), 0);
+    expect_open_error(dir, DSV4_ERR_IO, "model.safetensors.index.json", "not a regular file", NULL);
+}
+END_TEST
+
+/* The digest hashes every *.safetensors of a sharded folder (dump-format.md), named by the index or not: one that
+ * is not a regular file is refused in-process and by `dsv4 inspect --digest` (exit 2), never read. */
+static void expect_digest_refused(const char *extra, int fifo)
+{
+    char *dir = sharded();
+    char path[4200], cmd[4400], *out = NULL;
+    snprintf(path, sizeof path, "%s/%s", dir, extra);
+    ck_assert_int_eq(fifo ? mkfifo(path, 0600) : mkdir(path, 0700), 0);
+    dsv4_model *m;
+    ck_assert_int_eq(dsv4_model_open(dir, &m), 0); /* the index does not name it */
+    char hex[65];
+    int rc = dsv4_model_weights_digest(m, hex);
+    const char *msg = dsv4_last_error();
+    ck_assert_msg(rc == DSV4_ERR_IO, "digest: want IO, got %d: %s", rc, msg);
+    ck_assert_msg(strstr(msg, path) && strstr(msg, "not a regular file"), "message lacks %s / the problem: %s", path,
+                  msg);
+    dsv4_model_free(m);
+    snprintf(cmd, sizeof cmd, "'%s' inspect --digest '%s'", dsv4_test_bin(), dir);
+    int st = dsv4_test_run(cmd, &out);
+    ck_assert_msg(st == 2, "inspect --digest exit %d, want 2:\n%s", st, out);
+    ck_assert_msg(strstr(out, extra) && strstr(out, "not a regular file"), "inspect output:\n%s", out);
+    free(out);
+    dsv4_test_rmtree(dir);
+}
+
+START_TEST(test_digest_fifo_or_directory_shard)
+{
+    expect_digest_refused("zz-extra.safetensors", 1);
+    expect_digest_refused("aa-dir.safetensors", 0);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("model_corrupt");
@@ -450,6 +554,14 @@ int main(void)
     tcase_add_test(tc, test_missing_scale);
     tcase_add_test(tc, test_wrong_scale_shape);
     tcase_add_test(tc, test_unexpected_tensor);
+    tcase_add_test(tc, test_fused_experts_count_not_the_config);
+    tcase_add_test(tc, test_expert_id_past_int);
     suite_add_tcase(s, tc);
+    /* a regression here hangs on a FIFO: a short timeout makes it a failure, not a 10-minute stall */
+    TCase *hang = tcase_create("no_hang");
+    tcase_set_timeout(hang, 60);
+    tcase_add_test(hang, test_index_fifo_or_directory);
+    tcase_add_test(hang, test_digest_fifo_or_directory_shard);
+    suite_add_tcase(s, hang);
     return dsv4_test_main(s);
 }

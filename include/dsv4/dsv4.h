@@ -83,6 +83,14 @@ size_t dsv4_dtype_size(dsv4_dtype t);          /* bytes per element */
  * Config (model-spec §1). Plain value type: no pointers, copyable.
  */
 #define DSV4_MAX_LAYERS 128
+/* Caps on the config's counts and widths (dsv4_config_parse refuses a value past them with the key named): each
+ * sizes a list or a tensor before any weight is read, e.g. `dsv4 inspect` lists 3 x n_routed_experts x layers
+ * expert tensors. Flash is 256 experts, 64 heads, width 4096, vocabulary 129280, hc_mult 4. */
+#define DSV4_MAX_EXPERTS 1024 /* n_routed_experts, n_shared_experts, num_experts_per_tok */
+#define DSV4_MAX_HEADS 1024   /* num_attention_heads, index_n_heads, o_groups */
+#define DSV4_MAX_WIDTH 65536  /* hidden_size, head_dim, q_lora_rank, o_lora_rank, index_head_dim, moe_intermediate_size */
+#define DSV4_MAX_VOCAB 16777216 /* vocab_size (2^24) */
+#define DSV4_MAX_HC_MULT 16   /* hc_mult (mHC streams) */
 
 typedef enum dsv4_attn_type { DSV4_ATTN_SLIDING, DSV4_ATTN_CSA, DSV4_ATTN_HCA } dsv4_attn_type;
 typedef enum dsv4_mlp_type { DSV4_MLP_HASH_MOE, DSV4_MLP_MOE } dsv4_mlp_type;
