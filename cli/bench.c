@@ -301,15 +301,23 @@ static int results_check(const char *path)
     return rc;
 }
 
+/* The arguments and the results file, before any GPU work: 0, or 2 (bad usage) with the message printed. */
+static int check_args(int argc, char **argv, bench_args *a)
+{
+    if (parse_args(argc, argv, a)) return 2;
+    if (results_check(a->json)) {
+        fprintf(stderr, "dsv4 bench: %s\n", dsv4_last_error());
+        return 2;
+    }
+    return 0;
+}
+
 #ifndef DSV4_HAVE_CUDA
 int dsv4_cmd_bench(int argc, char **argv)
 {
     bench_args a;
-    if (parse_args(argc, argv, &a)) return 2;
-    if (results_check(a.json)) {
-        fprintf(stderr, "dsv4 bench: %s\n", dsv4_last_error());
-        return 2;
-    }
+    int rc = check_args(argc, argv, &a);
+    if (rc) return rc;
     fprintf(stderr, "dsv4 bench: this build has no CUDA (configure with a CUDA compiler)\n");
     return 2;
 }
@@ -522,11 +530,7 @@ static int record_failure(json_t *fails, int C, const char *variant, const char 
 int dsv4_cmd_bench(int argc, char **argv)
 {
     bench_args a;
-    if (parse_args(argc, argv, &a)) return 2;
-    if (results_check(a.json)) {
-        fprintf(stderr, "dsv4 bench: %s\n", dsv4_last_error());
-        return 2;
-    }
+    if (check_args(argc, argv, &a)) return 2;
     t_start = now_s();
     int rc = 0, dev = 0, drv = 0, rt = 0;
     struct cudaDeviceProp prop;

@@ -384,12 +384,11 @@ START_TEST(test_wrong_scale_shape)
 }
 END_TEST
 
-START_TEST(test_unexpected_tensor)
+/* The tiny model made in dir (with o's options) as a writer holding every tensor it opened with, to add more to;
+ * *cfg its config. */
+static dsv4_stw *tiny_model_copy(const char *dir, const dsv4_stw_model_opts *o, dsv4_config *cfg)
 {
-    /* a complete model plus one stray tensor (reported) and one MTP tensor (ignored: not used by decode) */
-    char *dir = dsv4_test_mkdtemp("corrupt");
-    dsv4_stw_model_opts o = {DSV4_STW_OFFICIAL_F32, NULL, NULL, 1};
-    ck_assert_int_eq(dsv4_stw_make_model(dir, dsv4_stw_tiny_config(), &o), 0);
+    ck_assert_int_eq(dsv4_stw_make_model(dir, dsv4_stw_tiny_config(), o), 0);
     dsv4_model *m;
     ck_assert_int_eq(dsv4_model_open(dir, &m), 0);
     dsv4_stw *all = dsv4_stw_new();
@@ -398,17 +397,35 @@ START_TEST(test_unexpected_tensor)
         ck_assert_int_eq(dsv4_stw_add(all, t->name, dsv4_dtype_name(t->dtype), t->ndim, t->shape, t->data, t->nbytes),
                          0);
     }
+    *cfg = *dsv4_model_config(m);
     dsv4_model_free(m);
-    float x[2] = {1, 2};
-    int64_t s[1] = {2};
-    ck_assert_int_eq(dsv4_stw_add_f32(all, "layers.9.attn.bogus", 1, s, x), 0);
-    ck_assert_int_eq(dsv4_stw_add_f32(all, "mtp.0.enorm.weight", 1, s, x), 0);
+    return all;
+}
+
+/* Write `all` as dir's model.safetensors (freeing it), run `dsv4 inspect dir`, which must exit 1; its output. */
+static char *inspect_written(dsv4_stw *all, const char *dir)
+{
     char path[4200], cmd[4400], *out = NULL;
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     ck_assert_int_eq(dsv4_stw_write(all, path, NULL), 0);
     dsv4_stw_free(all);
     snprintf(cmd, sizeof cmd, "'%s' inspect '%s'", dsv4_test_bin(), dir);
     ck_assert_int_eq(dsv4_test_run(cmd, &out), 1);
+    return out;
+}
+
+START_TEST(test_unexpected_tensor)
+{
+    /* a complete model plus one stray tensor (reported) and one MTP tensor (ignored: not used by decode) */
+    char *dir = dsv4_test_mkdtemp("corrupt");
+    dsv4_stw_model_opts o = {DSV4_STW_OFFICIAL_F32, NULL, NULL, 1};
+    dsv4_config cfg;
+    dsv4_stw *all = tiny_model_copy(dir, &o, &cfg);
+    float x[2] = {1, 2};
+    int64_t s[1] = {2};
+    ck_assert_int_eq(dsv4_stw_add_f32(all, "layers.9.attn.bogus", 1, s, x), 0);
+    ck_assert_int_eq(dsv4_stw_add_f32(all, "mtp.0.enorm.weight", 1, s, x), 0);
+    char *out = inspect_written(all, dir);
     ck_assert_msg(strstr(out, "unexpected: layers.9.attn.bogus"), "%s", out);
     ck_assert_msg(!strstr(out, "unexpected: mtp.0"), "%s", out);
     ck_assert_msg(strstr(out, "check: 1 problem\n"), "%s", out);
@@ -442,27 +459,13 @@ START_TEST(test_expert_id_past_int)
     /* "4294967296" read with %d wrapped to expert 0 and stood in for the missing layers.0.ffn.experts.0.w1 */
     char *dir = dsv4_test_mkdtemp("corrupt");
     dsv4_stw_model_opts o = {DSV4_STW_OFFICIAL_F32, "layers.0.ffn.experts.0.w1.weight", NULL, 1};
-    ck_assert_int_eq(dsv4_stw_make_model(dir, dsv4_stw_tiny_config(), &o), 0);
-    dsv4_model *m;
-    ck_assert_int_eq(dsv4_model_open(dir, &m), 0);
-    dsv4_stw *all = dsv4_stw_new();
-    for (int i = 0; i < dsv4_model_tensor_count(m); i++) {
-        const dsv4_tensor *t = dsv4_model_tensor_at(m, i);
-        ck_assert_int_eq(dsv4_stw_add(all, t->name, dsv4_dtype_name(t->dtype), t->ndim, t->shape, t->data, t->nbytes),
-                         0);
-    }
-    const dsv4_config cfg = *dsv4_model_config(m);
-    dsv4_model_free(m);
+    dsv4_config cfg;
+    dsv4_stw *all = tiny_model_copy(dir, &o, &cfg);
     int64_t s[2] = {cfg.moe_intermediate_size, cfg.hidden_size};
     float *x = calloc((size_t)(s[0] * s[1]), sizeof *x);
     ck_assert_int_eq(dsv4_stw_add_f32(all, "model.layers.0.mlp.experts.4294967296.gate_proj.weight", 2, s, x), 0);
     free(x);
-    char path[4200], cmd[4400], *out = NULL;
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    ck_assert_int_eq(dsv4_stw_write(all, path, NULL), 0);
-    dsv4_stw_free(all);
-    snprintf(cmd, sizeof cmd, "'%s' inspect '%s'", dsv4_test_bin(), dir);
-    ck_assert_int_eq(dsv4_test_run(cmd, &out), 1);
+    char *out = inspect_written(all, dir);
     ck_assert_msg(strstr(out, "unexpected: layers.0.mlp.experts.4294967296.gate_proj.weight"), "%s", out);
     ck_assert_msg(strstr(out, "missing: layers.0.ffn.experts.0.w1.weight"), "%s", out);
     ck_assert_msg(strstr(out, "check: 2 problems\n"), "%s", out);
