@@ -378,7 +378,9 @@ static int validate(const cfg_ctx *c, const dsv4_config *g)
     REQUIRE(g->n_shared_experts >= 0, "%s: key \"n_shared_experts\" is negative", o);
     REQUIRE(g->n_shared_experts <= DSV4_MAX_EXPERTS, "%s: key \"n_shared_experts\" = %d (must be 0..%d)", o,
             g->n_shared_experts, DSV4_MAX_EXPERTS);
-    REQUIRE(g->hc_sinkhorn_iters >= 0, "%s: key \"hc_sinkhorn_iters\" is negative", o);
+    /* every mHC step runs this many Sinkhorn rounds (Flash: 20): 10^9 would not fail, it would not end */
+    REQUIRE(g->hc_sinkhorn_iters >= 0 && g->hc_sinkhorn_iters <= 1000,
+            "%s: key \"hc_sinkhorn_iters\" = %d (must be 0..1000)", o, g->hc_sinkhorn_iters);
     REQUIRE(g->num_key_value_heads == 1, "%s: key \"num_key_value_heads\" = %d (DeepSeek-V4 has one shared KV head)",
             o, g->num_key_value_heads);
     REQUIRE(g->num_attention_heads % g->o_groups == 0,

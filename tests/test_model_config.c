@@ -396,6 +396,8 @@ START_TEST(test_config_counts_capped)
                  " \"num_attention_heads\": 8, \"head_dim\": 64}",
                  DSV4_ERR_CONFIG, "\"vocab_size\" = 100000000", "1..16777216");
     expect_error("{" REQUIRED_KEYS ", \"hc_mult\": 17}", DSV4_ERR_CONFIG, "\"hc_mult\" = 17", "1..16");
+    expect_error("{" REQUIRED_KEYS ", \"hc_sinkhorn_iters\": 1000000000}", DSV4_ERR_CONFIG,
+                 "\"hc_sinkhorn_iters\" = 1000000000", "0..1000");
     /* at the caps themselves: legal */
     dsv4_config c;
     ck_assert_msg(dsv4_config_parse("{" REQUIRED_KEYS ", \"n_routed_experts\": 1024, \"n_shared_experts\": 1024,"
