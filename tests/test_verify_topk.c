@@ -211,6 +211,10 @@ START_TEST(logits_by_hand)
     ck_assert_double_eq(row.v[DSV4_METRIC_ARGMAX], 1); /* margin log 3 > 0 */
     dsv4_verify_logits(g, c, 2, 2.0, 0, &row);         /* within a tie tolerance of 2: accepted */
     ck_assert_double_eq(row.v[DSV4_METRIC_ARGMAX], 0);
+    const double kl = row.v[DSV4_METRIC_KL];
+    dsv4_verify_logits_argmax(g, 2, 0, 0, &row); /* the argmax alone, again under no tolerance */
+    ck_assert_double_eq(row.v[DSV4_METRIC_ARGMAX], 1);
+    ck_assert_double_eq(row.v[DSV4_METRIC_KL], kl);
     /* top-5 overlap: 6 logits, candidate swaps the 5th and 6th */
     const float g6[6] = {6, 5, 4, 3, 2, 1}, c6[6] = {6, 5, 4, 3, 1, 2};
     dsv4_verify_logits(g6, c6, 6, 0, 0, &row);

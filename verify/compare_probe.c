@@ -162,7 +162,10 @@ static int per_position(dsv4_cmp_ctx *x, dsv4_verify_probe *p)
             case DSV4_VERIFY_KIND_ROUTER_WEIGHTS: dsv4_verify_router_weights(gf, cf, ga, ca, (int)eg, row); break;
             case DSV4_VERIFY_KIND_LOGITS:
                 dsv4_verify_logits(gf, cf, w, tie_abs, tie_rel, row);
-                if (shadow) dsv4_verify_logits(gf, cf, w, p->tie_abs, p->tie_rel, &normal_tie);
+                if (shadow) { /* only argmax depends on the tie tolerance: not the dense metrics and KL again */
+                    normal_tie = *row;
+                    dsv4_verify_logits_argmax(gf, w, p->tie_abs, p->tie_rel, &normal_tie);
+                }
                 break;
             case DSV4_VERIFY_KIND_INT: dsv4_verify_int((const int32_t *)gf, (const int32_t *)cf, w, row); break;
             default:

@@ -292,6 +292,17 @@ static int top5(const float *x, int64_t n, int64_t out[5])
     return m;
 }
 
+void dsv4_verify_logits_argmax(const float *g, int64_t V, double tie_abs, double tie_rel, dsv4_verify_row *row)
+{
+    if (row->argmax_g < 0 || row->argmax_c < 0) return;
+    double scale = 0;
+    for (int64_t i = 0; i < V; i++)
+        if (isfinite(g[i]) && fabs(g[i]) > scale) scale = fabs(g[i]);
+    double margin = (double)g[row->argmax_g] - (double)g[row->argmax_c]; /* golden's view of the candidate's choice */
+    row->v[DSV4_METRIC_ARGMAX] =
+        (row->argmax_g == row->argmax_c || (isfinite(margin) && margin <= tie_abs + tie_rel * scale)) ? 0 : 1;
+}
+
 void dsv4_verify_logits(const float *g, const float *c, int64_t V, double tie_abs, double tie_rel, dsv4_verify_row *row)
 {
     dsv4_verify_dense_f32(g, c, V, row);
@@ -300,11 +311,7 @@ void dsv4_verify_logits(const float *g, const float *c, int64_t V, double tie_ab
     if (ng == 0 || nc == 0) return; /* nothing finite: the non-finite gate reports it */
     row->argmax_g = (int)tg[0];
     row->argmax_c = (int)tc[0];
-    double scale = 0;
-    for (int64_t i = 0; i < V; i++)
-        if (isfinite(g[i]) && fabs(g[i]) > scale) scale = fabs(g[i]);
-    double margin = (double)g[tg[0]] - (double)g[tc[0]]; /* golden's view of the candidate's choice */
-    row->v[DSV4_METRIC_ARGMAX] = (tg[0] == tc[0] || (isfinite(margin) && margin <= tie_abs + tie_rel * scale)) ? 0 : 1;
+    dsv4_verify_logits_argmax(g, V, tie_abs, tie_rel, row);
     int common = 0;
     for (int i = 0; i < ng; i++)
         for (int j = 0; j < nc; j++)

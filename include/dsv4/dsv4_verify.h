@@ -250,6 +250,9 @@ void dsv4_verify_router_weights(const float *gw, const float *cw, const int32_t 
 /* Logits rows [V]: dense metrics + argmax (tie-aware), top-5 overlap, KL(softmax g || softmax c). */
 void dsv4_verify_logits(const float *g, const float *c, int64_t V, double tie_abs, double tie_rel,
                         dsv4_verify_row *row);
+/* The argmax metric alone of a row dsv4_verify_logits filled (its argmax_g / argmax_c), for another tie
+ * tolerance: the other logits metrics do not depend on it. */
+void dsv4_verify_logits_argmax(const float *g, int64_t V, double tie_abs, double tie_rel, dsv4_verify_row *row);
 /* Other i32 rows [n]: mismatch = differing elements (first in max_abs_at). */
 void dsv4_verify_int(const int32_t *g, const int32_t *c, int64_t n, dsv4_verify_row *row);
 
