@@ -10,8 +10,9 @@
  * run a batch of C copies of the sequence, copy c starting c steps later, dumping the copy --dump-seq, and can
  * follow a reference dump's discrete choices (--follow: topk_idx / router_ids; dsv4_opt.h "Decision following").
  * The CPU reference can follow too, and round where the optimized path holds bf16 (--emulate bf16).
- * An option of one path given with another (--kv with ref-cpu, --emulate with opt), a number that is empty or
- * has trailing junk, and --decode-from past the prompt are usage errors (exit 2), never ignored or clamped.
+ * An option of one path given with another (--kv with ref-cpu, --emulate with opt, --decode-from K > 0 with opt),
+ * a number that is empty or has trailing junk, and --decode-from past the prompt are usage errors (exit 2), never
+ * ignored or clamped.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
@@ -48,7 +49,8 @@ static void run_usage(FILE *f)
             "  --greedy               feed each step the argmax of the previous logits (ties: lowest id)\n"
             "  --forced               feed the dump's own tokens (default for a forced dump)\n"
             "  --decode-from K        prefill positions 0..K-1, then one-token decode steps from K\n"
-            "                         (0..the prompt length, the default; 0 = the whole prompt token by token)\n"
+            "                         (0..the prompt length, the default; 0 = the whole prompt token by token;\n"
+            "                         --path opt takes only 0, its prompt runs as one-token steps)\n"
             "  --dump-positions L     positions to store: comma list of ids, ranges and the words 'all' and\n"
             "                         'decode' (the last prompt position and every decode position), e.g.\n"
             "                         0,3,10-20,decode;\n"
@@ -328,6 +330,11 @@ static int parse_args(int argc, char **argv, run_args *a)
         return dsv4_error(DSV4_ERR_USAGE, "--follow is an option of --path opt and ref-cpu (not of %s)", a->path);
     if (a->ref.emulate != DSV4_REF_EMULATE_NONE && strcmp(a->path, "ref-cpu"))
         return dsv4_error(DSV4_ERR_USAGE, "--emulate is an option of --path ref-cpu (not of %s)", a->path);
+    if (a->decode_from > 0 && !strcmp(a->path, "opt")) /* it was taken and ignored */
+        return dsv4_error(DSV4_ERR_USAGE,
+                          "--decode-from %d: --path opt feeds the prompt as one-token steps (--decode-from 0); "
+                          "a prefill of K positions is for ref-cpu and ref-gpu",
+                          a->decode_from);
     if (a->opt.n_seq < 1 || a->opt.dump_seq >= a->opt.n_seq)
         return dsv4_error(DSV4_ERR_USAGE, "--batch %d / --dump-seq %d: want 0 <= dump-seq < batch", a->opt.n_seq,
                           a->opt.dump_seq);
@@ -506,7 +513,7 @@ int dsv4_cmd_run(int argc, char **argv)
     }
     int K = a.decode_from >= 0 ? a.decode_from : pl.P;
     const int use_opt = !strcmp(a.path, "opt");
-    if (use_opt) K = 0; /* the optimized path feeds the prompt as one-token steps */
+    if (use_opt) K = 0; /* the optimized path feeds the prompt as one-token steps (parse_args refused K > 0) */
 
     /* the positions before the model: a bad list is a usage error before any loading */
     if (a.positions) rc = parse_positions(a.positions, pl.T, pl.P, &positions, &n_pos);

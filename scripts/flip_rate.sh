@@ -11,7 +11,8 @@
 #   --model DIR     the model folder (default golden/tiny of this checkout)
 #   -n N            prompts (default 100), seeds 1..N
 #   --len T         tokens per prompt (default 64, as golden/tiny's forced.h5)
-#   --prefill P     the reference prefills P tokens, then one-token steps (default 21, as golden/tiny)
+#   --prefill P     the references prefill P tokens, then one-token steps (default 21, as golden/tiny); --path opt
+#                   configurations run the whole prompt as one-token steps
 #   -j J            prompts run at the same time (default 1)
 #   --bin DSV4      the dsv4 command (default: $DSV4_BIN, else build/dsv4 of this checkout)
 #   --out DIR       keep the per-prompt lines (flips.txt) there (default: a temporary folder, removed)
@@ -104,11 +105,13 @@ one_prompt() {
         return
     fi
     : >"$w/lines"
-    local c name args
+    local c name args from
     for c in "${configs[@]}"; do
         name=${c%%=*}
         read -r -a args <<<"${c#*=}"
-        if "$bin" run --model "$model" "${args[@]}" --prompt-tokens "$w/prompt.txt" --decode-from "$prefill" \
+        from=(--decode-from "$prefill") # --path opt feeds the prompt as one-token steps and refuses a prefill
+        [[ " ${args[*]} " == *" --path opt "* ]] && from=()
+        if "$bin" run --model "$model" "${args[@]}" --prompt-tokens "$w/prompt.txt" "${from[@]}" \
             --dump-positions all --follow "$w/ref.h5" --dump "$w/$name.h5" >"$w/$name.log" 2>&1 &&
             "$bin" verify --profile bf16 --no-color "$w/ref.h5" "$w/$name.h5" >"$w/$name.verify" 2>&1
             [ $? -le 1 ]; then

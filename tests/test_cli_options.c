@@ -4,7 +4,8 @@
  * loaded or any GPU is touched, so these run in a CPU-only build and in a CUDA build alike:
  * - run: the optimized path's options (--attn ... --dump-seq) given with --path ref-cpu / ref-gpu, which would be
  *   ignored there; an empty number (--decode "" once ran as 0 decode steps); an empty or trailing-comma
- *   --dump-positions (once a dump of no positions); --decode-from past the prompt (once clamped silently).
+ *   --dump-positions (once a dump of no positions); --decode-from past the prompt (once clamped silently), and
+ *   --decode-from K > 0 with --path opt (once taken and ignored: it feeds the prompt as one-token steps).
  * - bench: numbers with trailing junk or none at all (atoi took "5abc" as 5 and "abc" as 0), a negative --seed
  *   (strtoull wrapped it), a K suffix that takes a list value past 2^20 (checked before the suffix), a trailing
  *   comma; a --json that cannot be written (a missing folder, a directory) is refused up front, leaving nothing.
@@ -121,11 +122,17 @@ START_TEST(run_refuses_empty_and_out_of_range_numbers)
     expect_cli(2, args, NEED("--dump-positions: cannot parse ''"), NULL);
     snprintf(args, sizeof args, "%s --dump-positions 0,", pre);
     expect_cli(2, args, NEED("--dump-positions: cannot parse '0,'"), NULL);
-    /* past the 3-token prompt: refused on every path (the optimized one included) */
+    /* past the 3-token prompt: refused */
     snprintf(args, sizeof args, "%s --decode-from 99", pre);
     expect_cli(2, args, NEED("--decode-from 99", "3 tokens"), NULL);
+    /* --path opt feeds the prompt as one-token steps: a prefill of K > 0 positions is refused there (it was
+     * taken and ignored); 0, what it does, is taken (the run then fails on --dump-seq, checked after it) */
+    snprintf(args, sizeof args, "%s --path opt --decode-from 2", pre);
+    expect_cli(2, args, NEED("--decode-from 2: --path opt feeds the prompt as one-token steps"), NULL);
     snprintf(args, sizeof args, "%s --path opt --decode-from 4", pre);
-    expect_cli(2, args, NEED("--decode-from 4", "3 tokens"), NULL);
+    expect_cli(2, args, NEED("--decode-from 4"), NULL);
+    snprintf(args, sizeof args, "%s --path opt --decode-from 0 --batch 2 --dump-seq 2", pre);
+    expect_cli(2, args, NEED("--dump-seq 2"), NEED("--decode-from"));
     /* the prompt length itself is the default, and allowed */
     snprintf(args, sizeof args, "%s --decode-from 3 --decode 1", pre);
     expect_cli(0, args, NEED("prefill 3"), NULL);
