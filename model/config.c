@@ -13,7 +13,8 @@
  * Required (no default makes sense for a real model): vocab_size, hidden_size, num_hidden_layers,
  * num_attention_heads, head_dim. A JSON null counts as absent (transformers' None).
  * Quiet traps: a YaRN compress rope with no original_max_position_embeddings uses max_position_embeddings;
- * the sliding-layer rope never gets YaRN unless rope_parameters.main says so.
+ * the sliding-layer rope never gets YaRN unless rope_parameters.main says so; a non-empty rope_scaling beside
+ * rope_parameters replaces it whole; a flat dict's own rope_theta sets neither base (parse_ropes).
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
@@ -285,6 +286,10 @@ static int parse_schedule(const cfg_ctx *c, dsv4_config *cfg)
     return 0;
 }
 
+/* The two ropes as transformers' DeepseekV4Config builds them: a non-empty rope_scaling replaces rope_parameters
+ * whole (RotaryEmbeddingConfigMixin: `rope_parameters = rope_scaling or rope_parameters`); a dict holding both
+ * "main" and "compress" gives each rope its own keys; any other dict is the compress rope's (YaRN) keys, and the
+ * main rope is then plain rope of base rope_theta. */
 static int parse_ropes(const cfg_ctx *c, dsv4_config *cfg)
 {
     json_t *root = c->root;
@@ -295,22 +300,28 @@ static int parse_ropes(const cfg_ctx *c, dsv4_config *cfg)
     json_t *rp = get(root, "rope_parameters"), *rs = get(root, "rope_scaling");
     if (rp && !json_is_object(rp)) return wrong_type(c, "rope_parameters", "an object");
     if (rs && !json_is_object(rs)) return wrong_type(c, "rope_scaling", "an object");
+    const char *name = "rope_parameters";
+    if (rs && json_object_size(rs) > 0) rp = rs, name = "rope_scaling";
+    char main_label[32], comp_label[32];
+    snprintf(main_label, sizeof main_label, "%s.main", name);
+    snprintf(comp_label, sizeof comp_label, "%s.compress", name);
     json_t *main = rp ? get(rp, "main") : NULL, *comp = rp ? get(rp, "compress") : NULL;
     if (json_is_object(main) && json_is_object(comp)) {
-        if ((rc = parse_rope(c, main, "rope_parameters.main", rope_theta, "rope_theta", cfg->max_position_embeddings,
+        if ((rc = parse_rope(c, main, main_label, rope_theta, "rope_theta", cfg->max_position_embeddings,
                              &cfg->rope_main)))
             return rc;
-        return parse_rope(c, comp, "rope_parameters.compress", compress_theta, "compress_rope_theta",
-                          cfg->max_position_embeddings, &cfg->rope_compress);
+        return parse_rope(c, comp, comp_label, compress_theta, "compress_rope_theta", cfg->max_position_embeddings,
+                          &cfg->rope_compress);
     }
-    if ((rc = parse_rope(c, NULL, "rope_parameters.main", rope_theta, "rope_theta", cfg->max_position_embeddings,
+    if ((rc = parse_rope(c, NULL, main_label, rope_theta, "rope_theta", cfg->max_position_embeddings,
                          &cfg->rope_main)))
         return rc;
-    json_t *yarn = rp ? rp : rs;
-    if ((rc = parse_rope(c, yarn, rp ? "rope_parameters" : "rope_scaling", compress_theta, "compress_rope_theta",
-                         cfg->max_position_embeddings, &cfg->rope_compress)))
+    if ((rc = parse_rope(c, rp, name, compress_theta, "compress_rope_theta", cfg->max_position_embeddings,
+                         &cfg->rope_compress)))
         return rc;
-    cfg->rope_compress.theta = compress_theta; /* the flat dict's own rope_theta is the main one */
+    /* transformers sets the compress rope's base to compress_rope_theta over the dict's own rope_theta, and the
+     * main rope's to rope_theta: a flat dict's rope_theta is used by neither (it is still checked) */
+    cfg->rope_compress.theta = compress_theta;
     return check_theta(c, "compress_rope_theta", compress_theta);
 }
 

@@ -233,6 +233,8 @@ START_TEST(test_legacy_keys_and_aliases)
     ck_assert_int_eq(c.rope_compress.yarn, 1);
     ck_assert_double_eq(c.rope_compress.factor, 4.0);
     ck_assert_double_eq(c.rope_compress.theta, 160000.0);            /* compress_rope_theta default */
+    ck_assert_double_eq(c.rope_main.theta, 10000.0); /* rope_theta's default: the flat dict's 5000 sets neither */
+    ck_assert_int_eq(c.rope_main.yarn, 0);
     ck_assert_int_eq(c.rope_compress.original_max_position_embeddings, 1048576); /* max_position_embeddings */
     /* partial_rotary_factor wins over qk_rope_head_dim */
     ck_assert_int_eq(dsv4_config_parse("{" REQUIRED_KEYS ", \"qk_rope_head_dim\": 16, \"partial_rotary_factor\": 0.5,"
@@ -352,6 +354,41 @@ START_TEST(test_config_rope_values)
 }
 END_TEST
 
+/* transformers (RotaryEmbeddingConfigMixin.convert_rope_params_to_dict): rope_parameters = rope_scaling or
+ * rope_parameters, so a non-empty rope_scaling replaces rope_parameters whole, nested or flat; an empty one does
+ * not. Then DeepseekV4Config.__post_init__: the compress rope gets the flat dict's keys with base
+ * compress_rope_theta, the main rope plain rope of base rope_theta. */
+START_TEST(test_rope_scaling_replaces_rope_parameters)
+{
+    dsv4_config c;
+    const char *nested = "\"rope_parameters\": {\"main\": {\"rope_theta\": 20000},"
+                         " \"compress\": {\"rope_type\": \"yarn\", \"factor\": 4, \"rope_theta\": 40000}}";
+    char buf[2048];
+    snprintf(buf, sizeof buf,
+             "{" REQUIRED_KEYS ", \"rope_theta\": 30000, \"compress_rope_theta\": 50000, %s,"
+             " \"rope_scaling\": {\"type\": \"yarn\", \"factor\": 8, \"original_max_position_embeddings\": 512,"
+             " \"rope_theta\": 7}}",
+             nested);
+    ck_assert_msg(dsv4_config_parse(buf, "x.json", &c) == 0, "%s", dsv4_last_error());
+    ck_assert_double_eq(c.rope_main.theta, 30000.0);
+    ck_assert_int_eq(c.rope_main.yarn, 0);
+    ck_assert_int_eq(c.rope_compress.yarn, 1);
+    ck_assert_double_eq(c.rope_compress.factor, 8.0);
+    ck_assert_int_eq(c.rope_compress.original_max_position_embeddings, 512);
+    ck_assert_double_eq(c.rope_compress.theta, 50000.0);
+    /* an empty rope_scaling leaves the nested dict in charge */
+    snprintf(buf, sizeof buf, "{" REQUIRED_KEYS ", %s, \"rope_scaling\": {}}", nested);
+    ck_assert_msg(dsv4_config_parse(buf, "x.json", &c) == 0, "%s", dsv4_last_error());
+    ck_assert_double_eq(c.rope_main.theta, 20000.0);
+    ck_assert_double_eq(c.rope_compress.theta, 40000.0);
+    ck_assert_double_eq(c.rope_compress.factor, 4.0);
+    /* a bad key of the rope_scaling that is used is named as rope_scaling's */
+    snprintf(buf, sizeof buf, "{" REQUIRED_KEYS ", %s, \"rope_scaling\": {\"type\": \"yarn\", \"factor\": 0}}",
+             nested);
+    expect_error(buf, DSV4_ERR_CONFIG, "key \"rope_scaling.factor\" = 0", NULL);
+}
+END_TEST
+
 START_TEST(test_rope_base_just_above_one)
 {
     /* legal (> 1), but ln b ~ 1e-12 puts YaRN's correction dims near 1e14: past int, undefined to convert (x86 gave
@@ -457,6 +494,7 @@ int main(void)
     tcase_add_test(tc, test_config_not_json);
     tcase_add_test(tc, test_config_constraints);
     tcase_add_test(tc, test_config_rope_values);
+    tcase_add_test(tc, test_rope_scaling_replaces_rope_parameters);
     tcase_add_test(tc, test_rope_base_just_above_one);
     tcase_add_test(tc, test_config_counts_capped);
     tcase_add_test(tc, test_config_eos_token_id_range);
