@@ -1,0 +1,265 @@
+/* bench_args.c - the command line of `dsv4 bench` (cli/bench.c): usage, strict number parsing (digits only, in
+ * range, checked before a K suffix scales them), and the --json writability check, in every build. */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "bench_args.h"
+#include "dsv4/dsv4.h"
+
+const char *const bench_variant_names[BENCH_N_VARIANTS] = {"all-on", "attn", "indexer", "mhc", "index-context",
+                                                           "all-naive"};
+
+static void bench_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: dsv4 bench [--layers N|auto] [--batch LIST] [--context LIST] [--max-context N]\n"
+            "                  [--variants LIST] [--warmup N] [--reps N] [--kernel-reps N] [--scaling LIST|none]\n"
+            "                  [--scaling-batch LIST] [--no-baseline] [--seed N] [--json OUT.json]\n"
+            "                  [--weights bf16|fp8] [--quantize fp8] [--kv bf16|fp8] [--gpus N] [--nccl-time]\n\n"
+            "Decode throughput of the optimized path on a DeepSeek-V4-Flash-shaped model (D 4096, 64 heads x 512,\n"
+            "q rank 1024, 64 indexer heads x 128, 256 experts of 2048 top-6 + shared, vocab 129280, window 128,\n"
+            "index_topk 512) with random weights generated on the GPU from --seed; layers follow the Flash schedule\n"
+            "from layer 2 on (CSA with hash MoE, HCA, CSA, HCA, ...). The caches are allocated for --max-context\n"
+            "positions per sequence and filled with random valid state up to the live context (no prefill).\n\n"
+            "  --layers N|auto     decoder layers (auto, the default: as many as fit the GPU with the largest C)\n"
+            "  --batch LIST        sequences decoded together, comma list (default 1,16,64)\n"
+            "  --context LIST      live contexts, comma list (default 4096,32768); steps start at ctx-128\n"
+            "  --max-context N     positions the caches hold per sequence (default 1048576)\n"
+            "  --variants LIST     of all-on, attn, indexer, mhc, index-context, all-naive (default: all six)\n"
+            "  --warmup N          untimed steps per context (default 3; the first captures the graph)\n"
+            "  --reps N            timed steps per context (default 10); warmup + reps <= 128\n"
+            "  --kernel-reps N     launches per kernel timing (default 7; 0: no kernel timing)\n"
+            "  --scaling LIST      live contexts of the indexer + top-k scaling (default 1024,2048,...,262144)\n"
+            "  --scaling-batch L   the C values the scaling runs at (default: every --batch value)\n"
+            "  --no-baseline       skip the run with max context = live context (the index-context target)\n"
+            "  --seed N            weights and state seed (default 7)\n"
+            "  --weights bf16|fp8  how the weights are held (default bf16): fp8 = the checkpoint's formats, FP8\n"
+            "                      e4m3 linears with 128x128 block scales and FP4 e2m1 experts, drawn as codes on\n"
+            "                      the GPU (no bf16 copy); --quantize fp8 means the same for the random model\n"
+            "  --kv bf16|fp8       the caches' form (default bf16): fp8 = e4m3 nope channels with ue8m0 scales per\n"
+            "                      64 and bf16 rope channels (kernels/kv_layout.h), 592 of 1,024 bytes per entry\n"
+            "  --json OUT.json     write every number (rewritten after each C, so a cut-short run keeps what ran)\n"
+            "  --gpus N            N ranks over NCCL on GPUs 0..N-1 (docs/multigpu.md; default: one GPU, no NCCL);\n"
+            "                      the kernel timings are rank 0's. With N > 1 (or --nccl-time) every context adds\n"
+            "                      --reps eager steps timed with CUDA events around each all-reduce\n"
+            "  --nccl-time         the collective timing at N = 1 too\n\n"
+            "Progress goes to stderr, the tables to stdout. Exit status: 0 ok, 1 a run failed, 2 bad usage or the\n"
+            "--json file could not be written (checked before the GPU work, and at the end).\n");
+}
+/* ------------------------------------------------------------------------------------ arguments */
+
+
+static int is_digit(char c) { return c >= '0' && c <= '9'; }
+
+/* An option's integer: decimal digits only (no sign, no blanks, not empty) in [lo, hi]; the message says "want
+ * <alt>an integer ..." (alt: the other values the option takes, or ""). */
+static int parse_int(const char *k, const char *v, long lo, long hi, const char *alt, int *out)
+{
+    char *end = NULL;
+    errno = 0;
+    long n = is_digit(v[0]) ? strtol(v, &end, 10) : -1;
+    if (n < lo || n > hi || errno || *end) {
+        fprintf(stderr, "dsv4 bench: %s '%s': want %san integer in [%ld, %ld]\n", k, v, alt, lo, hi);
+        return -1;
+    }
+    *out = (int)n;
+    return 0;
+}
+
+/* A comma list of integers in [1, 2^20], each optionally with a K (x1024) suffix, checked after the suffix. */
+static int parse_list(const char *s, int *out, int *n, const char *what)
+{
+    *n = 0;
+    for (const char *p = s;;) {
+        char *end = NULL;
+        errno = 0;
+        long v = is_digit(*p) ? strtol(p, &end, 10) : -1;
+        if (v >= 0 && (*end == 'K' || *end == 'k')) v = v > (1L << 10) ? -1 : v * 1024, end++;
+        if (v < 1 || v > (1L << 20) || errno || *n == BENCH_MAX_LIST || (*end && *end != ',') ||
+            (*end == ',' && !end[1])) {
+            fprintf(stderr, "dsv4 bench: %s '%s': want a comma list of at most %d integers in [1, 2^20] (K = x1024)\n",
+                    what, s, BENCH_MAX_LIST);
+            return -1;
+        }
+        out[(*n)++] = (int)v;
+        if (!*end) return 0;
+        p = end + 1;
+    }
+}
+
+/* --variants: a comma list of variant names, no empty item. */
+static int parse_variants(const char *s, bench_args *a)
+{
+    a->n_variant = 0;
+    for (const char *p = s;;) {
+        size_t len = strcspn(p, ",");
+        int found = -1;
+        for (int j = 0; j < BENCH_N_VARIANTS; j++)
+            if (strlen(bench_variant_names[j]) == len && !strncmp(p, bench_variant_names[j], len)) found = j;
+        if (found < 0 || a->n_variant == BENCH_N_VARIANTS) {
+            fprintf(stderr, "dsv4 bench: --variants '%s': want a comma list of all-on, attn, indexer, mhc, "
+                            "index-context, all-naive\n", s);
+            return -1;
+        }
+        a->variant[a->n_variant++] = found;
+        if (!p[len]) return 0;
+        p += len + 1;
+    }
+}
+
+static int parse_args(int argc, char **argv, bench_args *a)
+{
+    memset(a, 0, sizeof *a);
+    int b[] = {1, 16, 64}, c[] = {4096, 32768};
+    memcpy(a->batch, b, sizeof b), a->n_batch = 3;
+    memcpy(a->ctx, c, sizeof c), a->n_ctx = 2;
+    a->max_context = 1 << 20;
+    for (int i = 0; i < BENCH_N_VARIANTS; i++) a->variant[i] = i;
+    a->n_variant = BENCH_N_VARIANTS;
+    a->warmup = 3, a->reps = 10, a->kernel_reps = 7, a->baseline = 1, a->seed = 7;
+    a->weights = DSV4_OPT_WEIGHTS_BF16;
+    a->kv = DSV4_OPT_KV_BF16;
+    for (int v = 1024; v <= 262144; v *= 2) a->scaling[a->n_scaling++] = v;
+    a->n_sbatch = -1;
+    for (int i = 1; i < argc; i++) {
+        const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int takes = 1;
+        if (!strcmp(k, "--help") || !strcmp(k, "-h")) {
+            bench_usage(stdout);
+            exit(0);
+        } else if (!strcmp(k, "--no-baseline")) {
+            a->baseline = 0, takes = 0;
+        } else if (!strcmp(k, "--nccl-time")) {
+            a->nccl_time = 1, takes = 0;
+        } else if (!v) {
+            fprintf(stderr, "dsv4 bench: %s needs a value\n", k);
+            return -1;
+        } else if (!strcmp(k, "--layers")) {
+            a->layers = 0;
+            if (strcmp(v, "auto") && parse_int(k, v, 1, DSV4_MAX_LAYERS, "auto or ", &a->layers)) return -1;
+        } else if (!strcmp(k, "--batch")) {
+            if (parse_list(v, a->batch, &a->n_batch, "--batch")) return -1;
+        } else if (!strcmp(k, "--context")) {
+            if (parse_list(v, a->ctx, &a->n_ctx, "--context")) return -1;
+        } else if (!strcmp(k, "--max-context")) {
+            int n = 0, t[BENCH_MAX_LIST];
+            if (parse_list(v, t, &n, "--max-context")) return -1;
+            if (n != 1) {
+                fprintf(stderr, "dsv4 bench: --max-context '%s': want one integer\n", v);
+                return -1;
+            }
+            a->max_context = t[0];
+        } else if (!strcmp(k, "--variants")) {
+            if (parse_variants(v, a)) return -1;
+        } else if (!strcmp(k, "--warmup")) {
+            if (parse_int(k, v, 1, 127, "", &a->warmup)) return -1;
+        } else if (!strcmp(k, "--reps")) {
+            if (parse_int(k, v, 1, 127, "", &a->reps)) return -1;
+        } else if (!strcmp(k, "--kernel-reps")) {
+            if (parse_int(k, v, 0, 1 << 20, "", &a->kernel_reps)) return -1;
+        } else if (!strcmp(k, "--scaling")) {
+            if (!strcmp(v, "none")) a->n_scaling = 0;
+            else if (parse_list(v, a->scaling, &a->n_scaling, "--scaling")) return -1;
+        } else if (!strcmp(k, "--scaling-batch")) {
+            if (parse_list(v, a->sbatch, &a->n_sbatch, "--scaling-batch")) return -1;
+        } else if (!strcmp(k, "--seed")) {
+            char *end = NULL;
+            errno = 0;
+            a->seed = is_digit(v[0]) ? strtoull(v, &end, 10) : 0;
+            if (!end || *end || errno) { /* strtoull would take "-1" as 2^64 - 1 */
+                fprintf(stderr, "dsv4 bench: --seed '%s': want an integer in [0, 2^64)\n", v);
+                return -1;
+            }
+        } else if (!strcmp(k, "--gpus")) {
+            if (parse_int(k, v, 1, 64, "", &a->gpus)) return -1;
+        } else if (!strcmp(k, "--json")) {
+            a->json = v;
+        } else if (!strcmp(k, "--kv")) {
+            dsv4_opt_options t;
+            dsv4_opt_options_default(&t);
+            if (dsv4_opt_options_set(&t, "kv", v)) {
+                fprintf(stderr, "dsv4 bench: %s\n", dsv4_last_error());
+                return -1;
+            }
+            a->kv = t.kv;
+        } else if (!strcmp(k, "--weights") || !strcmp(k, "--quantize")) {
+            dsv4_opt_options t;
+            dsv4_opt_options_default(&t);
+            if (dsv4_opt_options_set(&t, k + 2, v)) {
+                fprintf(stderr, "dsv4 bench: %s\n", dsv4_last_error());
+                return -1;
+            }
+            if (k[2] == 'w')
+                a->weights = t.weights == DSV4_OPT_WEIGHTS_FP8 ? DSV4_OPT_WEIGHTS_FP8 : DSV4_OPT_WEIGHTS_BF16;
+            else if (t.quantize == DSV4_OPT_QUANTIZE_FP8)
+                a->weights = DSV4_OPT_WEIGHTS_FP8;
+        } else {
+            fprintf(stderr, "dsv4 bench: unknown option '%s' (--help lists them)\n", k);
+            return -1;
+        }
+        i += takes;
+    }
+    if (a->n_sbatch < 0) memcpy(a->sbatch, a->batch, sizeof a->batch), a->n_sbatch = a->n_batch;
+    if (a->nccl_time && a->gpus < 1) {
+        fprintf(stderr, "dsv4 bench: --nccl-time needs --gpus N\n");
+        return -1;
+    }
+    if (a->warmup + a->reps > 128) {
+        fprintf(stderr, "dsv4 bench: --warmup %d + --reps %d: want at most 128 steps\n", a->warmup, a->reps);
+        return -1;
+    }
+    for (int i = 0; i < a->n_ctx; i++)
+        if (a->ctx[i] < 256 || a->ctx[i] % 128 || a->ctx[i] > a->max_context) {
+            fprintf(stderr, "dsv4 bench: --context %d: want a multiple of 128 in [256, max context %d]\n", a->ctx[i],
+                    a->max_context);
+            return -1;
+        }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------ the results file */
+int bench_results_tmp_name(const char *path, char *tmp, size_t size)
+{
+    if ((size_t)snprintf(tmp, size, "%s.tmp.%ld", path, (long)getpid()) >= size)
+        return dsv4_error(DSV4_ERR_USAGE, "%s: cannot write the results: the name is too long", path);
+    return 0;
+}
+
+/* Before any GPU work: can the results be written there? Creates and removes the temporary; refuses a final name
+ * that is a directory or another non-file (the rename would fail after the whole run). */
+static int results_check(const char *path)
+{
+    char tmp[4200];
+    struct stat st;
+    if (!path) return 0;
+    if (!stat(path, &st) && !S_ISREG(st.st_mode))
+        return dsv4_error(DSV4_ERR_USAGE, "%s: cannot write the results: it is not a regular file", path);
+    int rc = bench_results_tmp_name(path, tmp, sizeof tmp);
+    if (rc) return rc;
+    int slot = dsv4_tempfile_register(tmp);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) {
+        rc = dsv4_error(DSV4_ERR_IO, "%s: cannot write the results: %s", path, strerror(errno));
+    } else {
+        close(fd);
+        unlink(tmp);
+    }
+    dsv4_tempfile_unregister(slot);
+    return rc;
+}
+
+int bench_check_args(int argc, char **argv, bench_args *a)
+{
+    if (parse_args(argc, argv, a)) return 2;
+    if (results_check(a->json)) {
+        fprintf(stderr, "dsv4 bench: %s\n", dsv4_last_error());
+        return 2;
+    }
+    return 0;
+}
