@@ -42,15 +42,18 @@ static void bench_usage(FILE *f)
             "  --weights bf16|fp8  how the weights are held (default bf16): fp8 = the checkpoint's formats, FP8\n"
             "                      e4m3 linears with 128x128 block scales and FP4 e2m1 experts, drawn as codes on\n"
             "                      the GPU (no bf16 copy); --quantize fp8 means the same for the random model\n"
+            "                      (auto: bf16; --quantize none changes nothing)\n"
             "  --kv bf16|fp8       the caches' form (default bf16): fp8 = e4m3 nope channels with ue8m0 scales per\n"
             "                      64 and bf16 rope channels (kernels/kv_layout.h), 592 of 1,024 bytes per entry\n"
-            "  --json OUT.json     write every number (rewritten after each C, so a cut-short run keeps what ran)\n"
+            "  --json OUT.json     write every number (rewritten after each variant, so a cut-short run keeps\n"
+            "                      what ran)\n"
             "  --gpus N            N ranks over NCCL on GPUs 0..N-1 (docs/multigpu.md; default: one GPU, no NCCL);\n"
             "                      the kernel timings are rank 0's. With N > 1 (or --nccl-time) every context adds\n"
             "                      --reps eager steps timed with CUDA events around each all-reduce\n"
-            "  --nccl-time         the collective timing at N = 1 too\n\n"
-            "Progress goes to stderr, the tables to stdout. Exit status: 0 ok, 1 a run failed, 2 bad usage or the\n"
-            "--json file could not be written (checked before the GPU work, and at the end).\n");
+            "  --nccl-time         the collective timing at N = 1 too (needs --gpus N)\n\n"
+            "Progress goes to stderr, the tables to stdout. Exit status: 0 ok, 1 a run failed, 2 bad usage, no CUDA\n"
+            "(a build without it, or no device), a plan that does not fit the GPU's free memory, or the --json file\n"
+            "could not be written (checked before the GPU work, and at the end).\n");
 }
 /* ------------------------------------------------------------------------------------ arguments */
 

@@ -25,8 +25,8 @@ static void print_usage(FILE *f)
             DSV4_VERSION);
     for (size_t i = 0; i < sizeof dsv4_subcommands / sizeof dsv4_subcommands[0]; i++)
         fprintf(f, "  %-8s %s\n", dsv4_subcommands[i].name, dsv4_subcommands[i].summary);
-    fprintf(f, "\n'dsv4 <command> --help' describes a command. Exit status: 0 ok, 1 problem found, 2 bad usage or "
-               "unreadable input.\n");
+    fprintf(f, "\n'dsv4 <command> --help' describes a command, 'dsv4 --version' prints the version.\n"
+               "Exit status: 0 ok, 1 problem found, 2 bad usage or unreadable input.\n");
 }
 
 int main(int argc, char **argv)
