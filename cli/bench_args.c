@@ -42,7 +42,8 @@ static void bench_usage(FILE *f)
             "  --weights bf16|fp8  how the weights are held (default bf16): fp8 = the checkpoint's formats, FP8\n"
             "                      e4m3 linears with 128x128 block scales and FP4 e2m1 experts, drawn as codes on\n"
             "                      the GPU (no bf16 copy); --quantize fp8 means the same for the random model\n"
-            "                      (auto: bf16; --quantize none changes nothing)\n"
+            "                      (auto: bf16; --quantize none changes nothing; --quantize fp8 with\n"
+            "                      --weights bf16 is refused)\n"
             "  --kv bf16|fp8       the caches' form (default bf16): fp8 = e4m3 nope channels with ue8m0 scales per\n"
             "                      64 and bf16 rope channels (kernels/kv_layout.h), 592 of 1,024 bytes per entry\n"
             "  --json OUT.json     write every number (rewritten after each variant, so a cut-short run keeps\n"
@@ -130,6 +131,8 @@ static int parse_args(int argc, char **argv, bench_args *a)
     a->kv = DSV4_OPT_KV_BF16;
     for (int v = 1024; v <= 262144; v *= 2) a->scaling[a->n_scaling++] = v;
     a->n_sbatch = -1;
+    dsv4_opt_weights weights = DSV4_OPT_WEIGHTS_AUTO; /* as given; resolved with --quantize after the loop */
+    int quantize = 0;
     for (int i = 1; i < argc; i++) {
         const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int takes = 1;
@@ -198,16 +201,22 @@ static int parse_args(int argc, char **argv, bench_args *a)
                 fprintf(stderr, "dsv4 bench: %s\n", dsv4_last_error());
                 return -1;
             }
-            if (k[2] == 'w')
-                a->weights = t.weights == DSV4_OPT_WEIGHTS_FP8 ? DSV4_OPT_WEIGHTS_FP8 : DSV4_OPT_WEIGHTS_BF16;
-            else if (t.quantize == DSV4_OPT_QUANTIZE_FP8)
-                a->weights = DSV4_OPT_WEIGHTS_FP8;
+            if (k[2] == 'w') weights = t.weights;
+            else quantize = t.quantize == DSV4_OPT_QUANTIZE_FP8;
         } else {
             fprintf(stderr, "dsv4 bench: unknown option '%s' (--help lists them)\n", k);
             return -1;
         }
         i += takes;
     }
+    /* whatever the order (the last of the two used to win): the random model has no form of quantised values
+     * held in bf16, which `dsv4 run --quantize fp8 --weights bf16` means */
+    if (quantize && weights == DSV4_OPT_WEIGHTS_BF16) {
+        fprintf(stderr, "dsv4 bench: --quantize fp8 with --weights bf16: the random model is drawn in one format; "
+                        "give --weights bf16 or fp8 (--quantize fp8 alone means fp8)\n");
+        return -1;
+    }
+    a->weights = quantize || weights == DSV4_OPT_WEIGHTS_FP8 ? DSV4_OPT_WEIGHTS_FP8 : DSV4_OPT_WEIGHTS_BF16;
     if (a->n_sbatch < 0) memcpy(a->sbatch, a->batch, sizeof a->batch), a->n_sbatch = a->n_batch;
     if (a->nccl_time && a->gpus < 1) {
         fprintf(stderr, "dsv4 bench: --nccl-time needs --gpus N\n");

@@ -1,4 +1,4 @@
-/* test_cli_options.c - the option checks of `dsv4 run` and `dsv4 bench` (cli/run.c, cli/bench.c), on the CPU.
+/* test_cli_options.c - the option checks of `dsv4 run` and `dsv4 bench` (cli/run.c, cli/bench_args.c), on the CPU.
  *
  * Every bad option is a usage error (exit 2) whose message names the option and its value, before any model is
  * loaded or any GPU is touched, so these run in a CPU-only build and in a CUDA build alike:
@@ -8,7 +8,8 @@
  *   --decode-from K > 0 with --path opt (once taken and ignored: it feeds the prompt as one-token steps).
  * - bench: numbers with trailing junk or none at all (atoi took "5abc" as 5 and "abc" as 0), a negative --seed
  *   (strtoull wrapped it), a K suffix that takes a list value past 2^20 (checked before the suffix), a trailing
- *   comma; a --json that cannot be written (a missing folder, a directory) is refused up front, leaving nothing.
+ *   comma; --quantize fp8 with --weights bf16 (the later of the two won); a --json that cannot be written (a
+ *   missing folder, a directory) is refused up front, leaving nothing.
  * The bench cases that must parse end on a bad --context (checked last, before the GPU), so that a build with a
  * GPU never starts a benchmark here.
  */
@@ -162,6 +163,9 @@ START_TEST(bench_refuses_bad_numbers)
         {"--max-context 1,2", "--max-context '1,2'"},
         {"--variants ''", "--variants ''"},
         {"--variants all-on,", "--variants 'all-on,'"},
+        /* in either order (the last of the two won: fp8 one way, bf16 the other) */
+        {"--weights bf16 --quantize fp8", "--quantize fp8 with --weights bf16"},
+        {"--quantize fp8 --weights bf16", "--quantize fp8 with --weights bf16"},
     };
     char args[512];
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
@@ -171,7 +175,9 @@ START_TEST(bench_refuses_bad_numbers)
     /* good values parse: these end on the bad --context, checked last and before any GPU work */
     static const char *const good[] = {"--reps 5",          "--kernel-reps 0", "--seed 18446744073709551615",
                                        "--batch 1K,64",     "--layers 3",      "--layers auto",
-                                       "--max-context 64K", "--warmup 2"};
+                                       "--max-context 64K", "--warmup 2",
+                                       "--quantize fp8 --weights fp8", "--weights auto --quantize fp8",
+                                       "--quantize none --weights bf16"};
     for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
         snprintf(args, sizeof args, "bench %s --context 100", good[i]);
         expect_cli(2, args, NEED("--context 100: want a multiple of 128"), NULL);
