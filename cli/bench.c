@@ -247,7 +247,7 @@ static int write_json(const char *path, json_t *root)
 static void print_tables(json_t *root);
 
 /* A variant that fails (out of memory, a kernel error) is recorded and the run goes on; a sticky CUDA error makes
- * every later variant fail too, and each says so. Returns 0 (the run continues). */
+ * every later variant fail too, and each says so. Returns 0 (the run continues); the exit status is still 1. */
 static int record_failure(json_t *fails, int C, const char *variant, const char *stage)
 {
     progress("  FAILED (%s, C=%d %s): %s", stage, C, variant, dsv4_last_error());
@@ -523,8 +523,14 @@ int dsv4_cmd_bench(int argc, char **argv)
     const int json_rc = write_json(a.json, root);
     if (json_rc) fprintf(stderr, "dsv4 bench: %s\n", dsv4_last_error());
     print_tables(root);
+    /* record_failure lets the run go on, so a failed variant leaves rc 0: it still makes the exit status 1 */
+    const size_t n_failed = json_array_size(fails);
+    if (n_failed)
+        fprintf(stderr, "dsv4 bench: %zu run(s) FAILED (the tables' FAILED lines; \"failures\" in the JSON)\n",
+                n_failed);
     json_decref(root);
-    return json_rc ? 2 : rc ? 1 : 0; /* the results file not written: 2, as for any output that could not be */
+    /* the results file not written: 2, as for any output that could not be */
+    return json_rc ? 2 : rc || n_failed ? 1 : 0;
 }
 
 /* ------------------------------------------------------------------------------------ tables */

@@ -424,7 +424,8 @@ int opt_ranks_init(const dsv4_config *cfg, const dsv4_opt_options *op, opt_build
 {
     *out = NULL;
     const int N = op->n_gpus;
-    DSV4_CHECK(op->device == 0, "--gpus %d with --device %d: the ranks use GPUs 0..%d", N, op->device, N - 1);
+    DSV4_CHECK(op->device == 0, "%d ranks with dsv4_opt_options.device %d: the ranks use GPUs 0..%d", N,
+               op->device, N - 1);
     int n_dev = 0;
     if (cudaGetDeviceCount(&n_dev) != cudaSuccess) {
         n_dev = 0; /* no driver or no device: the plan says how many were asked */
