@@ -3,11 +3,11 @@
 #   forced: `dsv4 run --tokens-from golden/tiny/forced.h5` verified with `dsv4 verify --profile fp32`;
 #   greedy: `dsv4 run --greedy` reproduces the golden's 32 greedy tokens (verify fails on any token difference);
 #   token by token: `--decode-from 0` (the whole prompt as one-token decode steps) verifies the same way.
-# Skipped (77) while golden/tiny is not committed.
+# golden/tiny is committed (golden/README.md): a missing file fails the test, it is not a skip.
 set -u -o pipefail
 G="${DSV4_SOURCE_DIR:?}/golden/tiny"
 BIN="${DSV4_BIN:?}"
-[ -f "$G/forced.h5" ] && [ -f "$G/greedy.h5" ] || { echo "golden/tiny not committed: skipped"; exit 77; }
+[ -f "$G/forced.h5" ] && [ -f "$G/greedy.h5" ] || { echo "FAILED: $G/forced.h5 or greedy.h5 missing (committed golden)"; exit 1; }
 T=$(mktemp -d "${TMPDIR:-/tmp}/dsv4-e2e-tiny-XXXXXX")
 trap 'rm -rf "$T"' EXIT
 fail=0

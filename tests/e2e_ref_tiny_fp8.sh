@@ -2,11 +2,11 @@
 # e2e_ref_tiny_fp8.sh - the CPU reference on the committed `tiny-fp8` golden set: the tiny weights in the
 # OFFICIAL checkpoint names with FP8 e4m3 block-scaled linears and FP4 e2m1 experts, dequantised by the loader;
 # `dsv4 run --tokens-from golden/tiny-fp8/forced.h5` verified with `dsv4 verify --profile fp32`.
-# Skipped (77) while golden/tiny-fp8 is not committed.
+# golden/tiny-fp8 is committed (golden/README.md): a missing file fails the test, it is not a skip.
 set -u -o pipefail
 G="${DSV4_SOURCE_DIR:?}/golden/tiny-fp8"
 BIN="${DSV4_BIN:?}"
-[ -f "$G/forced.h5" ] || { echo "golden/tiny-fp8 not committed: skipped"; exit 77; }
+[ -f "$G/forced.h5" ] || { echo "FAILED: $G/forced.h5 missing (committed golden)"; exit 1; }
 T=$(mktemp -d "${TMPDIR:-/tmp}/dsv4-e2e-tiny-fp8-XXXXXX")
 trap 'rm -rf "$T"' EXIT
 fail=0

@@ -2,11 +2,11 @@
 # e2e_ref_topk512.sh - the CPU reference on the committed `topk512` golden set (index_topk = 512 with more than
 # 512 visible compressed entries at the decode positions, so the real top-512 ranking is exercised):
 # `dsv4 run --tokens-from golden/topk512/forced.h5` verified with `dsv4 verify --profile fp32`.
-# Skipped (77) while golden/topk512 is not committed.
+# golden/topk512 is committed (golden/README.md): a missing file fails the test, it is not a skip.
 set -u -o pipefail
 G="${DSV4_SOURCE_DIR:?}/golden/topk512"
 BIN="${DSV4_BIN:?}"
-[ -f "$G/forced.h5" ] || { echo "golden/topk512 not committed: skipped"; exit 77; }
+[ -f "$G/forced.h5" ] || { echo "FAILED: $G/forced.h5 missing (committed golden)"; exit 1; }
 T=$(mktemp -d "${TMPDIR:-/tmp}/dsv4-e2e-topk512-XXXXXX")
 trap 'rm -rf "$T"' EXIT
 fail=0
