@@ -7,7 +7,7 @@
 #   verify NAME GATED GOLDEN CAND    `dsv4 verify --profile bf16`, the VERDICT, top-k, router, logits lines;
 #                                    GATED=1: counts to pass/fail, and beyond the verifier's exit status needs the
 #                                    issue's numbers: per CSA layer strict top-k recall (mean) >= 0.99 and no strict
-#                                    miss, router_ids agreement >= 99% (the golden experts the candidate also chose,
+#                                    miss (no top-k table at all fails too), router_ids agreement >= 99% (the golden experts the candidate also chose,
 #                                    over every row of every MoE layer; the rows with the same experts are printed
 #                                    too), logits argmax equal or tie-accepted >= 99% of positions. GATED=0:
 #                                    reported only.
@@ -41,6 +41,12 @@ verify() {
         local bad
         bad=$(awk '{split($3, a, "/"); if (a[2] + 0 < 0.99 || $7 + 0 != 0) printf "L%s ", $1}' <<<"$topk")
         [ -z "$bad" ] || { ok=0; why="$why; top-k recall < 0.99 or strict misses in $bad"; }
+    else
+        # every model these gates run on has CSA layers: no table means no topk_idx was compared (a candidate
+        # without them is 'only in golden', which the verifier lists but does not fail)
+        echo "   topk: no top-k table (no topk_idx row compared)"
+        ok=0
+        why="$why; no top-k rows"
     fi
     local n nbad rsum
     read -r n nbad rsum <<<"$(router_rows "$js")"
