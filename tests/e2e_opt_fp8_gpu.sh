@@ -6,13 +6,13 @@
 # same model as the control. When `dsv4 run --help` lists --follow (decision following: the gate of the
 # optimized issue), both runs are repeated following the reference dump's top-k / router choices and THOSE are
 # gated, the free-running ones reported; without --follow the free-running runs are gated. The verifier's summary lines are printed; full logs go to $DSV4_E2E_LOG
-# (default: a temporary folder). Skipped (77) without a GPU or without golden/tiny-fp8.
+# (default: a temporary folder). Skipped (77) without a GPU; a missing golden/tiny-fp8 (committed) fails.
 set -u -o pipefail
 BIN="${DSV4_BIN:?}"
 SRC="${DSV4_SOURCE_DIR:?}"
 G="$SRC/golden/tiny-fp8"
 nvidia-smi -L >/dev/null 2>&1 || { echo "no GPU: skipped"; exit 77; }
-[ -f "$G/forced.h5" ] || { echo "golden/tiny-fp8 not committed: skipped"; exit 77; }
+[ -f "$G/forced.h5" ] || { echo "e2e_opt_fp8_gpu: FAIL ($G/forced.h5 missing: the golden sets are committed)"; exit 1; }
 T=$(mktemp -d "${TMPDIR:-/tmp}/dsv4-e2e-opt-fp8-XXXXXX")
 trap 'rm -rf "$T"' EXIT
 LOG="${DSV4_E2E_LOG:-$T}"

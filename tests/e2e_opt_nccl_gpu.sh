@@ -54,7 +54,7 @@ else
 fi
 for set in tiny topk512 tiny-fp8; do
     G="$SRC/golden/$set"
-    [ -f "$G/forced.h5" ] || { echo "golden/$set not committed: skipped"; continue; }
+    [ -f "$G/forced.h5" ] || { echo "== $set: FAIL ($G/forced.h5 missing: the golden sets are committed)"; fail=$((fail + 1)); continue; }
     # every position: the follow runs need the prefill's choices too, or the prefill runs free and its flips
     # compound into the compressed entries (seen on the H200: topk512 compressed_kv from position 327)
     run "$set-ref" "$G" --path ref-cpu --tokens-from "$G/forced.h5" --dump-positions all || continue
