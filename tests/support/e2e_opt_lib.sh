@@ -5,8 +5,8 @@
 #   run NAME MODEL PATH ARGS...      `dsv4 run` into $T/NAME.h5, its summary and follow lines; a failed run counts
 #                                    as a failure, gated or not (a crash is never chaos)
 #   verify NAME GATED GOLDEN CAND    `dsv4 verify --profile bf16`, the VERDICT, top-k, router, logits lines;
-#                                    GATED=1: counts to pass/fail, and beyond the verifier's exit status needs the
-#                                    issue's numbers: per CSA layer strict top-k recall (mean) >= 0.99 and no strict
+#                                    GATED=1: counts to pass/fail, and beyond the verifier's exit status needs
+#                                    every probe of GOLDEN in CAND (none "only in golden") and the issue's numbers: per CSA layer strict top-k recall (mean) >= 0.99 and no strict
 #                                    miss (no top-k table at all fails too), router_ids agreement >= 99% (the golden experts the candidate also chose,
 #                                    over every row of every MoE layer; the rows with the same experts are printed
 #                                    too), logits argmax equal or tie-accepted >= 99% of positions. GATED=0:
@@ -30,6 +30,8 @@ verify() {
     "$BIN" verify --profile bf16 --no-color --json "$js" "$g" "$c" >"$log" 2>&1
     local rc=$? ok=1 why=""
     [ $rc -eq 0 ] || { ok=0; why="verifier exit $rc"; }
+    # a dataset missing from the candidate is listed by the verifier, not failed
+    grep -q '^only in golden' "$log" && { ok=0; why="$why; $(grep -m1 '^only in golden' "$log" | cut -c1-120)"; }
     grep -E '^VERDICT|^first divergence|^tokens ' "$log" | sed 's/^/   /'
     # top-k table rows: L rows recall(min/mean) jaccard(min/mean) rows!=G accepted strict
     local topk
