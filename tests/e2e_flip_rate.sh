@@ -3,11 +3,11 @@
 #   the control, the fp32 reference following its own dump, must differ in no top-k row and fail no prompt;
 #   the bf16 emulation must run and be counted on both CSA layers (L1, L3) of all 4 prompts;
 #   --summary of the kept lines must print the same tables; bad usage exits 2 with a message.
-# Skipped (77) while golden/tiny is not committed.
+# golden/tiny is committed (golden/README.md): a missing model fails the test, it is not a skip.
 set -u -o pipefail
 SRC="${DSV4_SOURCE_DIR:?}"
 export DSV4_BIN="${DSV4_BIN:?}"
-[ -f "$SRC/golden/tiny/config.json" ] || { echo "golden/tiny not committed: skipped"; exit 77; }
+[ -f "$SRC/golden/tiny/config.json" ] || { echo "FAILED: $SRC/golden/tiny/config.json missing (committed golden)"; exit 1; }
 T=$(mktemp -d "${TMPDIR:-/tmp}/dsv4-e2e-flips-XXXXXX")
 trap 'rm -rf "$T"' EXIT
 fail=0

@@ -42,7 +42,7 @@ variants=("default|" "attn-simt|--attn simt" "indexer-fp32|--indexer fp32" "mhc-
           "index-max|--index-context max" "graph-off|--graph off" "batch3|--batch 3 --dump-seq 2")
 for set in tiny topk512 tiny-fp8; do
     G="$SRC/golden/$set"
-    [ -f "$G/forced.h5" ] || { echo "golden/$set not committed: skipped"; continue; }
+    [ -f "$G/forced.h5" ] || { echo "== $set: FAIL ($G/forced.h5 missing: the golden sets are committed)"; fail=$((fail + 1)); continue; }
     ref="$T/$set-ref.h5"
     run "$set-ref" "$G" ref-cpu --tokens-from "$G/forced.h5" --dump-positions all || ref=""
     [ -n "$ref" ] && verify "$set-ref-vs-golden" 0 "$G/forced.h5" "$ref"
@@ -67,7 +67,10 @@ for set in tiny topk512 tiny-fp8; do
     fi
 done
 G="$SRC/golden/tiny"
-if [ -f "$G/greedy.h5" ]; then
+if [ ! -f "$G/greedy.h5" ]; then
+    echo "== tiny-greedy: FAIL ($G/greedy.h5 missing: the golden sets are committed)"
+    fail=$((fail + 1))
+else
     ref="$T/tiny-greedy-ref.h5"
     run tiny-greedy-ref "$G" ref-cpu --tokens-from "$G/greedy.h5" --forced --dump-positions all || ref=""
     if [ -n "$ref" ] && run tiny-greedy-follow "$G" opt --tokens-from "$G/greedy.h5" --forced --follow "$ref"; then

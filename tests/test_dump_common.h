@@ -3,7 +3,8 @@
  * The config is model-spec §16's tiny recipe (4 layers: sliding, CSA, HCA, CSA; hash MoE then MoE;
  * CSA ratio 4, HCA ratio 8, index_topk 3), once as config.json text (what a dump embeds and the reader
  * parses) and once filled by hand (what the writer and probe sink are given), so the tests do not depend
- * on the reader to build their inputs. test_dump_reader checks that the two agree.
+ * on the reader to build their inputs. test_dump_roundtrip's test_hand_config_is_the_json_config checks that
+ * the two agree, field by field.
  */
 #ifndef TEST_DUMP_COMMON_H
 #define TEST_DUMP_COMMON_H

@@ -3,7 +3,8 @@
  * Every probe kind of dump-format.md goes in through the probe sink with random data (fixed seeds) and must
  * come back bit-exact, listed in model order with the shapes of the table. Also: rows written out of order,
  * unwritten rows reading as NaN / -1 (not 0), the temp name -> final name rename on commit, abort leaving
- * nothing, slice reads returning exactly the rows asked for, greedy token updates, extra attributes.
+ * nothing, slice reads returning exactly the rows asked for, greedy token updates, extra attributes; and the
+ * shared test config filled by hand is the one its config.json text parses to (test_dump_common.h).
  */
 #define _POSIX_C_SOURCE 200809L
 #include <unistd.h>
@@ -410,10 +411,67 @@ START_TEST(test_writer_refuses_bad_arguments)
 }
 END_TEST
 
+/* test_dump_common.h's config twice, as the JSON a dump embeds and filled by hand for the writer: they must be the
+ * same model, or the tests would write with one config and read with another. Every field the hand version sets. */
+START_TEST(test_hand_config_is_the_json_config)
+{
+    dsv4_config h, j;
+    test_dump_config(&h);
+    ck_assert_msg(dsv4_config_parse(test_dump_config_json, "test_dump_config_json", &j) == 0, "%s",
+                  dsv4_last_error());
+#define SAME_INT(f) ck_assert_msg(h.f == j.f, #f ": by hand %lld, config_json %lld", (long long)h.f, (long long)j.f)
+#define SAME_DBL(f) ck_assert_msg(h.f == j.f, #f ": by hand %g, config_json %g", h.f, j.f)
+    SAME_INT(vocab_size);
+    SAME_INT(hidden_size);
+    SAME_INT(num_hidden_layers);
+    SAME_INT(num_attention_heads);
+    SAME_INT(num_key_value_heads);
+    SAME_INT(head_dim);
+    SAME_INT(qk_rope_head_dim);
+    SAME_INT(q_lora_rank);
+    SAME_INT(o_groups);
+    SAME_INT(o_lora_rank);
+    SAME_INT(sliding_window);
+    SAME_INT(index_n_heads);
+    SAME_INT(index_head_dim);
+    SAME_INT(index_topk);
+    SAME_INT(n_routed_experts);
+    SAME_INT(n_shared_experts);
+    SAME_INT(num_experts_per_tok);
+    SAME_INT(moe_intermediate_size);
+    SAME_INT(num_hash_layers);
+    SAME_INT(norm_topk_prob);
+    SAME_DBL(routed_scaling_factor);
+    SAME_DBL(swiglu_limit);
+    SAME_INT(hc_mult);
+    SAME_INT(hc_sinkhorn_iters);
+    SAME_DBL(hc_eps);
+    SAME_DBL(rms_norm_eps);
+    SAME_INT(max_position_embeddings);
+    SAME_INT(tie_word_embeddings);
+    SAME_INT(bos_token_id);
+    SAME_INT(eos_token_id);
+    SAME_INT(compress_rate_csa);
+    SAME_INT(compress_rate_hca);
+#undef SAME_INT
+#undef SAME_DBL
+    ck_assert_str_eq(h.scoring_func, j.scoring_func);
+    for (int l = 0; l < h.num_hidden_layers; l++) {
+        ck_assert_msg(h.attn_type[l] == j.attn_type[l], "layer %d: attention %s by hand, %s in config_json", l,
+                      dsv4_attn_type_name(h.attn_type[l]), dsv4_attn_type_name(j.attn_type[l]));
+        ck_assert_msg(h.mlp_type[l] == j.mlp_type[l], "layer %d: mlp %s by hand, %s in config_json", l,
+                      dsv4_mlp_type_name(h.mlp_type[l]), dsv4_mlp_type_name(j.mlp_type[l]));
+        ck_assert_msg(h.compress_ratio[l] == j.compress_ratio[l], "layer %d: ratio %d by hand, %d in config_json", l,
+                      h.compress_ratio[l], j.compress_ratio[l]);
+    }
+}
+END_TEST
+
 static Suite *dump_roundtrip_suite(void)
 {
     Suite *s = suite_create("dump_roundtrip");
     TCase *tc = tcase_create("core");
+    tcase_add_test(tc, test_hand_config_is_the_json_config);
     tcase_add_test(tc, test_every_probe_round_trips_bit_exact);
     tcase_add_test(tc, test_out_of_order_rows_and_unwritten_rows_are_nan_or_minus_one);
     tcase_add_test(tc, test_file_appears_under_its_name_only_at_commit);

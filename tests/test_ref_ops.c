@@ -162,15 +162,42 @@ END_TEST
 
 START_TEST(test_hc_head)
 {
+    /* model-spec 5.3: m = rho * (fn . flatten(X)), rho ONE rms over all streams; pre_j = sigmoid(scale * m_j +
+     * base_j) + hc_eps; y = sum_j pre_j X[j]. A non-zero fn, a scale != 1 and a large hc_eps, so that each term is
+     * visible in y (with fn = 0 and hc_eps 1e-6 only the base was). */
     enum { n = 4, D = 3 };
     float fn[n * n * D] = {0}, base[n] = {0.5f, -0.5f, 1.0f, 0.0f}, scale[1] = {2.0f};
     float X[n * D] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, y[D], vn[n * D];
-    dsv4_ref_hc_head(fn, base, scale, X, n, D, 1e-6f, 1e-6f, y, vn);
+    fn[0 * n * D + 0] = 1.0f;          /* m_0 reads stream 0 element 0 */
+    fn[1 * n * D + 3 * D + 2] = -0.5f; /* m_1 reads stream 3 element 2 */
+    fn[2 * n * D + 1 * D + 1] = 0.25f; /* m_2 reads stream 1 element 1 */
+    const float hc_eps = 0.25f;
+    double ss = 0;
+    for (int i = 0; i < n * D; i++) ss += (double)X[i] * X[i];
+    const double rho = 1.0 / sqrt(ss / (n * D) + 1e-6);
+    double pre[n];
+    for (int j = 0; j < n; j++) {
+        double m = 0;
+        for (int i = 0; i < n * D; i++) m += (double)fn[j * n * D + i] * X[i];
+        pre[j] = sigm(scale[0] * rho * m + base[j]) + hc_eps;
+    }
+    dsv4_test_poison_f32(y, D);
+    dsv4_ref_hc_head(fn, base, scale, X, n, D, hc_eps, 1e-6f, y, vn);
     for (int d = 0; d < D; d++) {
         double e = 0;
-        for (int j = 0; j < n; j++) e += (sigm(base[j]) + 1e-6) * X[j * D + d];
-        ck_assert_msg(fabs(y[d] - e) < 1e-4, "hc_head y[%d] %g vs %g", d, y[d], e);
+        for (int j = 0; j < n; j++) e += pre[j] * X[j * D + d];
+        ck_assert_msg(fabs(y[d] - e) < 1e-5 * fabs(e), "hc_head y[%d] %.9g vs %.9g", d, y[d], e);
     }
+    /* the gate can fail: without hc_eps, the scale, or the projection y[0] moves by far more than the tolerance */
+    double no_eps = 0, no_scale = 0, no_fn = 0;
+    for (int j = 0; j < n; j++) {
+        double m = 0;
+        for (int i = 0; i < n * D; i++) m += (double)fn[j * n * D + i] * X[i];
+        no_eps += (pre[j] - hc_eps) * X[j * D];
+        no_scale += (sigm(rho * m + base[j]) + hc_eps) * X[j * D];
+        no_fn += (sigm(base[j]) + hc_eps) * X[j * D];
+    }
+    ck_assert(fabs(no_eps - y[0]) > 1e-2 && fabs(no_scale - y[0]) > 1e-2 && fabs(no_fn - y[0]) > 1e-2);
 }
 END_TEST
 

@@ -114,7 +114,8 @@ END_TEST
 
 START_TEST(noise_from_a_position_is_position_major)
 {
-    /* noise on layers >= 1 from position 30, plus layer 3 everywhere: the earlier position wins (layer 3, pos 0) */
+    /* noise on layers >= 1 from position 30, plus layer 3 everywhere: the earlier position wins (layer 3, pos 0);
+     * a layer-major order would name (position 30, layer 1) */
     synth_spec s;
     synth_spec_init(&s);
     s.noise = 1e-3;
@@ -124,6 +125,13 @@ START_TEST(noise_from_a_position_is_position_major)
     ck_assert_int_eq(r->status, DSV4_VERIFY_DIVERGED);
     ck_assert_int_eq(r->first.position, 30);
     ck_assert_int_eq(r->first.layer, 1);
+    dsv4_verify_result_free(r);
+    ck_assert_int_eq(synth_copy_perturbed(tmp_path("cand.h5"), tmp_path("cand3.h5"), 3, 1e-3, 7), 0);
+    ck_assert_int_eq(dsv4_verify_run(tmp_path("golden.h5"), tmp_path("cand3.h5"), NULL, &r), 0);
+    ck_assert_int_eq(r->status, DSV4_VERIFY_DIVERGED);
+    ck_assert_msg(r->first.position == 0 && r->first.layer == 3, "first divergence at position %d, layer %d (%s)",
+                  r->first.position, r->first.layer, r->first.dataset);
+    ck_assert_str_eq(r->first.dataset, "layers/3/attn_hc_pre");
     dsv4_verify_result_free(r);
 }
 END_TEST
@@ -144,7 +152,7 @@ START_TEST(nan_found_at_its_position)
     ck_assert_ptr_nonnull(strstr(r->first.detail, "[17]"));
     ck_assert_int_eq(r->probes[r->first.probe_index].n_failed_rows, 1);
     dsv4_verify_result_free(r);
-    /* the same NaN in a per-entry probe: entry 5 of an HCA layer (ratio 8) closes at position 47 -> 5*8+7 */
+    /* the same NaN in a per-entry probe, found at the position that closes the entry */
     synth_spec_init(&s);
     s.nan_dataset = "layers/1/compressed_kv"; /* CSA, ratio 4: entry 5 closes at position 23 */
     s.nan_position = 5;

@@ -5,7 +5,6 @@
  *   same launches);
  * - two `dsv4 run --path opt` of the same input give bitwise identical dumps (every dataset compared with the
  *   dump reader; the HDF5 files themselves may differ in timestamps), for the defaults and all naive variants;
- * - the batch: sequence 1 of a staggered batch of 2 reproduces a batch of 1 within bf16 noise (same argmax);
  * - both constructors share one layout: dsv4_opt_init on a model and dsv4_opt_init_random on its config give the
  *   same three arena sizes, and a step of the random one runs (every view it reads is carved).
  */

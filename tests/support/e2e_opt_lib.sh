@@ -5,9 +5,9 @@
 #   run NAME MODEL PATH ARGS...      `dsv4 run` into $T/NAME.h5, its summary and follow lines; a failed run counts
 #                                    as a failure, gated or not (a crash is never chaos)
 #   verify NAME GATED GOLDEN CAND    `dsv4 verify --profile bf16`, the VERDICT, top-k, router, logits lines;
-#                                    GATED=1: counts to pass/fail, and beyond the verifier's exit status needs the
-#                                    issue's numbers: per CSA layer strict top-k recall (mean) >= 0.99 and no strict
-#                                    miss, router_ids agreement >= 99% (the golden experts the candidate also chose,
+#                                    GATED=1: counts to pass/fail, and beyond the verifier's exit status needs
+#                                    every probe of GOLDEN in CAND (none "only in golden") and the issue's numbers: per CSA layer strict top-k recall (mean) >= 0.99 and no strict
+#                                    miss (no top-k table at all fails too), router_ids agreement >= 99% (the golden experts the candidate also chose,
 #                                    over every row of every MoE layer; the rows with the same experts are printed
 #                                    too), logits argmax equal or tie-accepted >= 99% of positions. GATED=0:
 #                                    reported only.
@@ -30,6 +30,8 @@ verify() {
     "$BIN" verify --profile bf16 --no-color --json "$js" "$g" "$c" >"$log" 2>&1
     local rc=$? ok=1 why=""
     [ $rc -eq 0 ] || { ok=0; why="verifier exit $rc"; }
+    # a dataset missing from the candidate is listed by the verifier, not failed
+    grep -q '^only in golden' "$log" && { ok=0; why="$why; $(grep -m1 '^only in golden' "$log" | cut -c1-120)"; }
     grep -E '^VERDICT|^first divergence|^tokens ' "$log" | sed 's/^/   /'
     # top-k table rows: L rows recall(min/mean) jaccard(min/mean) rows!=G accepted strict
     local topk
@@ -41,6 +43,12 @@ verify() {
         local bad
         bad=$(awk '{split($3, a, "/"); if (a[2] + 0 < 0.99 || $7 + 0 != 0) printf "L%s ", $1}' <<<"$topk")
         [ -z "$bad" ] || { ok=0; why="$why; top-k recall < 0.99 or strict misses in $bad"; }
+    else
+        # every model these gates run on has CSA layers: no table means no topk_idx was compared (a candidate
+        # without them is 'only in golden', which the verifier lists but does not fail)
+        echo "   topk: no top-k table (no topk_idx row compared)"
+        ok=0
+        why="$why; no top-k rows"
     fi
     local n nbad rsum
     read -r n nbad rsum <<<"$(router_rows "$js")"
