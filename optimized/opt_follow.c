@@ -24,6 +24,7 @@
 
 struct dsv4_opt_follow {
     char *path;
+    char digest[65];                      /* the dump's weights_digest */
     int n_layers;
     int width[2];                         /* TOPK: index_topk, ROUTER: num_experts_per_tok */
     int n_tokens;
@@ -74,7 +75,7 @@ static int follow_read_layer(dsv4_opt_follow *f, const dsv4_dump *d, const dsv4_
     const int w = f->width[kind];
     if (info.dtype != DSV4_DTYPE_I32 || info.ndim != 2 || info.shape[0] != f->n_rows || info.shape[1] != w)
         return dsv4_error(DSV4_ERR_SHAPE, "%s: %s is %s [%lld, %lld], want int32 [%d, %d] (/positions x %s)", f->path,
-                          name, info.dtype == DSV4_DTYPE_I32 ? "int32" : "float", (long long)info.shape[0],
+                          name, dsv4_dtype_name(info.dtype), (long long)info.shape[0],
                           (long long)(info.ndim > 1 ? info.shape[1] : 0), f->n_rows, w,
                           kind ? "num_experts_per_tok" : "index_topk");
     int32_t *ids = malloc(((size_t)f->n_rows * w + 1) * sizeof *ids);
@@ -123,6 +124,7 @@ int dsv4_opt_follow_load(const char *path, const dsv4_config *cfg, dsv4_opt_foll
     if (!rc) rc = follow_check_config(path, dc, cfg);
     if (!rc) {
         f->path = strdup(path);
+        snprintf(f->digest, sizeof f->digest, "%s", dsv4_dump_attr(d, "weights_digest")); /* required: present */
         f->n_layers = cfg->num_hidden_layers;
         f->width[DSV4_OPT_FOLLOW_TOPK] = cfg->index_topk;
         f->width[DSV4_OPT_FOLLOW_ROUTER] = cfg->num_experts_per_tok;
@@ -174,6 +176,7 @@ void dsv4_opt_follow_free(dsv4_opt_follow *f)
 }
 
 const char *dsv4_opt_follow_path(const dsv4_opt_follow *f) { return f ? f->path : NULL; }
+const char *dsv4_opt_follow_weights_digest(const dsv4_opt_follow *f) { return f ? f->digest : NULL; }
 
 const int32_t *dsv4_opt_follow_tokens(const dsv4_opt_follow *f, int *n)
 {

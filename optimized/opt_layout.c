@@ -536,13 +536,7 @@ static void scratch_layout(dsv4_opt *o, opt_carver *cv)
 /* ------------------------------------------------------------------------------------ init */
 int opt_check_config(const dsv4_config *f, const dsv4_opt_options *op)
 {
-    DSV4_CHECK(op->n_seq >= 1 && op->n_seq <= 4096, "optimized: n_seq %d outside [1, 4096]", op->n_seq);
-    DSV4_CHECK(op->max_context >= 1 && op->max_context <= (1 << 20), "optimized: max_context %d outside [1, 2^20]",
-               op->max_context);
-    DSV4_CHECK(op->n_gpus >= 0 && op->n_gpus <= DSV4_REF_SHARD_MAX, "optimized: --gpus %d outside [1, %d]",
-               op->n_gpus, DSV4_REF_SHARD_MAX);
-    DSV4_CHECK(op->dump_seq >= 0 && op->dump_seq < op->n_seq, "optimized: dump_seq %d outside [0, %d)", op->dump_seq,
-               op->n_seq);
+    DSV4_TRY(dsv4_opt_options_check(op));
     if (f->num_key_value_heads != 1 || f->hc_mult < 1 || f->hc_mult > 4 || f->qk_rope_head_dim % 2 ||
         f->qk_rope_head_dim > 1024 || f->o_groups < 1 || f->num_attention_heads % f->o_groups ||
         f->num_experts_per_tok > 16 || strcmp(f->scoring_func, "sqrtsoftplus"))

@@ -41,9 +41,11 @@ typedef enum dsv4_opt_quantize { DSV4_OPT_QUANTIZE_NONE, DSV4_OPT_QUANTIZE_FP8 }
 
 typedef struct dsv4_opt_follow dsv4_opt_follow; /* opaque: the discrete choices of a dump (below) */
 
+enum { DSV4_OPT_MAX_SEQ = 4096, DSV4_OPT_MAX_CONTEXT = 1 << 20 }; /* the bounds of n_seq and max_context */
+
 typedef struct dsv4_opt_options {
-    int n_seq;                /* C: sequences decoded together, >= 1 */
-    int max_context;          /* positions each sequence may reach (caches sized for it), >= 1, <= 1048576 */
+    int n_seq;                /* C: sequences decoded together, 1 .. DSV4_OPT_MAX_SEQ */
+    int max_context;          /* positions each sequence may reach (caches sized for it), 1 .. DSV4_OPT_MAX_CONTEXT */
     dsv4_opt_attn attn;
     dsv4_opt_indexer indexer;
     dsv4_opt_mhc mhc;
@@ -75,6 +77,9 @@ const char *dsv4_opt_quantize_name(dsv4_opt_quantize v); /* "none", "fp8" */
 /* Parse one switch by its command-line name ("attn", "indexer", "mhc", "index-context", "kv", "weights",
  * "quantize") and value into o. DSV4_ERR_USAGE with the allowed values on a bad name or value. */
 int dsv4_opt_options_set(dsv4_opt_options *o, const char *name, const char *value);
+/* The ranges of the fields above (n_seq, max_context, n_gpus, dump_seq, each switch one of its values): 0, or
+ * DSV4_ERR_USAGE naming the field. dsv4_opt_init checks them first. */
+int dsv4_opt_options_check(const dsv4_opt_options *o);
 
 typedef struct dsv4_opt dsv4_opt; /* opaque */
 
@@ -136,6 +141,8 @@ typedef enum dsv4_opt_follow_kind { DSV4_OPT_FOLLOW_TOPK, DSV4_OPT_FOLLOW_ROUTER
 int dsv4_opt_follow_load(const char *path, const dsv4_config *cfg, dsv4_opt_follow **out);
 void dsv4_opt_follow_free(dsv4_opt_follow *f);
 const char *dsv4_opt_follow_path(const dsv4_opt_follow *f);
+/* The dump's weights_digest (dump-format.md), to check it against the model that follows it. */
+const char *dsv4_opt_follow_weights_digest(const dsv4_opt_follow *f);
 /* The dump's /tokens (owned by f). */
 const int32_t *dsv4_opt_follow_tokens(const dsv4_opt_follow *f, int *n);
 /* Row width: index_topk (TOPK) or num_experts_per_tok (ROUTER). */
