@@ -37,7 +37,8 @@ static void run_usage(FILE *f)
             "                [--attn mma|simt] [--indexer bf16|fp32] [--mhc castfree|roundtrip]\n"
             "                [--index-context live|max] [--kv bf16|fp8] [--max-context N] [--batch C]\n"
             "                [--dump-seq I] [--graph on|off] [--gpus N] [--weights auto|bf16|fp8]\n"
-            "                [--quantize none|fp8] [--follow DUMP.h5] [--probes NAMES] [--emulate none|bf16]\n\n"
+            "                [--quantize none|fp8] [--follow DUMP.h5 [--allow-different-weights]]\n"
+            "                [--probes NAMES] [--emulate none|bf16]\n\n"
             "Runs the model over a prompt (one prefill) and N one-token decode steps, and writes every probe of\n"
             "dump-format.md for the chosen positions to OUT.h5.\n\n"
             "  --model DIR            model folder: config.json + *.safetensors\n"
@@ -65,7 +66,9 @@ static void run_usage(FILE *f)
             "                         scores); with opt only the --dump-seq copy follows. This is how the bf16 path\n"
             "                         is gated on small models, where one near-tie flip in bf16 changes 1 of 4 keys\n"
             "                         or experts (docs/optimized.md). Following stops at the first position whose\n"
-            "                         token is not DUMP's\n"
+            "                         token is not DUMP's (or past DUMP's tokens). DUMP must hold the model's\n"
+            "                         weights_digest\n"
+            "  --allow-different-weights  follow a DUMP of other weights (same shapes) all the same\n"
             "ref-cpu only:\n"
             "  --emulate none|bf16    bf16: round to bf16 exactly where the optimized path holds bf16 (weights,\n"
             "                         residual streams, GEMM inputs, caches, attention P and outputs; docs/verify.md\n"
@@ -227,6 +230,7 @@ static void progress_update(run_progress *pr, int done, int total)
 typedef struct run_args {
     const char *model, *path, *tokens_from, *prompt_tokens, *positions, *dump, *follow, *probes;
     int decode, greedy, forced, decode_from;
+    int allow_different_weights; /* --follow a dump of another weights_digest */
     dsv4_opt_options opt; /* --path opt */
     dsv4_ref_options ref; /* --path ref-cpu */
     int max_context;      /* 0: the run's length */
@@ -280,7 +284,8 @@ static int parse_args(int argc, char **argv, run_args *a)
             int rc = dsv4_ref_emulate_parse(v, &a->ref.emulate);
             if (rc) return rc;
             i++;
-        } else if (!strcmp(o, "--greedy")) a->greedy = 1;
+        } else if (!strcmp(o, "--allow-different-weights")) a->allow_different_weights = 1;
+        else if (!strcmp(o, "--greedy")) a->greedy = 1;
         else if (!strcmp(o, "--forced")) a->forced = 1;
         else if (!strcmp(o, "--attn") || !strcmp(o, "--indexer") || !strcmp(o, "--mhc") ||
                  !strcmp(o, "--index-context") || !strcmp(o, "--kv") || !strcmp(o, "--weights") ||
@@ -301,8 +306,8 @@ static int parse_args(int argc, char **argv, run_args *a)
             if (rc) return rc;
             i++;
         } else if (!strcmp(o, "--max-context") || !strcmp(o, "--batch") || !strcmp(o, "--dump-seq")) {
-            const int seq = !strcmp(o, "--dump-seq");
-            int n, rc = parse_count(o, v, seq ? 0 : 1, 1 << 20, &n);
+            const int seq = !strcmp(o, "--dump-seq"), ctx = !strcmp(o, "--max-context");
+            int n, rc = parse_count(o, v, seq ? 0 : 1, ctx ? DSV4_OPT_MAX_CONTEXT : DSV4_OPT_MAX_SEQ - seq, &n);
             if (rc) return rc;
             if (!strcmp(o, "--max-context")) a->max_context = n;
             else if (!strcmp(o, "--batch")) a->opt.n_seq = n;
@@ -326,6 +331,8 @@ static int parse_args(int argc, char **argv, run_args *a)
         return dsv4_error(DSV4_ERR_USAGE, "%s is an option of --path opt (not of %s)", a->opt_only, a->path);
     if (a->opt.n_gpus > 0 && strcmp(a->path, "opt"))
         return dsv4_error(DSV4_ERR_USAGE, "--gpus is for --path opt (the references run on one device)");
+    if (a->allow_different_weights && !a->follow)
+        return dsv4_error(DSV4_ERR_USAGE, "--allow-different-weights applies to --follow");
     if (a->follow && strcmp(a->path, "opt") && strcmp(a->path, "ref-cpu"))
         return dsv4_error(DSV4_ERR_USAGE, "--follow is an option of --path opt and ref-cpu (not of %s)", a->path);
     if (a->ref.emulate != DSV4_REF_EMULATE_NONE && strcmp(a->path, "ref-cpu"))
@@ -447,10 +454,16 @@ static int run_opt_steps(dsv4_opt *op, const dsv4_opt_options *oo, run_plan *pl,
 /* --follow: load the table and check the dump ran the same prompt (forced runs: every common token), so the
  * choices followed are about this text; a greedy run is checked over the prompt, the step stops at a token that
  * differs later. */
-static int follow_open(const char *path, const dsv4_config *cfg, const run_plan *pl, dsv4_opt_follow **out)
+static int follow_open(const char *path, const dsv4_config *cfg, const run_plan *pl, const char *digest,
+                       int allow_different_weights, dsv4_opt_follow **out)
 {
     int rc = dsv4_opt_follow_load(path, cfg, out);
     if (rc) return rc;
+    /* the same check as dsv4 verify's: a dump of other weights of the same shapes would be followed silently */
+    const char *theirs = dsv4_opt_follow_weights_digest(*out);
+    if (strcmp(theirs, digest) && !allow_different_weights)
+        return dsv4_error(DSV4_ERR_USAGE, "--follow %s: its weights_digest %s is not the model's %s (a dump of other "
+                          "weights; --allow-different-weights follows it anyway)", path, theirs, digest);
     int n;
     const int32_t *t = dsv4_opt_follow_tokens(*out, &n);
     const int upto = pl->greedy ? pl->P : pl->T;
@@ -525,15 +538,28 @@ int dsv4_cmd_run(int argc, char **argv)
     } else rc = parse_positions("all", pl.T, pl.P, &positions, &n_pos);
     if (rc) goto out;
 
+    if (use_opt && a.max_context > 0 && a.max_context < pl.T) { /* it failed at that step, after the whole load */
+        rc = dsv4_error(DSV4_ERR_USAGE, "--max-context %d: the run has %d positions (prompt + decode), the caches "
+                        "must hold them all", a.max_context, pl.T);
+        goto out;
+    }
+    if (use_opt && !a.max_context && pl.T > DSV4_OPT_MAX_CONTEXT) {
+        rc = dsv4_error(DSV4_ERR_USAGE, "the run has %d positions, past the %d the optimized path's caches hold",
+                        pl.T, DSV4_OPT_MAX_CONTEXT);
+        goto out;
+    }
+
     if ((rc = dsv4_model_open(a.model, &m))) goto out;
     const dsv4_config *cfg = dsv4_model_config(m);
+    char digest[65] = ""; /* hashes every weight byte: only when a dump or --follow needs it, once */
+    if ((a.dump || a.follow) && (rc = dsv4_model_weights_digest(m, digest))) goto out;
     if (use_opt) {
         a.opt.max_context = a.max_context > 0 ? a.max_context : pl.T;
-        if (a.follow && (rc = follow_open(a.follow, cfg, &pl, &follow))) goto out;
+        if (a.follow && (rc = follow_open(a.follow, cfg, &pl, digest, a.allow_different_weights, &follow))) goto out;
         a.opt.follow = follow;
         rc = dsv4_opt_init(m, &a.opt, &op);
     } else if (!strcmp(a.path, "ref-cpu")) {
-        if (a.follow && (rc = follow_open(a.follow, cfg, &pl, &follow))) goto out;
+        if (a.follow && (rc = follow_open(a.follow, cfg, &pl, digest, a.allow_different_weights, &follow))) goto out;
         a.ref.follow = follow;
         rc = dsv4_ref_cpu_init_opts(m, pl.T, &a.ref, &ref);
     }
@@ -554,8 +580,6 @@ int dsv4_cmd_run(int argc, char **argv)
     }
 
     if (a.dump) {
-        char digest[65];
-        if ((rc = dsv4_model_weights_digest(m, digest))) goto out;
         dsv4_dump_meta meta = {
             .producer = producer,
             .config_json = dsv4_model_config_json(m),
@@ -632,7 +656,11 @@ int dsv4_cmd_run(int argc, char **argv)
         printf("follow: %s: %ld top-k rows followed (%ld ran on the dump's picks, not the path's), %ld router rows "
                "(%ld on the dump's experts)", a.follow, fs.topk_rows, fs.topk_changed, fs.router_rows,
                fs.router_changed);
-        if (fs.stopped_at >= 0) printf("; stopped at position %d, whose token is not the dump's", fs.stopped_at);
+        int n_follow;
+        dsv4_opt_follow_tokens(follow, &n_follow);
+        if (fs.stopped_at >= n_follow) printf("; stopped at position %d, past the dump's %d tokens", fs.stopped_at,
+                                              n_follow);
+        else if (fs.stopped_at >= 0) printf("; stopped at position %d, whose token is not the dump's", fs.stopped_at);
         printf("\n");
     }
 out:

@@ -5,7 +5,9 @@
  * - run: the optimized path's options (--attn ... --dump-seq) given with --path ref-cpu / ref-gpu, which would be
  *   ignored there; an empty number (--decode "" once ran as 0 decode steps); an empty or trailing-comma
  *   --dump-positions (once a dump of no positions); --decode-from past the prompt (once clamped silently), and
- *   --decode-from K > 0 with --path opt (once taken and ignored: it feeds the prompt as one-token steps).
+ *   --decode-from K > 0 with --path opt (once taken and ignored: it feeds the prompt as one-token steps); a
+ *   --max-context below the run's positions (once found at that step, after the load), --batch past 4096; a
+ *   --follow dump of other weights (once followed silently).
  * - bench: numbers with trailing junk or none at all (atoi took "5abc" as 5 and "abc" as 0), a negative --seed
  *   (strtoull wrapped it), a K suffix that takes a list value past 2^20 (checked before the suffix), a trailing
  *   comma; --quantize fp8 with --weights bf16 (the later of the two won); a --json that cannot be written (a
@@ -141,6 +143,56 @@ START_TEST(run_refuses_empty_and_out_of_range_numbers)
 }
 END_TEST
 
+/* --path opt sizes its caches before the first step: a --max-context below the run's positions was found at the
+ * step that reached it, after the whole load; --batch / --dump-seq past the path's 4096 copies at init */
+START_TEST(run_refuses_caches_too_small_up_front)
+{
+    const char *pre;
+    char *dir = prompt_dir(&pre);
+    char args[8192];
+    snprintf(args, sizeof args, "%s --path opt --decode 4 --max-context 5", pre);
+    expect_cli(2, args, NEED("--max-context 5: the run has 7 positions"), NULL);
+    snprintf(args, sizeof args, "%s --path opt --batch 4097", pre);
+    expect_cli(2, args, NEED("--batch: '4097' is not a count in [1, 4096]"), NULL);
+    snprintf(args, sizeof args, "%s --path opt --dump-seq 4096", pre);
+    expect_cli(2, args, NEED("--dump-seq: '4096' is not a count in [0, 4095]"), NULL);
+    /* 7 positions fit 7: taken (the run then fails on --dump-seq, checked after it) */
+    snprintf(args, sizeof args, "%s --path opt --decode 4 --max-context 7 --batch 2 --dump-seq 2", pre);
+    expect_cli(2, args, NEED("--dump-seq 2"), NEED("--max-context"));
+    dsv4_test_rmtree(dir);
+}
+END_TEST
+
+/* --follow of a dump made with other weights of the same shapes (golden/tiny-fp8 follows a golden/tiny dump)
+ * was followed silently; it is refused as dsv4 verify refuses to compare such dumps, unless asked for */
+START_TEST(run_follow_refuses_other_weights)
+{
+    const char *pre;
+    char *dir = prompt_dir(&pre);
+    char args[16400], dump[4200];
+    snprintf(dump, sizeof dump, "%s/sel.h5", dir);
+    snprintf(args, sizeof args, "%s --decode 1 --dump-positions all --probes topk_idx,router_ids --dump %s", pre,
+             dump);
+    expect_cli(0, args, NEED("dump:"), NULL);
+    /* prompt_dir's prefix names golden/tiny: the same run with golden/tiny-fp8 */
+    char other[8500];
+    snprintf(other, sizeof other, "%s", pre);
+    char *at = strstr(other, "golden/tiny ");
+    ck_assert_ptr_nonnull(at);
+    memmove(at + strlen("golden/tiny-fp8"), at + strlen("golden/tiny"), strlen(at + strlen("golden/tiny")) + 1);
+    memcpy(at, "golden/tiny-fp8", strlen("golden/tiny-fp8"));
+    snprintf(args, sizeof args, "%s --decode 1 --follow %s", other, dump);
+    expect_cli(2, args, NEED("its weights_digest", "is not the model's", "--allow-different-weights"), NULL);
+    snprintf(args, sizeof args, "%s --decode 1 --follow %s --allow-different-weights", other, dump);
+    expect_cli(0, args, NEED("follow: "), NULL);
+    snprintf(args, sizeof args, "%s --decode 1 --follow %s", pre, dump); /* its own weights */
+    expect_cli(0, args, NEED("follow: "), NEED("weights_digest"));
+    snprintf(args, sizeof args, "%s --allow-different-weights", pre);
+    expect_cli(2, args, NEED("--allow-different-weights applies to --follow"), NULL);
+    dsv4_test_rmtree(dir);
+}
+END_TEST
+
 /* ------------------------------------------------------------------------------------ dsv4 bench */
 START_TEST(bench_refuses_bad_numbers)
 {
@@ -214,6 +266,8 @@ int main(void)
     TCase *tc = tcase_create("core");
     tcase_add_test(tc, run_refuses_opt_options_on_ref_paths);
     tcase_add_test(tc, run_refuses_empty_and_out_of_range_numbers);
+    tcase_add_test(tc, run_refuses_caches_too_small_up_front);
+    tcase_add_test(tc, run_follow_refuses_other_weights);
     tcase_add_test(tc, bench_refuses_bad_numbers);
     tcase_add_test(tc, bench_refuses_a_json_it_cannot_write);
     suite_add_tcase(s, tc);
