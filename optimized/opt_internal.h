@@ -5,7 +5,8 @@
  *
  * Ownership: three device arenas, one per lifetime (style rule 9): weights (read-only after init), state (the
  * per-sequence caches), scratch (the step's work buffers, sized for C tokens). Every view below points into one
- * of them; opt_free releases the three. All cudaMalloc calls go through opt_dev_alloc (counted).
+ * of them; opt_free releases the three. All cudaMalloc calls of the object go through opt_dev_alloc (counted;
+ * opt_bench.c's L2-flush buffer of the kernel timer, outside any step, is its own).
  *
  * Invariants that fail quietly:
  * - The attention KV buffer of a layer and sequence is [W + pool_cap, d] bf16: rows 0..W-1 the window ring

@@ -104,7 +104,9 @@ int dsv4_opt_dump_entries(dsv4_opt *o, dsv4_probe_sink *probe);
 /* "dsv4 0.1 optimized cuda bf16 sm_90 attn=mma indexer=bf16 mhc=castfree index_context=live kv=bf16 weights=bf16"
  * (+ " quantize=fp8" when set) */
 const char *dsv4_opt_producer(const dsv4_opt *o);
-/* Device allocations made by the optimized path since the process started (every cudaMalloc it does). */
+/* Device allocations made by the optimized path since the process started (every cudaMalloc of its object: the
+ * arenas, buffers and pinned memory; not the kernel timer's L2-flush buffer of dsv4_opt_time_kernels, made
+ * outside any step). */
 long dsv4_opt_device_alloc_count(void);
 /* Device bytes held by o: weights, caches (state) and scratch (with n_gpus >= 1: rank 0's). */
 void dsv4_opt_memory(const dsv4_opt *o, size_t *weights, size_t *state, size_t *scratch);
