@@ -113,7 +113,7 @@ static int quantise_host(loader_src *u, const char *name, int set, int rows, int
     float *w = u->host;
     *q = (uint8_t *)(w + n);
     *scale = *q + nq;
-    DSV4_TRY(dsv4_model_read_f32(u->m, name, w, n));
+    DSV4_TRY(read_locked(u->m, name, w, n, 4)); /* the ranks' threads quantise at once too */
     return set == 8 ? dsv4_quant_fp8_block(w, rows, cols, *q, *scale, name)
                     : dsv4_quant_fp4(w, rows, cols, *q, *scale, name);
 }

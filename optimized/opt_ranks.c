@@ -329,7 +329,7 @@ static int run_ranks(struct opt_ranks *g)
         for (int r = 0; r < g->n && f < 0; r++)
             if (g->rk[r].rc) f = r;
     if (f < 0) return 0;
-    return dsv4_error(g->rk[f].rc, "rank %d (GPU %d): %s", f, f, g->rk[f].msg);
+    return dsv4_error(g->rk[f].rc, "rank %d (GPU %d): %s", f, g->rk[f].dev, g->rk[f].msg); /* emulated: all 0 */
 }
 
 static int init_body(struct opt_rank *rk)
@@ -427,8 +427,11 @@ int opt_ranks_init(const dsv4_config *cfg, const dsv4_opt_options *op, opt_build
     DSV4_CHECK(op->device == 0, "%d ranks with dsv4_opt_options.device %d: the ranks use GPUs 0..%d", N,
                op->device, N - 1);
     int n_dev = 0;
-    if (cudaGetDeviceCount(&n_dev) != cudaSuccess) {
+    const char *dev_err = NULL; /* why there are none, for the plan's message */
+    cudaError_t ce = cudaGetDeviceCount(&n_dev);
+    if (ce != cudaSuccess) {
         n_dev = 0; /* no driver or no device: the plan says how many were asked */
+        dev_err = cudaGetErrorString(ce);
         cudaGetLastError();
     }
     int emulate, stall, replica;
@@ -437,7 +440,13 @@ int opt_ranks_init(const dsv4_config *cfg, const dsv4_opt_options *op, opt_build
     DSV4_TRY(parse_stall(&stall));
     emulate = emulate && n_dev >= 1;
     /* before any device work: the divisibility and the device count (emulated: all on GPU 0) */
-    DSV4_TRY(dsv4_ref_shard_plan(cfg, N, emulate ? N : n_dev, NULL));
+    const int plan_rc = dsv4_ref_shard_plan(cfg, N, emulate ? N : n_dev, NULL);
+    if (plan_rc && dev_err) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", dsv4_last_error()); /* not the sink's own buffer as an argument */
+        return dsv4_error(plan_rc, "%s (cudaGetDeviceCount: %s)", msg, dev_err);
+    }
+    if (plan_rc) return plan_rc;
     double timeout;
     DSV4_TRY(parse_timeout(&timeout));
     struct opt_ranks *g = calloc(1, sizeof *g);
@@ -509,8 +518,8 @@ int opt_ranks_step(struct opt_ranks *g, const int32_t *tokens, const uint8_t *ac
     for (int r = 1; g->replica && r < g->n; r++)
         if (g->rk[r].hash != g->rk[0].hash)
             return dsv4_error(DSV4_ERR_CUDA, "replica check (DSV4_NCCL_REPLICA_CHECK): rank %d's residual streams "
-                              "differ from rank 0's after this step (sequence 0 at position %d): the ranks no longer "
-                              "compute the same replicated state", r, g->o[0]->pos[0]);
+                              "differ from rank 0's after this step (sequence 0 now at position %d): the ranks no "
+                              "longer compute the same replicated state", r, g->o[0]->pos[0]);
     if (g->timing) {
         double worst = 0;
         for (int r = 0; r < g->n; r++)
@@ -529,7 +538,8 @@ int opt_ranks_each(struct opt_ranks *g, int (*fn)(dsv4_opt *o, void *arg), void 
         if (rc) {
             char msg[512];
             snprintf(msg, sizeof msg, "%s", dsv4_last_error()); /* not the sink's own buffer as an argument */
-            return dsv4_error(rc, "rank %d (GPU %d): %s", r, r, msg);
+            if (r > 0) g->broken = 1; /* ranks 0..r-1 did it (a reset, a state): they no longer agree */
+            return dsv4_error(rc, "rank %d (GPU %d): %s", r, g->rk[r].dev, msg);
         }
     }
     return cudaSetDevice(0) == cudaSuccess ? 0 : dsv4_error(DSV4_ERR_CUDA, "cudaSetDevice(0) failed");
