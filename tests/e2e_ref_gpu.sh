@@ -28,21 +28,8 @@ T=$(mktemp -d "${TMPDIR:-/tmp}/dsv4-e2e-ref-gpu-XXXXXX")
 trap 'rm -rf "$T"' EXIT
 fail=0 pass=0 ran=0
 step() { echo "+ $*"; "$@" || { echo "FAILED: $*"; fail=$((fail + 1)); return 1; }; }
-# verify_all [--no-tie] ARGS... GOLDEN CANDIDATE: dsv4 verify passes and the candidate holds every probe of the golden
-# (the verifier lists a missing one as "only in golden" without failing); --no-tie: and no tie-accepted top-k pick
-verify_all() {
-    local no_tie=0 out rc
-    [ "$1" = --no-tie ] && { no_tie=1; shift; }
-    out=$("$BIN" verify --no-color "$@" 2>&1)
-    rc=$?
-    printf '%s\n' "$out"
-    [ $rc -eq 0 ] || return 1
-    case $out in *"only in golden"*) echo "a probe of the golden is missing from the candidate"; return 1 ;; esac
-    if [ $no_tie = 1 ]; then
-        case $out in *"first tie-accepted top-k difference"*) echo "a tie where none may be"; return 1 ;; esac
-    fi
-    return 0
-}
+# shellcheck source=tests/support/e2e_verify_lib.sh
+source "${DSV4_SOURCE_DIR:?}/tests/support/e2e_verify_lib.sh" # verify_all [--no-tie] ARGS... GOLDEN CANDIDATE
 # one comparison: name, set dir, golden dump, extra run options...
 case_run() {
     local name=$1 G=$2 gold=$3
