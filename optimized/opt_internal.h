@@ -189,6 +189,7 @@ struct dsv4_opt {
     int32_t *d_follow_changed;       /* [2] device counters: top-k rows, router rows whose selection changed */
     long follow_rows[2];             /* rows staged so far: top-k, router */
     int follow_stop;                 /* position of dump_seq where following stopped (token differs), -1 */
+    int broken;                      /* a step failed part way: later steps are refused (only free is left) */
     /* probing state of the current step */
     dsv4_probe_sink *probe;
     float *h_probe;                  /* pinned host staging for probe rows */
@@ -319,5 +320,7 @@ double opt_linear_bytes(const opt_linear *w);
 
 /* Work sizes of a step for the sequences active in it: CSA indexer/top-k entries and HCA extra gather entries. */
 void opt_step_sizes(const dsv4_opt *o, const uint8_t *active, int *n_csa, int *n_hca);
+/* The bucket those sizes are rounded to: the smallest power of two >= n from 16, capped at cap (0 for n <= 0). */
+int opt_bucket(int n, int cap);
 
 #endif /* DSV4_OPT_INTERNAL_H */

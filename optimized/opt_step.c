@@ -311,8 +311,9 @@ static int step_launch(dsv4_opt *o, int n_csa, int n_hca)
     return 0;
 }
 
-/* The smallest power of two >= n (from 16), capped at cap; 0 for n <= 0. */
-static int bucket(int n, int cap)
+/* The smallest power of two >= n (from 16), capped at cap; 0 for n <= 0: the live entry count a step is sized
+ * (and its graph keyed) by. opt_layout.c's workspace sizing enumerates every value it can return. */
+int opt_bucket(int n, int cap)
 {
     if (n <= 0 || cap <= 0) return 0;
     int b = 16;
@@ -329,8 +330,8 @@ void opt_step_sizes(const dsv4_opt *o, const uint8_t *active, int *n_csa, int *n
         if (o->cfg.compress_rate_csa > 0 && (p + 1) / o->cfg.compress_rate_csa > mc) mc = (p + 1) / o->cfg.compress_rate_csa;
         if (o->cfg.compress_rate_hca > 0 && (p + 1) / o->cfg.compress_rate_hca > mh) mh = (p + 1) / o->cfg.compress_rate_hca;
     }
-    *n_csa = bucket(mc, o->pool_cap_csa);
-    *n_hca = bucket(mh, o->pool_cap_hca);
+    *n_csa = opt_bucket(mc, o->pool_cap_csa);
+    *n_hca = opt_bucket(mh, o->pool_cap_hca);
 }
 
 /* Replay the graph of this key, capturing it first when it is new. */
@@ -407,8 +408,14 @@ int dsv4_opt_step(dsv4_opt *o, const int32_t *tokens, const uint8_t *active, dsv
                   float *logits, int32_t *next)
 {
     DSV4_TRY(opt_step_check(o, tokens, active));
-    if (o->group) return opt_ranks_step(o->group, tokens, active, probe, logits, next);
-    return opt_step_rank(o, tokens, active, probe, logits, next);
+    if (o->group) return opt_ranks_step(o->group, tokens, active, probe, logits, next); /* its own broken flag */
+    /* a failure inside the step leaves the layers before it with this token in their caches and compressor
+     * states, and the positions not advanced: a retry would count the token twice (as opt_ranks_step refuses) */
+    DSV4_CHECK(!o->broken, "dsv4_opt_step: an earlier step failed part way (its caches are half written): only "
+               "dsv4_opt_free is left");
+    int rc = opt_step_rank(o, tokens, active, probe, logits, next);
+    if (rc) o->broken = 1;
+    return rc;
 }
 
 int opt_step_rank(dsv4_opt *o, const int32_t *tokens, const uint8_t *active, dsv4_probe_sink *probe,

@@ -92,7 +92,8 @@ void dsv4_opt_free(dsv4_opt *o);
  * Each active sequence consumes its token at its next position. probe: sink for dump_seq's probes (NULL: none;
  * probing runs the step eagerly and synchronises after each layer). logits [vocab] (may be NULL): dump_seq's
  * logits. next [C] (may be NULL): each sequence's greedy argmax (ties: lowest id). DSV4_ERR_USAGE when an active
- * sequence is at max_context or a token is outside the vocabulary. */
+ * sequence is at max_context or a token is outside the vocabulary (nothing done). Any later failure (CUDA, a probe
+ * write) leaves the step half done, so every later step is refused: only dsv4_opt_free is left. */
 int dsv4_opt_step(dsv4_opt *o, const int32_t *tokens, const uint8_t *active, dsv4_probe_sink *probe,
                   float *logits, int32_t *next);
 /* Positions consumed so far by sequence `seq`. */
