@@ -334,11 +334,8 @@ int dsv4_opt_time_indexer(dsv4_opt *o, int n_live, int max_context_work, int rep
     if (e == cudaSuccess) e = cudaStreamSynchronize(o->stream);
     free(h);
     if (e != cudaSuccess) return dsv4_error(DSV4_ERR_CUDA, "opt_bench: live counts: %s", cudaGetErrorString(e));
-    /* the live grid as the step sizes it: the power-of-two bucket of the live count, from 16, capped */
-    int b = 16;
-    while (b < n_live && b < o->pool_cap_csa) b *= 2;
-    if (b > o->pool_cap_csa) b = o->pool_cap_csa;
-    kctx k = {Lc, max_context_work ? o->pool_cap_csa : b, max_context_work, 0};
+    /* the live grid as the step sizes it */
+    kctx k = {Lc, max_context_work ? o->pool_cap_csa : opt_bucket(n_live, o->pool_cap_csa), max_context_work, 0};
     timer t;
     int rc = timer_init(&t);
     if (!rc) rc = time_launch(o, &t, k_indexer, &k, reps, us_scores);

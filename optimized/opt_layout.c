@@ -439,7 +439,8 @@ static size_t workspace_need(const dsv4_opt *o)
     if ((s = dsv4_opt_mhc_pre_workspace_bytes(&mp)) > need) need = s;
     dsv4_sparse_attn_params ap = {.n_seq = o->C, .n_heads = o->H, .head_dim = o->d, .rope_dim = 2 * o->np,
                                   .kernel = (dsv4_attn_kernel)o->opt.attn, .out_dtype = DSV4_OUT_BF16};
-    /* every gather-list size a step can use: the window, the CSA picks, the HCA buckets */
+    /* every gather-list size a step can use: the window, the CSA picks, the HCA buckets (each value opt_bucket
+     * returns for the HCA pool) */
     int extras[64], ne = 0;
     extras[ne++] = 0;
     extras[ne++] = o->topk;
@@ -471,7 +472,7 @@ static size_t workspace_need(const dsv4_opt *o)
         if ((s = dsv4_opt_indexer_scratch_bytes(&ip)) > need) need = s;
         dsv4_topk_params tp = {.n_seq = o->C, .k = o->topk, .n_work = o->pool_cap_csa,
                                .score_stride = o->pool_cap_csa};
-        for (int b = 1; b < 2 * o->pool_cap_csa; b *= 2) {
+        for (int b = 1; b < 2 * o->pool_cap_csa; b *= 2) { /* every power of two: opt_bucket's values and more */
             tp.n_work = b < o->pool_cap_csa ? b : o->pool_cap_csa;
             tp.context = DSV4_INDEX_CONTEXT_LIVE;
             if ((s = dsv4_opt_topk_workspace_bytes(&tp)) > need) need = s;
