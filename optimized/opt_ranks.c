@@ -590,40 +590,50 @@ void opt_ranks_free(struct opt_ranks *g)
     free(g);
 }
 
+static void timing_events_free(struct opt_ranks *g)
+{
+    for (int r = 0; r < g->n; r++) {
+        struct opt_rank *rk = &g->rk[r];
+        cudaSetDevice(rk->dev);
+        for (int i = 0; rk->t_ev && i < 2 * OPT_TIMED_MAX; i++)
+            if (rk->t_ev[i]) cudaEventDestroy(rk->t_ev[i]);
+        free(rk->t_ev);
+        rk->t_ev = NULL;
+    }
+}
+
+/* Every rank's 2·OPT_TIMED_MAX events (a rank that has them keeps them). */
+static int timing_events_make(struct opt_ranks *g)
+{
+    for (int r = 0; r < g->n; r++) {
+        struct opt_rank *rk = &g->rk[r];
+        if (rk->t_ev) continue;
+        DSV4_OPT_CUDA(cudaSetDevice(rk->dev));
+        rk->t_ev = calloc(2 * OPT_TIMED_MAX, sizeof *rk->t_ev);
+        if (!rk->t_ev) return dsv4_error(DSV4_ERR_NOMEM, "dsv4_opt_nccl_timing: out of host memory");
+        for (int i = 0; i < 2 * OPT_TIMED_MAX; i++) {
+            cudaError_t e = cudaEventCreate(&rk->t_ev[i]);
+            if (e != cudaSuccess)
+                return dsv4_error(DSV4_ERR_CUDA, "dsv4_opt_nccl_timing: cudaEventCreate: %s", cudaGetErrorString(e));
+        }
+    }
+    return 0;
+}
+
 int dsv4_opt_nccl_timing(dsv4_opt *o, int on)
 {
     DSV4_CHECK(o && o->group, "dsv4_opt_nccl_timing: a handle of --gpus N >= 1 is needed");
     struct opt_ranks *g = o->group;
     DSV4_TRY(opt_ranks_usable(g));
     DSV4_CHECK(!g->emulate, "dsv4_opt_nccl_timing: emulated ranks have no NCCL collectives to time");
-    for (int r = 0; on && r < g->n; r++) {
-        struct opt_rank *rk = &g->rk[r];
-        if (rk->t_ev) continue;
-        DSV4_OPT_CUDA(cudaSetDevice(rk->dev));
-        cudaEvent_t *ev = calloc(2 * OPT_TIMED_MAX, sizeof *ev);
-        if (!ev) return dsv4_error(DSV4_ERR_NOMEM, "dsv4_opt_nccl_timing: out of host memory");
-        for (int i = 0; i < 2 * OPT_TIMED_MAX; i++) {
-            cudaError_t e = cudaEventCreate(&ev[i]);
-            if (e != cudaSuccess) {
-                for (int j = 0; j < i; j++) cudaEventDestroy(ev[j]);
-                free(ev);
-                return dsv4_error(DSV4_ERR_CUDA, "dsv4_opt_nccl_timing: cudaEventCreate: %s", cudaGetErrorString(e));
-            }
-        }
-        rk->t_ev = ev;
-    }
-    if (!on)
-        for (int r = 0; r < g->n; r++) {
-            struct opt_rank *rk = &g->rk[r];
-            cudaSetDevice(rk->dev);
-            for (int i = 0; rk->t_ev && i < 2 * OPT_TIMED_MAX; i++) cudaEventDestroy(rk->t_ev[i]);
-            free(rk->t_ev);
-            rk->t_ev = NULL;
-        }
-    DSV4_OPT_CUDA(cudaSetDevice(0));
+    /* all ranks' events or none: a step records on every rank's events once any rank has them (step_body) */
+    int rc = on ? timing_events_make(g) : 0;
+    if (rc || !on) timing_events_free(g);
+    if (rc) on = 0;
+    if (cudaSetDevice(0) != cudaSuccess && !rc) rc = dsv4_error(DSV4_ERR_CUDA, "cudaSetDevice(0) failed");
     g->timing = on != 0;
     g->t_us = 0, g->t_calls = 0, g->t_steps = 0;
-    return 0;
+    return rc;
 }
 
 int dsv4_opt_nccl_time(const dsv4_opt *o, double *us, int *calls_per_step, int *steps)
