@@ -16,8 +16,12 @@ nvcc --version | tail -n 2 | tee -a "$out/gpu.txt"
 build=$root/build-gpu
 set -o pipefail
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo 2>&1 | tee "$out/configure.log" | tail -n 3 || exit 1
-cmake --build "$build" -j"$(nproc)" 2>&1 | tee "$out/build.log" | grep -E 'warning|error|Error' | head -n 40
-[ "${PIPESTATUS[0]}" -eq 0 ] || { tail -n 30 "$out/build.log"; exit 1; }
+# the log is filtered after the build: `| tee | grep | head` killed the build by SIGPIPE (and cut the log short)
+# once head had its 40 lines and grep wrote more
+cmake --build "$build" -j"$(nproc)" >"$out/build.log" 2>&1
+rc=$?
+grep -E 'warning|error|Error' "$out/build.log" | head -n 40
+[ "$rc" -eq 0 ] || { tail -n 30 "$out/build.log"; exit 1; }
 cd "$build" || exit 1
 if [ $# -eq 0 ]; then set -- -L gpu; fi
 ctest --output-on-failure "$@" 2>&1 | tee "$out/ctest.log"
