@@ -32,6 +32,10 @@ n=100 len=64 prefill=21 jobs=1 out="" summary=""
 configs=()
 while [ $# -gt 0 ]; do
     case "$1" in
+    --model | -n | --len | --prefill | -j | --bin | --out | --summary)
+        [ $# -ge 2 ] || { echo "flip_rate.sh: $1 needs a value (see --help)" >&2; exit 2; } ;;
+    esac
+    case "$1" in
     --model) model="$2"; shift 2 ;;
     -n) n="$2"; shift 2 ;;
     --len) len="$2"; shift 2 ;;
@@ -41,6 +45,7 @@ while [ $# -gt 0 ]; do
     --out) out="$2"; shift 2 ;;
     --summary) summary="$2"; shift 2 ;;
     -h | --help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -*) echo "flip_rate.sh: unknown option '$1' (options take their value as the next argument; see --help)" >&2; exit 2 ;;
     *=*) configs+=("$1"); shift ;;
     *) echo "flip_rate.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
@@ -111,13 +116,22 @@ one_prompt() {
         read -r -a args <<<"${c#*=}"
         from=(--decode-from "$prefill") # --path opt feeds the prompt as one-token steps and refuses a prefill
         [[ " ${args[*]} " == *" --path opt "* ]] && from=()
+        # the run must succeed and verify compare (0 within the profile, 1 diverged; 2 could not compare); a
+        # verify with no top-k table compared nothing this script counts, and is a failure too
+        local vrc=2 got=""
+        rm -f "$w/$name.verify" # an earlier run's, under a reused --out
         if "$bin" run --model "$model" "${args[@]}" --prompt-tokens "$w/prompt.txt" "${from[@]}" \
-            --dump-positions all --follow "$w/ref.h5" --dump "$w/$name.h5" >"$w/$name.log" 2>&1 &&
+            --dump-positions all --follow "$w/ref.h5" --dump "$w/$name.h5" >"$w/$name.log" 2>&1; then
             "$bin" verify --profile bf16 --no-color "$w/ref.h5" "$w/$name.h5" >"$w/$name.verify" 2>&1
-            [ $? -le 1 ]; then
-            awk -v c="$name" -v s="$s" '/^top-k per CSA layer/ {f = 1; next} f && NF == 0 {f = 0}
-                f && $1 ~ /^[0-9]+$/ {split($3, r, "/"); print c, s, $1, $5, $6, $7, r[2]}' \
-                "$w/$name.verify" >>"$w/lines"
+            vrc=$?
+        fi
+        if [ $vrc -le 1 ]; then
+            got=$(awk -v c="$name" -v s="$s" '/^top-k per CSA layer/ {f = 1; next} f && NF == 0 {f = 0}
+                f && $1 ~ /^[0-9]+$/ {split($3, r, "/"); print c, s, $1, $5, $6, $7, r[2]}' "$w/$name.verify")
+            [ -n "$got" ] || echo "flip_rate: $w/$name.verify has no top-k per CSA layer table" >>"$w/$name.log"
+        fi
+        if [ -n "$got" ]; then
+            echo "$got" >>"$w/lines"
         else
             echo "$name $s FAILED" >>"$w/lines"
         fi
@@ -133,7 +147,9 @@ for ((s = 1; s <= n; s++)); do
     [ $((s % 20)) -eq 0 ] && echo "flip_rate: started $s of $n" >&2
 done
 wait
-for ((s = 1; s <= n; s++)); do cat "$out/work/$s/lines"; done >"$out/flips.txt"
+# under a temporary name, renamed when complete (a --summary of a half-written file would count too few prompts)
+for ((s = 1; s <= n; s++)); do cat "$out/work/$s/lines"; done >"$out/flips.txt.tmp" && mv "$out/flips.txt.tmp" "$out/flips.txt" ||
+    { echo "flip_rate: could not write $out/flips.txt" >&2; exit 1; }
 
 names=()
 for c in "${configs[@]}"; do names+=("${c%%=*}"); done
