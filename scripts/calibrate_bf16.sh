@@ -26,10 +26,14 @@ out=""
 profile="bf16"
 while [ $# -gt 0 ]; do
     case "$1" in
+    --bin | --out | --profile)
+        [ $# -ge 2 ] || { echo "calibrate_bf16.sh: $1 needs a value (see --help)" >&2; exit 2; } ;;
+    esac
+    case "$1" in
     --bin) bin="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
     --profile) profile="$2"; shift 2 ;;
-    -h | --help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "calibrate_bf16.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -43,10 +47,12 @@ for s in "${sets[@]}"; do
     d="$out/$s"
     mkdir -p "$d"
     echo "== $s" >&2
+    # set -e would end the script with dsv4's own status (2 for a usage error); the header promises 1
     "$bin" run --model "$g" --path ref-cpu --tokens-from "$g/forced.h5" --dump-positions all --dump "$d/fp32.h5" \
-        > "$d/run_fp32.log"
+        > "$d/run_fp32.log" || { echo "calibrate_bf16.sh: $s: the fp32 run failed (exit $?; $d/run_fp32.log)" >&2; exit 1; }
     "$bin" run --model "$g" --path ref-cpu --emulate bf16 --tokens-from "$g/forced.h5" --dump-positions all \
-        --follow "$d/fp32.h5" --dump "$d/emu.h5" > "$d/run_emu.log"
+        --follow "$d/fp32.h5" --dump "$d/emu.h5" > "$d/run_emu.log" ||
+        { echo "calibrate_bf16.sh: $s: the bf16 emulation run failed (exit $?; $d/run_emu.log)" >&2; exit 1; }
     grep '^follow:' "$d/run_emu.log" >&2 || true
     rc=0
     "$bin" verify "$d/fp32.h5" "$d/emu.h5" --profile "$profile" --json "$d/verify.json" --quiet || rc=$?
