@@ -64,6 +64,15 @@
 #            state with stall reasons, memory workload, occupancy, into $OUT/ncu-fp8.csv
 #   device call: command "bash scripts/gpu-focus.sh tests nccl ncu-fp4", carry [".debs"]
 set -u
+# every step name is checked before the build: a misspelt one was found only when reached, after the build and
+# the steps before it had used the call's device time
+known_steps="flips kv8 kv8b wo-a auto-kv8 san-model ubench suite san-rest san-n1 dumps kvdumps study ctest tests nccl
+    ncu-fp4 ncu-mhc ncu-fp8 ncu-fp4-c64 ref bench-q bench-fp8 fp8 split"
+for step in "$@"; do
+    found=0
+    for k in $known_steps; do [ "${step#bg:}" = "$k" ] && found=1; done
+    [ $found = 1 ] || { echo "gpu-focus: unknown step '$step' (the steps are listed at the top of $0)" >&2; exit 2; }
+done
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-$root/out}
 mkdir -p "$out"
