@@ -16,7 +16,8 @@
 # libnccl.so.2, in this session's H200 run); memory errors are still reported, and every CUDA call of dsv4 itself
 # is checked by the code (an error there fails the run).
 # JOBS="default nccl" runs only those jobs.
-# Prints one line per (tool, job): clean, ERRORS (the sanitizer's summary) or TIMEOUT. Exit 1 on any error.
+# Prints one line per (tool, job): clean, ERRORS (the sanitizer's summary) or TIMEOUT. Exit 1 on any error, 2 when
+# build-gpu/dsv4 is missing or JOBS names an unknown job.
 # Logs to $OUT/sanmodel-<tool>-<job>.log when OUT is set.
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -37,6 +38,10 @@ declare -A jobs=(
     [kv8]="--model $g/tiny --tokens-from $g/tiny/forced.h5 --kv fp8 --batch 3"
     [follow]="--model $g/tiny --tokens-from $g/tiny/forced.h5 --follow $g/tiny/forced.h5"
 )
+[ -x "$bin" ] || { echo "gpu-sanitize-model: no $bin: run scripts/gpu-test.sh first" >&2; exit 2; }
+for job in ${JOBS:-}; do # a misspelt job ran `dsv4 run` without a model and read as a failure under the tool
+    [ -n "${jobs[$job]+set}" ] || { echo "gpu-sanitize-model: unknown job '$job' (the jobs: ${!jobs[*]})" >&2; exit 2; }
+done
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 pids=()
@@ -62,5 +67,9 @@ for tool in ${TOOLS:-memcheck racecheck}; do
     done
 done
 wait "${pids[@]}"
+[ ${#pids[@]} -gt 0 ] || exit 0 # TOOLS=" ": nothing asked for
 cat "$tmp"/*.result
+# a run that wrote no result line is not clean (with none at all, the grep below found nothing and passed)
+n_res=$(find "$tmp" -name '*.result' | wc -l)
+[ "$n_res" -eq ${#pids[@]} ] || { echo "gpu-sanitize-model: only $n_res of ${#pids[@]} runs reported a result"; exit 1; }
 ! grep -qvE ': clean' "$tmp"/*.result

@@ -12,7 +12,8 @@
 # a golden prompt in-process and leave out their golden/topk512 cases (tests/support/dsv4_test.h).
 # SANITIZER_ARGS adds options to compute-sanitizer (the NCCL tests: "--report-api-errors no", see docs/robustness.md).
 # The cases in child_job_cases (below) run bare, their child jobs each under the tool.
-# Exit status 1 if any run reported errors. Logs to $OUT/sanitize-<tool>-<test>.log when OUT is set.
+# Exit status 1 if any run reported errors, 2 when there is no test binary to run (no build-gpu/ yet).
+# Logs to $OUT/sanitize-<tool>-<test>.log when OUT is set.
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
 limit=${1:-90}
@@ -24,7 +25,9 @@ export DSV4_SOURCE_DIR=$root DSV4_BINARY_DIR=$build DSV4_BIN=$build/dsv4 CK_FORK
 dsv4_root=$root
 # shellcheck source=scripts/gpu-env.sh
 source "$root/scripts/gpu-env.sh" || exit 2
-tests=${*:-$(cd "$build" && ls test_gpu_* test_kernel_* test_opt_* test_ref_gpu_ops 2>/dev/null)}
+tests=${*:-$(cd "$build" 2>/dev/null && ls test_gpu_* test_kernel_* test_opt_* test_ref_gpu_ops 2>/dev/null)}
+# no test binary found (no build-gpu/ yet) ran nothing: that is not a clean result
+[ -n "$tests" ] || { echo "gpu-sanitize: no GPU test binaries in $build: run scripts/gpu-test.sh first" >&2; exit 2; }
 # Cases whose GPU work is all in child `dsv4 run` jobs using NCCL: such a job as a child of a sanitized process
 # did not finish (H200, sessions 8-10), so the test runs bare and each job under its own compute-sanitizer
 # (DSV4_TEST_RUN_UNDER); clean means the test passed and every job's summary says 0 errors / 0 hazards.
