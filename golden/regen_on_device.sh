@@ -34,7 +34,15 @@ echo "=== sizes"
 du -ab golden | sort -k2
 for d in golden/tiny golden/topk512 golden/tiny-fp8 golden/tiny.failed golden/topk512.failed golden/tiny-fp8.failed; do
     [ -d "$d" ] || continue
-    tar czf "$OUT/golden-$(basename "$d").tar.gz" -C golden "$(basename "$d")"
+    # under a temporary name, renamed when complete; a pack that fails fails the run
+    t=$OUT/golden-$(basename "$d").tar.gz
+    if tar czf "$t.tmp" -C golden "$(basename "$d")" && mv "$t.tmp" "$t"; then
+        echo "=== packed $t"
+    else
+        echo "=== pack $t: FAILED"
+        rm -f "$t.tmp"
+        status=1
+    fi
 done
 ls -l "$OUT"
 echo "=== overall exit $status"
