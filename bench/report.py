@@ -1,15 +1,20 @@
 #!/usr/bin/env python3
 """report.py - the Markdown table and the SVG chart of a `dsv4 bench` run (and its transformers peer).
 
-  python3 bench/report.py --bench bench.json [--peer peer.json] [--meta gpu.txt] [--commit C] \
-      --md results.md --svg chart.svg
+  python3 bench/report.py --bench bench.json [--peer peer.json] [--bench-fp8 bench-fp8.json] [--meta gpu.txt] \
+      [--commit C] [--note LINE]... --md results.md [--svg chart.svg]
 
 The Markdown holds: the run's GPU, driver, CUDA version, when the report was written and the commit; the headline
 table (all-on tokens/s per C and context, with the peer's and the ratio); the ablation table (each variant's
 ms/step and tokens/s, and its slow-down against all-on); the index-context baseline; the per-kernel roofline; the
 context-scaling table; and what was not measured. The chart (SVG): tokens/s per variant and C at each context (log
 scale, the peer as its own bar), and the indexer + top-k time per CSA layer against the live context, live vs max.
-The SVG is written directly (no plotting library needed).
+The SVG is written directly (no plotting library needed). Both files are written under a temporary name and
+renamed when complete.
+
+A --bench, --peer, --bench-fp8 or --meta file that does not exist is left out (run_on_device.sh names them whether
+or not that part ran) with a line on stderr; one that is not valid JSON, or lacks a field the tables need, is an
+error (exit 2, the file named, nothing written). Exit 1 when --svg was asked for and the chart could not be made.
 """
 import argparse
 import json
@@ -19,11 +24,36 @@ import sys
 import time
 
 
-def load(path):
-    if not path or not os.path.exists(path):
+class ReportError(Exception):
+    pass
+
+
+def load(path, what):
+    if not path:
         return None
-    with open(path) as f:
-        return json.load(f)
+    if not os.path.exists(path):
+        print(f"report: {what} {path}: no such file; left out", file=sys.stderr)
+        return None
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, UnicodeDecodeError) as e:
+        raise ReportError(f"{path}: cannot read: {e}") from e
+    except json.JSONDecodeError as e:  # e.g. cut short by a killed run
+        raise ReportError(f"{path}: not valid JSON ({e})") from e
+
+
+def write_atomic(path, text):
+    """Write text to path under a temporary name, renamed when complete."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
 
 
 def fmt(x, nd=1):
@@ -276,9 +306,8 @@ def chart(bench, peer, svg):
         panels.append(p)
     total_w = 70 + n * (W + 110)
     body = "\n".join(e for p in panels for e in p.el)
-    with open(svg, "w") as f:
-        f.write(f'<svg xmlns="http://www.w3.org/2000/svg" width="{total_w}" height="{top + H + 50}" '
-                f'font-family="sans-serif">\n<rect width="100%" height="100%" fill="white"/>\n{body}\n</svg>\n')
+    write_atomic(svg, f'<svg xmlns="http://www.w3.org/2000/svg" width="{total_w}" height="{top + H + 50}" '
+                      f'font-family="sans-serif">\n<rect width="100%" height="100%" fill="white"/>\n{body}\n</svg>\n')
 
 
 def main():
@@ -292,16 +321,28 @@ def main():
     ap.add_argument("--svg")
     ap.add_argument("--note", action="append", default=[], help="a line for the header (repeatable)")
     a = ap.parse_args()
-    bench, peer, fp8 = load(a.bench), load(a.peer), load(a.bench_fp8)
-    tmp = f"{a.md}.tmp.{os.getpid()}"  # written under a temporary name, renamed when complete
-    with open(tmp, "w") as f:
-        f.write(markdown(bench, peer, a.meta, a.commit, a.note, fp8))
-    os.replace(tmp, a.md)
-    if a.svg and bench and bench.get("runs"):
+    inputs = ", ".join(f"{k} {v}" for k, v in (("--bench", a.bench), ("--peer", a.peer), ("--bench-fp8", a.bench_fp8))
+                       if v)
+    try:
+        bench, peer, fp8 = load(a.bench, "--bench"), load(a.peer, "--peer"), load(a.bench_fp8, "--bench-fp8")
+        if a.meta and not os.path.exists(a.meta):
+            print(f"report: --meta {a.meta}: no such file; left out", file=sys.stderr)
+        try:
+            text = markdown(bench, peer, a.meta, a.commit, a.note, fp8)
+        except (KeyError, TypeError, ValueError, IndexError, ZeroDivisionError, AttributeError) as e:
+            raise ReportError(f"the results ({inputs}) lack what the tables need: {type(e).__name__}: {e}") from e
+        write_atomic(a.md, text)
+    except (ReportError, OSError) as e:
+        print(f"report: {e}", file=sys.stderr)
+        return 2
+    if a.svg and not (bench and bench.get("runs")):
+        print(f"report: no runs in the bench results: no chart written to {a.svg}", file=sys.stderr)
+    elif a.svg:
         try:
             chart(bench, peer, a.svg)
         except Exception as e:  # noqa: BLE001 - the table still stands
-            print(f"report: chart failed: {e!r}", file=sys.stderr)
+            print(f"report: chart failed ({type(e).__name__}: {e}); {a.svg} not written", file=sys.stderr)
+            return 1
     return 0
 
 
