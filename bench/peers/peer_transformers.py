@@ -15,17 +15,48 @@ over the experts as in dsv4 bench).
 Usage (on the GPU machine, where torch and transformers >= 5.8 are installed):
   python3 bench/peers/peer_transformers.py --layers 5 --batch 1,64 --context 4096 --json OUT.json
   python3 bench/peers/peer_transformers.py --like bench.json --batch 1,64 --context 4096 --json OUT.json
-    (--like takes layers, warm-up and reps from a dsv4 bench JSON)
+    (--like takes layers, warm-up, reps and the maximum context from a dsv4 bench JSON, over --layers, --warmup,
+    --reps and --max-context)
+The JSON is rewritten after every measured run, under a temporary name renamed when complete, so a run cut short
+by a timeout leaves a whole file. Bad arguments (a --like file that is missing or not a bench JSON, a --batch or
+--context that is not a list of positive integers, a context of 128 or less) are usage errors (exit 2), found
+before torch is imported.
 """
 import argparse
 import copy
 import json
+import os
 import statistics
 import sys
 import time
 
 CSA = "compressed_sparse_attention"
 HCA = "heavily_compressed_attention"
+
+
+def write_json_atomic(path, obj):
+    """json.dump to path under a temporary name, renamed when complete (the bench's timeout may kill a save)."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    try:
+        with open(tmp, "w") as f:
+            json.dump(obj, f, indent=1)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def int_list(text, what, least):
+    """'1,64' -> [1, 64]; every value >= least, else a usage error naming the option."""
+    try:
+        vals = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{what} {text!r}: not a comma-separated list of integers") from None
+    bad = [v for v in vals if v < least]
+    if bad:
+        raise argparse.ArgumentTypeError(f"{what} {text!r}: {bad[0]} is below {least}")
+    return vals
 
 
 def log(msg):
@@ -95,7 +126,7 @@ def main():
     global T0
     T0 = time.time()
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--like", help="a dsv4 bench JSON: take layers, warmup and reps from it")
+    ap.add_argument("--like", help="a dsv4 bench JSON: take layers, warmup, reps and max context from it")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--batch", default="1,64")
     ap.add_argument("--context", default="4096")
@@ -107,13 +138,29 @@ def main():
     ap.add_argument("--json", required=True)
     a = ap.parse_args()
     if a.like:
-        with open(a.like) as f:
-            b = json.load(f)
-        a.layers = b["model"]["layers"]
-        a.warmup, a.reps = b["method"]["warmup"], b["method"]["reps"]
-        a.max_context = b["method"]["max_context"]
-    batches = [int(x) for x in a.batch.split(",")]
-    contexts = [int(x) for x in a.context.split(",")]
+        try:
+            with open(a.like) as f:
+                b = json.load(f)
+            a.layers = int(b["model"]["layers"])
+            a.warmup, a.reps = int(b["method"]["warmup"]), int(b["method"]["reps"])
+            a.max_context = int(b["method"]["max_context"])
+        except OSError as e:
+            ap.error(f"--like {a.like}: cannot read: {e.strerror}")
+        except json.JSONDecodeError as e:
+            ap.error(f"--like {a.like}: not valid JSON ({e})")
+        except (KeyError, TypeError, ValueError) as e:
+            ap.error(f"--like {a.like}: not a dsv4 bench JSON (model.layers, method.warmup/reps/max_context: "
+                     f"{type(e).__name__} {e})")
+    try:
+        batches = int_list(a.batch, "--batch", 1)
+        contexts = int_list(a.context, "--context", 129)  # the prefill is ctx - 128 tokens
+    except argparse.ArgumentTypeError as e:
+        ap.error(str(e))
+    if a.layers < 1 or a.warmup < 0 or a.reps < 1:
+        ap.error(f"--layers {a.layers}, --warmup {a.warmup}, --reps {a.reps}: need layers >= 1, warmup >= 0, "
+                 f"reps >= 1")
+    if max(contexts) > a.max_context:
+        ap.error(f"--context {max(contexts)} is past the maximum context {a.max_context}")
 
     import torch
     import transformers
@@ -129,8 +176,7 @@ def main():
 
     def save():
         out["elapsed_s"] = time.time() - T0
-        with open(a.json, "w") as f:
-            json.dump(out, f, indent=1)
+        write_json_atomic(a.json, out)
 
     torch.manual_seed(a.seed)
     cfg = make_config(DeepseekV4Config, a.layers, a.max_context)
