@@ -30,6 +30,12 @@ fi
 if [ $mode = ubench ]; then budget=${BENCH_BUDGET_S:-420}; else budget=${BENCH_BUDGET_S:-255}; fi
 t0=$(date +%s)
 left() { echo $((budget - ($(date +%s) - t0))); }
+# `timeout 0` means no limit at all and a negative time is an error: a part whose box is under 10 s is not started
+boxed() { # boxed SECONDS WHAT: true when SECONDS is a time box worth starting WHAT in, else says why not
+  [ "$1" -ge 10 ] && return 0
+  echo "run_on_device: $2 not started: a ${1}s time box (BENCH_BUDGET_S $budget)"
+  return 1
+}
 exec > >(tee -a "$out/run.log") 2>&1
 echo "run_on_device: $mode${quick:+ $quick}, budget ${budget}s, commit ${DSV4_COMMIT:-?}"
 
@@ -54,6 +60,7 @@ if [ $mode = ubench ]; then
   cfg=(-DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90)
   [ -f "$build/CMakeCache.txt" ] && cfg=()
   echo "== build $(tr "\n" " " <<<"$benches")($(left)s left)"
+  boxed $(($(left) - 60)) "the build" || exit 1
   # shellcheck disable=SC2086
   timeout $(($(left) - 60)) cmake -S "$root" -B "$build" "${cfg[@]}" >"$out/build.log" 2>&1 &&
     timeout $(($(left) - 50)) cmake --build "$build" --target $benches -j"$(nproc)" >>"$out/build.log" 2>&1
@@ -104,6 +111,7 @@ build=$root/build-gpu
 echo "== build ($(left)s left)"
 cfg=(-DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90)
 [ -f "$build/CMakeCache.txt" ] && cfg=()
+boxed $(($(left) - 120)) "the build" || exit 1
 timeout $(($(left) - 120)) cmake -S "$root" -B "$build" "${cfg[@]}" >"$out/build.log" 2>&1 &&
   timeout $(($(left) - 110)) cmake --build "$build" --target dsv4_cli -j"$(nproc)" >>"$out/build.log" 2>&1
 rc=$?
@@ -116,11 +124,13 @@ reserve=${PEER_RESERVE_S:-75}
 fp8_s=0
 [ -n "${SKIP_FP8:-}" ] || fp8_s=${FP8_BENCH_S:-60}
 bs=$(($(left) - reserve - fp8_s))
-echo "== dsv4 bench (${bs}s)"
-timeout --signal=TERM --kill-after=5 $bs "$build/dsv4" bench --json "$out/bench.json" ${BENCH_ARGS:-} \
-  2> >(tee "$out/bench.stderr" >&2)
-echo "dsv4 bench exit $? ($(left)s left)"
-if [ "$fp8_s" -gt 0 ]; then
+if boxed "$bs" "dsv4 bench (after the peer's ${reserve}s and the fp8 run's ${fp8_s}s)"; then
+  echo "== dsv4 bench (${bs}s)"
+  timeout --signal=TERM --kill-after=5 $bs "$build/dsv4" bench --json "$out/bench.json" ${BENCH_ARGS:-} \
+    2> >(tee "$out/bench.stderr" >&2)
+  echo "dsv4 bench exit $? ($(left)s left)"
+fi
+if [ "$fp8_s" -gt 0 ] && boxed "$fp8_s" "dsv4 bench --weights fp8"; then
   # as many layers as the bf16 run: left to --layers auto, the smaller fp8 weights fit more (9 against 5), and the
   # report would compare steps of different models
   layers=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["model"]["layers"])' "$out/bench.json" \
