@@ -13,6 +13,7 @@ set -u
 reps=${1:?usage: gpu-ab.sh REPS TARGET ARGS...}
 target=${2:?usage: gpu-ab.sh REPS TARGET ARGS...}
 shift 2
+[[ "$reps" =~ ^[1-9][0-9]*$ ]] || { echo "gpu-ab: REPS '$reps' is not a positive whole number" >&2; exit 2; }
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-$root/out}
 dsv4_root=$root
@@ -24,9 +25,18 @@ build_target=$target
 [ "$target" = dsv4 ] && build_target=dsv4_cli # the CLI's target; its binary is build/dsv4
 tree=/tmp/ab-base-tree
 rm -rf "$tree" && mkdir -p "$tree" "$out/ab"
-(cd "$root" && tar cf - --exclude='./build*' --exclude=./.git --exclude=./ab-base --exclude=./out .) | tar xf - -C "$tree"
-cp -r "$root/ab-base/." "$tree/"
-echo "== base files: $(cd "$root/ab-base" && find . -type f | sed 's|^\./||' | tr '\n' ' ')"
+# a base tree that is not what ab-base/ says would time the change against itself: every step is checked, and a
+# base file with no counterpart in the tree (a misspelt path, which the build would ignore) is named
+set -o pipefail
+(cd "$root" && tar cf - --exclude='./build*' --exclude=./.git --exclude=./ab-base --exclude=./out .) | tar xf - -C "$tree" ||
+    { echo "gpu-ab: copying the tree to $tree failed" >&2; exit 2; }
+base_files=$(cd "$root/ab-base" && find . -type f | sed 's|^\./||')
+[ -n "$base_files" ] || { echo "gpu-ab: ab-base/ holds no file: the base would be the change itself" >&2; exit 2; }
+for f in $base_files; do
+    [ -f "$tree/$f" ] || echo "gpu-ab: note: ab-base/$f has no counterpart in the tree (a misspelt path, or a file the change removed)" >&2
+done
+cp -r "$root/ab-base/." "$tree/" || { echo "gpu-ab: putting ab-base/ over $tree failed" >&2; exit 2; }
+echo "== base files: $(tr '\n' ' ' <<<"$base_files")"
 cmake -S "$tree" -B "$tree/b" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CUDA_ARCHITECTURES=90 >"$out/ab/build.log" 2>&1 &&
     cmake --build "$tree/b" -j"$(nproc)" --target "$build_target" >>"$out/ab/build.log" 2>&1 ||
     { tail -n 20 "$out/ab/build.log"; exit 1; }
