@@ -9,6 +9,8 @@
 # Knobs: SANITIZE=" " runs no test-binary sanitizers; SANITIZE_MODEL=SECONDS also runs
 # scripts/gpu-sanitize-model.sh (whole `dsv4 run` jobs under the tools) in the background; CTEST_REGEX limits
 # the ctests (ctest -R); DSV4_FLASH_VARIANTS=1 adds the naive variants to the Flash e2e; CTEST_BUDGET_S.
+# Exit status: ctest's when it failed, else 1 when a sanitizer run reported errors (gpu-sanitize*.sh's own exit 1;
+# a TIMEOUT is printed, not counted), else 0.
 #   device call: command "bash scripts/gpu-check-all.sh", carry [".debs"]
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -36,9 +38,13 @@ mkdir -p "$DSV4_FLASH_MODEL"
     >"$out/ctest-all.log" 2>&1
 rc=$?
 grep -E "Test +#|tests passed|tests failed" "$out/ctest-all.log"
-cp "$root/build-gpu/Testing/Temporary/LastTest.log" /tmp/dsv4-logs/ 2>/dev/null
-grep -hE "^(e2e_opt[a-z0-9_]*:|== .*(FAIL|PASS|rc [0-9]))" /tmp/dsv4-logs/LastTest.log | head -n 80
-wait "${pids[@]}"
+cp "$root/build-gpu/Testing/Temporary/LastTest.log" /tmp/dsv4-logs/ 2>/dev/null &&
+    grep -hE "^(e2e_opt[a-z0-9_]*:|== .*(FAIL|PASS|rc [0-9]))" /tmp/dsv4-logs/LastTest.log | head -n 80
+# each sanitizer run's own status: \`wait "${pids[@]}"\` returned only the last one's, and none reached the exit
+san_rc=0
+for p in "${pids[@]}"; do wait "$p" || san_rc=1; done
 cat /tmp/dsv4-logs/san/*.txt
 tar czf "$out/logs.tgz" --exclude='*.h5' -C /tmp/dsv4-logs .
-exit $rc
+[ "$rc" -ne 0 ] && exit "$rc"
+[ "$san_rc" -eq 0 ] || echo "gpu-check-all: a sanitizer run reported errors (above)"
+exit $san_rc
