@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # deps.sh [EXTRA_PACKAGE...] - install what dsv4 needs to build on Debian 12 / Ubuntu 24.04, with apt-get, only
-# if missing. Sourced by setup.sh; safe to run twice. CUDA: nvcc is used when present (/usr/local/cuda or PATH);
-# without it the CPU paths are built and the GPU ones report that the build has no CUDA.
+# if missing. Run by setup.sh (and test.sh, for the extra packages); safe to run twice. CUDA: nvcc is used when
+# present (/usr/local/cuda or PATH); without it the CPU paths are built and the GPU ones report that the build has
+# no CUDA.
 # Extra packages are for optional steps only (test.sh: valgrind; clang + libclang-rt-N-dev for the fuzzers).
 set -euo pipefail
 
