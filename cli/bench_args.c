@@ -56,9 +56,8 @@ static void bench_usage(FILE *f)
             "(a build without it, or no device), a plan that does not fit the GPU's free memory, or the --json file\n"
             "could not be written (checked before the GPU work, and at the end).\n");
 }
+
 /* ------------------------------------------------------------------------------------ arguments */
-
-
 static int is_digit(char c) { return c >= '0' && c <= '9'; }
 
 /* An option's integer: decimal digits only (no sign, no blanks, not empty) in [lo, hi]; the message says "want

@@ -309,9 +309,9 @@ static int parse_args(int argc, char **argv, run_args *a)
             const int seq = !strcmp(o, "--dump-seq"), ctx = !strcmp(o, "--max-context");
             int n, rc = parse_count(o, v, seq ? 0 : 1, ctx ? DSV4_OPT_MAX_CONTEXT : DSV4_OPT_MAX_SEQ - seq, &n);
             if (rc) return rc;
-            if (!strcmp(o, "--max-context")) a->max_context = n;
-            else if (!strcmp(o, "--batch")) a->opt.n_seq = n;
-            else a->opt.dump_seq = n;
+            if (ctx) a->max_context = n;
+            else if (seq) a->opt.dump_seq = n;
+            else a->opt.n_seq = n;
             if (!a->opt_only) a->opt_only = o;
             i++;
         } else if (!strcmp(o, "--decode") || !strcmp(o, "--decode-from")) {
