@@ -545,6 +545,15 @@ int opt_ranks_each(struct opt_ranks *g, int (*fn)(dsv4_opt *o, void *arg), void 
     return cudaSetDevice(0) == cudaSuccess ? 0 : dsv4_error(DSV4_ERR_CUDA, "cudaSetDevice(0) failed");
 }
 
+/* One rank's timing events (on its device, which the caller has set). */
+static void rank_timing_events_free(struct opt_rank *rk)
+{
+    for (int i = 0; rk->t_ev && i < 2 * OPT_TIMED_MAX; i++)
+        if (rk->t_ev[i]) cudaEventDestroy(rk->t_ev[i]);
+    free(rk->t_ev);
+    rk->t_ev = NULL;
+}
+
 void opt_ranks_free(struct opt_ranks *g)
 {
     if (!g) return;
@@ -576,9 +585,7 @@ void opt_ranks_free(struct opt_ranks *g)
         opt_free_one(g->o[r]);
         struct opt_rank *rk = &g->rk[r];
         if (rk->done) cudaEventDestroy(rk->done);
-        for (int i = 0; rk->t_ev && i < 2 * OPT_TIMED_MAX; i++)
-            if (rk->t_ev[i]) cudaEventDestroy(rk->t_ev[i]);
-        free(rk->t_ev);
+        rank_timing_events_free(rk);
         free(rk->rbuf);
         free(rk->ebuf);
     }
@@ -593,12 +600,8 @@ void opt_ranks_free(struct opt_ranks *g)
 static void timing_events_free(struct opt_ranks *g)
 {
     for (int r = 0; r < g->n; r++) {
-        struct opt_rank *rk = &g->rk[r];
-        cudaSetDevice(rk->dev);
-        for (int i = 0; rk->t_ev && i < 2 * OPT_TIMED_MAX; i++)
-            if (rk->t_ev[i]) cudaEventDestroy(rk->t_ev[i]);
-        free(rk->t_ev);
-        rk->t_ev = NULL;
+        cudaSetDevice(g->rk[r].dev);
+        rank_timing_events_free(&g->rk[r]);
     }
 }
 
