@@ -5,6 +5,8 @@
 #     mkdir -p ab-base/kernels && git show main:kernels/mhc.cu >ab-base/kernels/mhc.cu
 # The script copies the tree to /tmp/ab-base-tree, puts ab-base/'s files over it, builds TARGET there, then runs
 # `TARGET ARGS...` REPS times from each build, alternating (base first), so drift hits both alike.
+# A file the change added goes in ab-base/.ab-added (one repository path a line): it is deleted from the base
+# tree, which would otherwise build it (the CMake lists glob their folders) beside the base's own code.
 # Outputs: $OUT/ab/{base,new}-<i>.txt, packed into $OUT/ab.tgz. Exit 1 when the base does not build. The base
 # build stays in /tmp/ab-base-tree/b for later commands of the same call (e.g. its dsv4 for dumps to h5diff).
 #   device call: command "bash scripts/gpu-focus.sh dumps && bash scripts/gpu-ab.sh 3 bench_mhc --quick",
@@ -30,12 +32,20 @@ rm -rf "$tree" && mkdir -p "$tree" "$out/ab"
 set -o pipefail
 (cd "$root" && tar cf - --exclude='./build*' --exclude=./.git --exclude=./ab-base --exclude=./out .) | tar xf - -C "$tree" ||
     { echo "gpu-ab: copying the tree to $tree failed" >&2; exit 2; }
-base_files=$(cd "$root/ab-base" && find . -type f | sed 's|^\./||')
+base_files=$(cd "$root/ab-base" && find . -type f ! -name .ab-added | sed 's|^\./||')
 [ -n "$base_files" ] || { echo "gpu-ab: ab-base/ holds no file: the base would be the change itself" >&2; exit 2; }
 for f in $base_files; do
     [ -f "$tree/$f" ] || echo "gpu-ab: note: ab-base/$f has no counterpart in the tree (a misspelt path, or a file the change removed)" >&2
 done
 cp -r "$root/ab-base/." "$tree/" || { echo "gpu-ab: putting ab-base/ over $tree failed" >&2; exit 2; }
+rm -f "$tree/.ab-added"
+if [ -f "$root/ab-base/.ab-added" ]; then
+    while read -r f; do
+        [ -n "$f" ] || continue
+        [ -f "$tree/$f" ] || { echo "gpu-ab: ab-base/.ab-added names $f, which the tree lacks" >&2; exit 2; }
+        rm -f "$tree/$f"
+    done <"$root/ab-base/.ab-added"
+fi
 echo "== base files: $(tr '\n' ' ' <<<"$base_files")"
 cmake -S "$tree" -B "$tree/b" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CUDA_ARCHITECTURES=90 >"$out/ab/build.log" 2>&1 &&
     cmake --build "$tree/b" -j"$(nproc)" --target "$build_target" >>"$out/ab/build.log" 2>&1 ||
