@@ -356,8 +356,11 @@ int dsv4_opt_mhc_pre(const dsv4_mhc_pre_params *p)
     DSV4_LAUNCH_CHECK("mhc_cast_kernel");
     float *mix = part + C; /* part[0..C) sums of squares, then [C, n_mix] projections */
     const float one = 1.0f, zero = 0.0f;
-    if (cublasSetStream(p->cublas, p->stream) != CUBLAS_STATUS_SUCCESS)
-        return dsv4_error(DSV4_ERR_CUDA, "mhc_pre: cublasSetStream failed");
+    /* set only when the handle is elsewhere: cublasSetStream also drops the workspace the caller gave it */
+    cudaStream_t handle_stream = NULL;
+    if (cublasGetStream(p->cublas, &handle_stream) != CUBLAS_STATUS_SUCCESS ||
+        (handle_stream != p->stream && cublasSetStream(p->cublas, p->stream) != CUBLAS_STATUS_SUCCESS))
+        return dsv4_error(DSV4_ERR_CUDA, "mhc_pre: cublasGetStream/cublasSetStream failed");
     cublasStatus_t st = cublasSgemm(p->cublas, CUBLAS_OP_T, CUBLAS_OP_N, n_mix, C, nD, &one, p->fn, nD, p->X_f32, nD,
                                     &zero, mix, n_mix);
     if (st != CUBLAS_STATUS_SUCCESS) return dsv4_error(DSV4_ERR_CUDA, "mhc_pre: cublasSgemm failed (%d)", (int)st);

@@ -110,7 +110,6 @@ static int k_mhc_pre(dsv4_opt *o, const void *vc)
     mp.kernel = (dsv4_mhc_kernel)o->opt.mhc, mp.X_f32 = o->Xf, mp.workspace = o->ws;
     mp.workspace_bytes = o->ws_bytes, mp.cublas = o->cublas, mp.stream = o->stream;
     DSV4_TRY(dsv4_opt_mhc_pre(&mp));
-    DSV4_OPT_CUBLAS(cublasSetStream(o->cublas, o->stream));
     return 0;
 }
 

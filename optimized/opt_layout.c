@@ -670,6 +670,8 @@ int opt_init_common(dsv4_opt *o, opt_weight_src *src)
         memset(o->h_follow, 0, (size_t)f->num_hidden_layers * o->follow_stride * sizeof *o->h_follow);
     }
     DSV4_OPT_CUBLAS(cublasCreate(&o->cublas));
+    /* the stream once, then the workspace: cublasSetStream puts the handle back on cuBLAS's own workspace pool,
+     * so a later call of it (once in every mHC pre) left this 32 MiB unused and made cuBLAS allocate its own */
     DSV4_OPT_CUBLAS(cublasSetStream(o->cublas, o->stream));
     DSV4_OPT_CUBLAS(cublasSetWorkspace(o->cublas, o->cublas_ws, o->cublas_ws_bytes));
     DSV4_TRY(opt_state_reset(o, -1));

@@ -65,7 +65,6 @@ static int mhc_pre(dsv4_opt *o, int L, const float *fn, const float *base, const
         .x = o->xa, .xn = o->xn, .kernel = (dsv4_mhc_kernel)o->opt.mhc, .X_f32 = o->Xf, .workspace = o->ws,
         .workspace_bytes = o->ws_bytes, .cublas = o->cublas, .stream = o->stream};
     DSV4_TRY(dsv4_opt_mhc_pre(&mp));
-    DSV4_OPT_CUBLAS(cublasSetStream(o->cublas, o->stream));
     PROBE(attn_site ? "attn_hc_pre" : "ffn_hc_pre", o->pre + s * n, n, PR_F32);
     PROBE(attn_site ? "attn_hc_post" : "ffn_hc_post", o->post + s * n, n, PR_F32);
     PROBE(attn_site ? "attn_hc_comb" : "ffn_hc_comb", o->comb + s * n * n, (size_t)n * n, PR_F32);
