@@ -385,6 +385,7 @@ static void describe(const dsv4_verify_probe *p, const dsv4_verify_row *row, dsv
         int len =
             snprintf(out, n, "recall %.4f, %.0f tie-accepted, %.0f strict; k-th golden score %.6g, tie tol %.3g",
                      row->v[DSV4_METRIC_RECALL], row->v[DSV4_METRIC_ACCEPTED], row->v[DSV4_METRIC_STRICT], kth, tol);
+        int shown = 0;
         if (gi && ci && aux_g)
             for (int j = 0; j < k && len > 0 && (size_t)len < n; j++) {
                 int32_t w = ci[j];
@@ -394,6 +395,21 @@ static void describe(const dsv4_verify_probe *p, const dsv4_verify_row *row, dsv
                 double s = w < aux_n ? ((const float *)aux_g)[w] : NAN;
                 if (!(s >= kth - tol)) {
                     snprintf(out + len, n - (size_t)len, "; e.g. pick %d has golden score %.6g", w, s);
+                    shown = 1;
+                    break;
+                }
+            }
+        /* no pick below the band: the strict one is a golden pick left out that scores above it (no tie) */
+        if (!shown && gi && ci && aux_g)
+            for (int i = 0; i < k && len > 0 && (size_t)len < n; i++) {
+                int32_t w = gi[i];
+                int in_c = 0;
+                for (int j = 0; j < k; j++) in_c |= ci[j] == w;
+                if (w < 0 || in_c) continue;
+                double s = w < aux_n ? ((const float *)aux_g)[w] : NAN;
+                if (!(s <= kth + tol)) {
+                    snprintf(out + len, n - (size_t)len,
+                             "; e.g. golden pick %d (golden score %.6g, above the k-th + tol) is left out", w, s);
                     break;
                 }
             }
