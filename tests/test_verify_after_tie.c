@@ -382,7 +382,8 @@ START_TEST(profile_after_tie_section)
     snprintf(prof, sizeof prof, "%s/plain.json", g_dir);
     FILE *f = fopen(prof, "w");
     fputs("{\"profile\": \"plain\", \"probes\": {\"default\": {\"rel_l2\": 1e-4, \"why\": \"t\"},"
-          " \"topk_idx\": {\"strict\": 0, \"tie_abs\": 1e-7, \"tie_rel\": 1e-4, \"why\": \"t\"}}}",
+          " \"topk_idx\": {\"strict\": 0, \"tie_abs\": 1e-7, \"tie_rel\": 1e-4, \"why\": \"t\"},"
+          " \"router_ids\": {\"mismatch\": 0, \"why\": \"t\"}}}",
           f);
     fclose(f);
     dsv4_verify_options o;
