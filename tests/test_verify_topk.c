@@ -250,6 +250,14 @@ START_TEST(router_and_dense_by_hand)
     const int32_t twice[3] = {5, 5, 7};
     dsv4_verify_router_ids(g, twice, 3, &row);
     ck_assert_double_eq(row.v[DSV4_METRIC_MISMATCH], 2);
+    /* an expert dropped (-1, or any negative id: a router always picks k) is not a near-tie swap either: the
+     * candidate routes to 2 experts instead of 3. By hand: |G \ C| = 1, |C \ G| = 0, and one pick short counts 1
+     * more, so 2, which bf16's gate (mismatch <= 1, "one swapped expert") refuses */
+    const int32_t dropped[3] = {5, -1, 7};
+    dsv4_verify_router_ids(g, dropped, 3, &row);
+    ck_assert_double_eq(row.v[DSV4_METRIC_MISMATCH], 2);
+    dsv4_verify_router_ids(dropped, g, 3, &row); /* and the other way round */
+    ck_assert_double_eq(row.v[DSV4_METRIC_MISMATCH], 2);
     /* weights paired by id: the same weights in another order are equal */
     const float gw[3] = {0.5f, 0.3f, 0.2f}, cw[3] = {0.2f, 0.5f, 0.3f};
     dsv4_verify_row_clear(&row, 0, -1);

@@ -248,7 +248,10 @@ void dsv4_verify_router_ids(const int32_t *g, const int32_t *c, int k, dsv4_veri
     int repeats = 0;
     for (int i = 1; i < ng; i++) repeats += gs[i] == gs[i - 1];
     for (int i = 1; i < nc; i++) repeats += cs[i] == cs[i - 1];
-    row->v[DSV4_METRIC_MISMATCH] = ((ng - common) > (nc - common) ? (ng - common) : (nc - common)) + repeats;
+    /* likewise a set that is short (an expert dropped: -1) is not a swap: {1, -1, 5} against {1, 2, 5} counts 2 */
+    const int short_by = ng > nc ? ng - nc : nc - ng;
+    row->v[DSV4_METRIC_MISMATCH] =
+        ((ng - common) > (nc - common) ? (ng - common) : (nc - common)) + repeats + short_by;
     row->v[DSV4_METRIC_RECALL] = ng > 0 ? (double)common / ng : (nc == 0 ? 1.0 : 0.0);
     int uni = ng + nc - common;
     row->v[DSV4_METRIC_JACCARD] = uni > 0 ? (double)common / uni : 1.0;
