@@ -38,7 +38,8 @@ static void usage(FILE *f)
                "(model order) every comparison uses the profile's after_tie gates; the report says where and how\n"
                "many checks passed only thanks to them. See docs/verify.md.\n\n"
                "exit status: 0 within tolerance, 1 diverged, 2 could not compare (unreadable file, wrong schema,\n"
-               "different weights_digest, different prompts, no common positions or probes) or bad usage.\n");
+               "different weights_digest, different prompts, no common positions or probes, a profile that leaves\n"
+               "a probe gated by nothing) or bad usage.\n");
 }
 
 /* "A-B", "A", "A-", "-B" -> lo/hi (-1 open). */

@@ -139,6 +139,37 @@ START_TEST(noise_after_a_tie_passes_and_is_reported)
 }
 END_TEST
 
+START_TEST(html_map_does_not_paint_a_pass_as_failing)
+{
+    /* The HTML's (position x layer) map colours a cell red, "> 1 fails", when a row's value/tolerance exceeds 1.
+     * Noise of 1e-3 after the tie passes under the after_tie gate (1e-2) while it breaks the normal one (1e-4):
+     * a PASS, so no cell of the map may be red; only the legend's swatch is. */
+    write_pair(1, 1e-3, 2, TIE_POS);
+    dsv4_verify_result *r = verify(NULL);
+    ck_assert_int_eq(r->status, DSV4_VERIFY_PASS);
+    ck_assert_int_gt(r->n_after_tie_saved, 0);
+    char html[4200];
+    snprintf(html, sizeof html, "%s/map.html", g_dir);
+    ck_assert_int_eq(dsv4_verify_write_html(r, html), 0);
+    dsv4_verify_result_free(r);
+    FILE *f = fopen(html, "r");
+    ck_assert_ptr_nonnull(f);
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)len + 1);
+    ck_assert_uint_eq(fread(buf, 1, (size_t)len, f), (size_t)len);
+    buf[len] = 0;
+    fclose(f);
+    const char *map = strstr(buf, "Worst gate ratio");
+    ck_assert_ptr_nonnull(map);
+    int red = 0;
+    for (const char *q = map; (q = strstr(q, "fill=\"#d32f2f\"")); q++) red++;
+    ck_assert_msg(red == 1, "%d red swatches in the map of a PASS (1 = the legend's)", red);
+    free(buf);
+}
+END_TEST
+
 START_TEST(same_noise_without_the_tie_fails)
 {
     write_pair(0, 1e-3, 2, TIE_POS);
@@ -351,7 +382,8 @@ START_TEST(profile_after_tie_section)
     snprintf(prof, sizeof prof, "%s/plain.json", g_dir);
     FILE *f = fopen(prof, "w");
     fputs("{\"profile\": \"plain\", \"probes\": {\"default\": {\"rel_l2\": 1e-4, \"why\": \"t\"},"
-          " \"topk_idx\": {\"strict\": 0, \"tie_abs\": 1e-7, \"tie_rel\": 1e-4, \"why\": \"t\"}}}",
+          " \"topk_idx\": {\"strict\": 0, \"tie_abs\": 1e-7, \"tie_rel\": 1e-4, \"why\": \"t\"},"
+          " \"router_ids\": {\"mismatch\": 0, \"why\": \"t\"}}}",
           f);
     fclose(f);
     dsv4_verify_options o;
@@ -453,6 +485,7 @@ int main(void)
     Suite *s = suite_create("verify_after_tie");
     TCase *tc = tcase_create("core");
     tcase_add_test(tc, noise_after_a_tie_passes_and_is_reported);
+    tcase_add_test(tc, html_map_does_not_paint_a_pass_as_failing);
     tcase_add_test(tc, same_noise_without_the_tie_fails);
     tcase_add_test(tc, noise_above_after_tie_fails);
     tcase_add_test(tc, noise_before_the_tie_is_gated_normally);

@@ -345,6 +345,28 @@ START_TEST(long_dataset_names)
 }
 END_TEST
 
+/* Another tool's extra probe stored as float in one file and as integers in the other, same shape: the reader
+ * checks only probes of dump-format.md, so the verifier must say what differs: the dtype, not "shapes". */
+START_TEST(extra_probe_dtype_differs_is_named)
+{
+    synth_spec s;
+    synth_spec_init(&s);
+    ck_assert_int_eq(synth_write(tmp_path("golden.h5"), &s, 0), 0);
+    ck_assert_int_eq(synth_write(tmp_path("cand.h5"), &s, 1), 0);
+    /* router_weights f32 [40, 2] and router_ids i32 [40, 2] (k_experts 2): the same shape */
+    ck_assert_int_eq(synth_copy_dataset(tmp_path("golden.h5"), "layers/2/router_weights", "layers/2/extra"), 0);
+    ck_assert_int_eq(synth_copy_dataset(tmp_path("cand.h5"), "layers/2/router_ids", "layers/2/extra"), 0);
+    dsv4_verify_result *r = NULL;
+    ck_assert_int_eq(dsv4_verify_run(tmp_path("golden.h5"), tmp_path("cand.h5"), NULL, &r), 0);
+    ck_assert_int_eq(r->status, DSV4_VERIFY_DIVERGED);
+    ck_assert_str_eq(r->first.dataset, "layers/2/extra");
+    ck_assert_int_eq(r->first.metric, DSV4_METRIC_STRUCTURE);
+    ck_assert_msg(strstr(r->first.detail, "dtypes differ: golden F32[40,2], candidate I32[40,2]"), "%s",
+                  r->first.detail);
+    dsv4_verify_result_free(r);
+}
+END_TEST
+
 START_TEST(parted_tokens_are_reported)
 {
     synth_spec s;
@@ -406,6 +428,7 @@ int main(void)
     tcase_add_test(tc, subset_positions_compared_where_both_store);
     tcase_add_test(tc, finite_score_past_the_narrower_row_is_reported);
     tcase_add_test(tc, long_dataset_names);
+    tcase_add_test(tc, extra_probe_dtype_differs_is_named);
     tcase_add_test(tc, parted_tokens_are_reported);
     tcase_add_test(tc, help_and_bad_usage);
     suite_add_tcase(s, tc);

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dsv4/dsv4_dump.h"
 #include "dsv4/dsv4_verify.h"
 #include "dsv4_test.h"
 #include "synth_dump.h"
@@ -194,6 +195,58 @@ START_TEST(tol_override_and_profile_file)
 }
 END_TEST
 
+START_TEST(profile_gates_that_cannot_apply_are_an_error)
+{
+    /* One candidate router row picks an expert the golden did not: the shipped fp32 profile (router_ids
+     * mismatch <= 0) fails it. A profile without a router_ids entry (the example of docs/verify.md: default,
+     * topk_idx, logits) gates router_ids with the default's rel_l2, a metric a set of ids does not have: the
+     * probe would be gated by nothing, and the wrong expert pass. That must be refused (status 2, naming the
+     * probe), not reported as a PASS. */
+    synth_spec s;
+    synth_spec_init(&s);
+    ck_assert_int_eq(synth_write(g_golden, &s, 0), 0);
+    ck_assert_int_eq(synth_write(g_cand, &s, 1), 0);
+    dsv4_dump *d = NULL;
+    ck_assert_int_eq(dsv4_dump_open(g_golden, &d), 0);
+    int32_t ids[2];
+    ck_assert_int_eq(dsv4_dump_read_rows(d, "layers/2/router_ids", 10, 1, ids), 0); /* every position stored */
+    dsv4_dump_free(d);
+    int other = 0;
+    while (other == ids[0] || other == ids[1]) other++; /* 8 experts, 2 picked: one is free */
+    ck_assert_int_eq(synth_set_element(g_cand, "layers/2/router_ids", 10, 0, other), 0);
+    char *out = NULL;
+    ck_assert_int_eq(cli("", &out), 1);
+    ck_assert_msg(strstr(out, "layer 2 (hca/moe), router_ids"), "%s", out);
+    free(out);
+    char prof[4300], args[4400];
+    snprintf(prof, sizeof prof, "%s/example.json", g_dir);
+    snprintf(args, sizeof args, "--profile '%s'", prof);
+    FILE *f = fopen(prof, "w");
+    fputs("{\"profile\": \"fp32\", \"probes\": {\"default\": {\"rel_l2\": 1e-4, \"why\": \"...\"},"
+          " \"topk_idx\": {\"strict\": 0, \"tie_abs\": 1e-7, \"tie_rel\": 1e-4, \"why\": \"...\"},"
+          " \"logits\": {\"rel_l2\": 1e-4, \"argmax\": 0, \"kl\": 1e-6, \"tie_abs\": 1e-6, \"tie_rel\": 1e-4}}}",
+          f);
+    fclose(f);
+    ck_assert_int_eq(cli(args, &out), 2);
+    ck_assert_msg(strstr(out, "router_ids") && strstr(out, "rel_l2"), "%s", out);
+    free(out);
+    /* with a router_ids entry the same profile gates it */
+    f = fopen(prof, "w");
+    fputs("{\"profile\": \"fp32\", \"probes\": {\"default\": {\"rel_l2\": 1e-4, \"why\": \"...\"},"
+          " \"topk_idx\": {\"strict\": 0, \"tie_abs\": 1e-7, \"tie_rel\": 1e-4, \"why\": \"...\"},"
+          " \"router_ids\": {\"mismatch\": 0},"
+          " \"logits\": {\"rel_l2\": 1e-4, \"argmax\": 0, \"kl\": 1e-6, \"tie_abs\": 1e-6, \"tie_rel\": 1e-4}}}",
+          f);
+    fclose(f);
+    ck_assert_int_eq(cli(args, &out), 1);
+    ck_assert_msg(strstr(out, "layer 2 (hca/moe), router_ids"), "%s", out);
+    free(out);
+    /* switching a probe's gates off on purpose is not that mistake: --tol router_ids=mismatch:off passes */
+    ck_assert_int_eq(cli("--tol router_ids=mismatch:off", &out), 0);
+    free(out);
+}
+END_TEST
+
 START_TEST(shipped_profiles_are_complete)
 {
     const char *probes[] = {
@@ -242,6 +295,7 @@ int main(void)
     tcase_add_test(tc, positions_filter);
     tcase_add_test(tc, probes_filter);
     tcase_add_test(tc, tol_override_and_profile_file);
+    tcase_add_test(tc, profile_gates_that_cannot_apply_are_an_error);
     tcase_add_test(tc, shipped_profiles_are_complete);
     suite_add_tcase(s, tc);
     int rc = dsv4_test_main(s);

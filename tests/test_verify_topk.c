@@ -150,6 +150,92 @@ START_TEST(topk_rows_by_hand)
 }
 END_TEST
 
+START_TEST(topk_dropping_a_high_golden_pick_is_strict)
+{
+    /* A tie swaps an entry AT the k-th rank for one tied with it. A candidate that leaves out the golden's best
+     * entry (score 9, the k-th is 5) and picks an entry tied with the k-th instead is not a tie: some golden pick
+     * scoring far above every candidate pick is missing. Golden {0,1,2} of scores {9,8,5,5,1}; the candidate
+     * {3,1,2} drops entry 0 (9) for entry 3 (5 = the k-th). By hand: one pick outside G, and the golden pick it
+     * replaces lies 9 - 5 = 4 above the k-th, so it is strict unless the tie tolerance reaches 4. */
+    dsv4_verify_row row;
+    const float sc[6] = {9, 8, 5, 5, 1, -INFINITY};
+    const int32_t g[3] = {0, 1, 2}, drop_top[3] = {3, 1, 2}, drop_kth[3] = {0, 1, 3};
+    dsv4_verify_row_clear(&row, 0, -1);
+    dsv4_verify_topk(g, drop_top, 3, sc, 6, 0, 0, &row);
+    ck_assert_double_eq(row.v[DSV4_METRIC_STRICT], 1);
+    ck_assert_double_eq(row.v[DSV4_METRIC_ACCEPTED], 0);
+    dsv4_verify_topk(g, drop_top, 3, sc, 6, 3.9, 0, &row); /* 9 > 5 + 3.9: still strict */
+    ck_assert_double_eq(row.v[DSV4_METRIC_STRICT], 1);
+    dsv4_verify_topk(g, drop_top, 3, sc, 6, 4.0, 0, &row); /* 9 <= 5 + 4 and 5 >= 5 - 4: a tie at that tolerance */
+    ck_assert_double_eq(row.v[DSV4_METRIC_STRICT], 0);
+    ck_assert_double_eq(row.v[DSV4_METRIC_ACCEPTED], 1);
+    /* the control: the same pick in place of the k-th golden pick (entry 2, score 5) is the tie it should be */
+    dsv4_verify_topk(g, drop_kth, 3, sc, 6, 0, 0, &row);
+    ck_assert_double_eq(row.v[DSV4_METRIC_STRICT], 0);
+    ck_assert_double_eq(row.v[DSV4_METRIC_ACCEPTED], 1);
+}
+END_TEST
+
+START_TEST(topk_dropping_the_best_pick_is_reported)
+{
+    /* The golden has a tie at the k-th rank at (35, layer 3); the candidate keeps the golden's k-th pick and puts
+     * the tied non-pick in place of the golden's BEST pick instead. That is no tie: strict, and the report names
+     * the golden pick left out. */
+    synth_spec s;
+    synth_spec_init(&s);
+    s.tie_layer = 3;
+    s.tie_position = 35;
+    s.tie_count = 1;
+    char g[4200], c[4200];
+    snprintf(g, sizeof g, "%s/golden.h5", g_dir);
+    snprintf(c, sizeof c, "%s/cand.h5", g_dir);
+    ck_assert_int_eq(synth_write(g, &s, 0), 0);
+    ck_assert_int_eq(synth_write(c, &s, 0), 0); /* the golden's own selection, changed below */
+    dsv4_dump *d = NULL;
+    ck_assert_int_eq(dsv4_dump_open(g, &d), 0);
+    dsv4_dataset_info si, ki;
+    ck_assert_int_eq(dsv4_dump_info(d, "layers/3/indexer_scores", &si), 0);
+    ck_assert_int_eq(dsv4_dump_info(d, "layers/3/topk_idx", &ki), 0);
+    const int64_t n = si.shape[1], k = ki.shape[1];
+    float *sc = malloc((size_t)n * sizeof *sc);
+    int32_t *pick = malloc((size_t)k * sizeof *pick);
+    ck_assert_int_eq(dsv4_dump_read_rows(d, "layers/3/indexer_scores", 35, 1, sc), 0); /* every position stored */
+    ck_assert_int_eq(dsv4_dump_read_rows(d, "layers/3/topk_idx", 35, 1, pick), 0);
+    dsv4_dump_free(d);
+    /* by hand: the best and the lowest golden pick, and the best entry the golden did not pick */
+    int64_t best = 0, low = 0, other = -1;
+    for (int64_t i = 1; i < k; i++) {
+        if (sc[pick[i]] > sc[pick[best]]) best = i;
+        if (sc[pick[i]] < sc[pick[low]]) low = i;
+    }
+    for (int64_t w = 0; w < n; w++) {
+        int picked = 0;
+        for (int64_t i = 0; i < k; i++) picked |= pick[i] == w;
+        if (!picked && isfinite(sc[w]) && (other < 0 || sc[w] > sc[other])) other = w;
+    }
+    ck_assert_int_ge(other, 0);
+    ck_assert_float_eq(sc[other], sc[pick[low]]);    /* the tie synth_write made at the k-th rank */
+    ck_assert_float_gt(sc[pick[best]], sc[pick[low]] + 0.01f); /* far above it: no tie */
+    const int32_t best_id = pick[best];
+    ck_assert_int_eq(synth_set_element(c, "layers/3/topk_idx", 35, best, (double)other), 0);
+    free(sc);
+    free(pick);
+    dsv4_verify_result *r = NULL;
+    ck_assert_int_eq(dsv4_verify_run(g, c, NULL, &r), 0);
+    ck_assert_int_eq(r->status, DSV4_VERIFY_DIVERGED);
+    const dsv4_verify_row *row = row_at(find(r, "layers/3/topk_idx"), 35);
+    ck_assert_double_eq(row->v[DSV4_METRIC_STRICT], 1);
+    ck_assert_double_eq(row->v[DSV4_METRIC_ACCEPTED], 0);
+    ck_assert_int_eq(r->first_tie.found, 0);
+    ck_assert_str_eq(r->first.dataset, "layers/3/topk_idx");
+    ck_assert_int_eq(r->first.position, 35);
+    char want[64];
+    snprintf(want, sizeof want, "golden pick %d", (int)best_id);
+    ck_assert_msg(strstr(r->first.detail, want), "detail '%s' does not name %s", r->first.detail, want);
+    dsv4_verify_result_free(r);
+}
+END_TEST
+
 START_TEST(router_and_dense_by_hand)
 {
     dsv4_verify_row row;
@@ -163,6 +249,14 @@ START_TEST(router_and_dense_by_hand)
     /* an expert picked twice is one mismatch more than a swap: bf16's gate (mismatch <= 1) must not take it */
     const int32_t twice[3] = {5, 5, 7};
     dsv4_verify_router_ids(g, twice, 3, &row);
+    ck_assert_double_eq(row.v[DSV4_METRIC_MISMATCH], 2);
+    /* an expert dropped (-1, or any negative id: a router always picks k) is not a near-tie swap either: the
+     * candidate routes to 2 experts instead of 3. By hand: |G \ C| = 1, |C \ G| = 0, and one pick short counts 1
+     * more, so 2, which bf16's gate (mismatch <= 1, "one swapped expert") refuses */
+    const int32_t dropped[3] = {5, -1, 7};
+    dsv4_verify_router_ids(g, dropped, 3, &row);
+    ck_assert_double_eq(row.v[DSV4_METRIC_MISMATCH], 2);
+    dsv4_verify_router_ids(dropped, g, 3, &row); /* and the other way round */
     ck_assert_double_eq(row.v[DSV4_METRIC_MISMATCH], 2);
     /* weights paired by id: the same weights in another order are equal */
     const float gw[3] = {0.5f, 0.3f, 0.2f}, cw[3] = {0.2f, 0.5f, 0.3f};
@@ -238,6 +332,8 @@ int main(void)
     tcase_add_test(tc, lower_swaps_are_strict);
     tcase_add_test(tc, tied_swaps_rejected_when_tolerance_is_negative_control);
     tcase_add_test(tc, topk_rows_by_hand);
+    tcase_add_test(tc, topk_dropping_a_high_golden_pick_is_strict);
+    tcase_add_test(tc, topk_dropping_the_best_pick_is_reported);
     tcase_add_test(tc, router_and_dense_by_hand);
     tcase_add_test(tc, logits_by_hand);
     suite_add_tcase(s, tc);

@@ -205,6 +205,60 @@ static int build_probes(dsv4_cmp_ctx *x)
     return 0;
 }
 
+/* The metrics a row of this kind has (bit m: dsv4_verify_metric m); structure is always possible. */
+static unsigned kind_metrics(dsv4_verify_kind k)
+{
+    const unsigned dense = 1u << DSV4_METRIC_MAX_ABS | 1u << DSV4_METRIC_REL_L2 | 1u << DSV4_METRIC_NMSE |
+                           1u << DSV4_METRIC_COSINE | 1u << DSV4_METRIC_NONFINITE;
+    const unsigned sets = 1u << DSV4_METRIC_RECALL | 1u << DSV4_METRIC_JACCARD;
+    unsigned m = 1u << DSV4_METRIC_STRUCTURE;
+    switch (k) {
+    case DSV4_VERIFY_KIND_TOPK: return m | sets | 1u << DSV4_METRIC_STRICT | 1u << DSV4_METRIC_ACCEPTED;
+    case DSV4_VERIFY_KIND_ROUTER_IDS: return m | sets | 1u << DSV4_METRIC_MISMATCH;
+    case DSV4_VERIFY_KIND_INT: return m | 1u << DSV4_METRIC_MISMATCH;
+    case DSV4_VERIFY_KIND_LOGITS:
+        return m | dense | 1u << DSV4_METRIC_ARGMAX | 1u << DSV4_METRIC_TOP5 | 1u << DSV4_METRIC_KL;
+    default: return m | dense;
+    }
+}
+
+/* A probe of dump-format.md whose profile gates name only metrics its rows do not have is gated by nothing: a
+ * profile without a router_ids entry gives router_ids the default's rel_l2, and any expert set would pass.
+ * Returns 1 (status set to could-not-compare, naming the probe) for the first such probe. Gates switched off
+ * (no gates at all) are a choice, not this mistake. */
+static int gates_apply(dsv4_cmp_ctx *x)
+{
+    dsv4_verify_result *r = x->r;
+    for (int i = 0; i < r->n_probes; i++) {
+        const dsv4_verify_probe *p = &r->probes[i];
+        if (p->presence != DSV4_VERIFY_IN_BOTH || !p->n_gates || !dsv4_verify_probe_known(p->probe)) continue;
+        unsigned have = kind_metrics(p->kind);
+        int any = 0;
+        for (int g = 0; g < p->n_gates; g++) any |= (have >> p->gates[g].metric) & 1u;
+        if (any) continue;
+        char gates[128] = "", metrics[160] = "";
+        size_t a = 0, b = 0;
+        for (int g = 0; g < p->n_gates && a < sizeof gates; g++)
+            a += (size_t)snprintf(gates + a, sizeof gates - a, "%s%s", g ? ", " : "",
+                                  dsv4_verify_metric_name(p->gates[g].metric));
+        for (int m = 0; m < DSV4_METRIC_COUNT && b < sizeof metrics; m++)
+            if ((have >> m & 1u) && m != DSV4_METRIC_STRUCTURE)
+                b += (size_t)snprintf(metrics + b, sizeof metrics - b, "%s%s", b ? ", " : "",
+                                      dsv4_verify_metric_name((dsv4_verify_metric)m));
+        char msg[1024];
+        snprintf(msg, sizeof msg,
+                 "profile %s (%.200s): %.120s would be gated by nothing: its gates (%s) are not metrics of %.40s "
+                 "rows (%s); give %.40s its own entry",
+                 r->profile_name, r->profile_source, p->dataset, gates, p->probe, metrics, p->probe);
+        size_t len = strlen(msg) < sizeof r->error ? strlen(msg) : sizeof r->error - 1;
+        memcpy(r->error, msg, len);
+        r->error[len] = 0;
+        r->status = DSV4_VERIFY_ERROR;
+        return 1;
+    }
+    return 0;
+}
+
 /* Layers: from the golden config when it parses, else from the dataset names. */
 static int layer_table(dsv4_cmp_ctx *x)
 {
@@ -385,6 +439,7 @@ static void describe(const dsv4_verify_probe *p, const dsv4_verify_row *row, dsv
         int len =
             snprintf(out, n, "recall %.4f, %.0f tie-accepted, %.0f strict; k-th golden score %.6g, tie tol %.3g",
                      row->v[DSV4_METRIC_RECALL], row->v[DSV4_METRIC_ACCEPTED], row->v[DSV4_METRIC_STRICT], kth, tol);
+        int shown = 0;
         if (gi && ci && aux_g)
             for (int j = 0; j < k && len > 0 && (size_t)len < n; j++) {
                 int32_t w = ci[j];
@@ -394,6 +449,21 @@ static void describe(const dsv4_verify_probe *p, const dsv4_verify_row *row, dsv
                 double s = w < aux_n ? ((const float *)aux_g)[w] : NAN;
                 if (!(s >= kth - tol)) {
                     snprintf(out + len, n - (size_t)len, "; e.g. pick %d has golden score %.6g", w, s);
+                    shown = 1;
+                    break;
+                }
+            }
+        /* no pick below the band: the strict one is a golden pick left out that scores above it (no tie) */
+        if (!shown && gi && ci && aux_g)
+            for (int i = 0; i < k && len > 0 && (size_t)len < n; i++) {
+                int32_t w = gi[i];
+                int in_c = 0;
+                for (int j = 0; j < k; j++) in_c |= ci[j] == w;
+                if (w < 0 || in_c) continue;
+                double s = w < aux_n ? ((const float *)aux_g)[w] : NAN;
+                if (!(s <= kth + tol)) {
+                    snprintf(out + len, n - (size_t)len,
+                             "; e.g. golden pick %d (golden score %.6g, above the k-th + tol) is left out", w, s);
                     break;
                 }
             }
@@ -657,6 +727,7 @@ static int run(dsv4_cmp_ctx *x, const char *golden_path, const char *candidate_p
                      (o->probes || o->layer_lo >= 0 || o->layer_hi >= 0) ? " (after --probes/--layers)" : "", "");
         return 0;
     }
+    if (gates_apply(x)) return 0;
     if (r->token_diff_position >= 0) {
         dsv4_verify_divergence *d = &r->first;
         d->found = 1;

@@ -269,8 +269,15 @@ int dsv4_cmp_probe(dsv4_cmp_ctx *x, dsv4_verify_probe *p)
         char a[48], b[48];
         shape_str(gi, a, sizeof a);
         shape_str(ci, b, sizeof b);
-        if (same == 0)
-            snprintf(p->note, sizeof p->note, "shapes differ: golden %s, candidate %s", a, b);
+        int shapes = gi->ndim != ci->ndim;
+        for (int d = 1; !shapes && d < gi->ndim; d++)
+            shapes = gi->shape[d] != ci->shape[d] && !(d == 1 && !strcmp(p->probe, "indexer_scores"));
+        if (same == 0 && gi->dtype == ci->dtype && !shapes) /* both files agree, on a dtype this probe cannot be */
+            snprintf(p->note, sizeof p->note, "%.40s is compared as %s, but both files store %s (golden %s, candidate %s)",
+                     p->probe, float_kind ? "floats" : "integer ids", dsv4_dtype_name(gi->dtype), a, b);
+        else if (same == 0)
+            snprintf(p->note, sizeof p->note, "%s differ: golden %s, candidate %s",
+                     gi->dtype != ci->dtype ? (shapes ? "dtypes and shapes" : "dtypes") : "shapes", a, b);
         else
             snprintf(p->note, sizeof p->note,
                      "first dimension is not the number of stored positions (golden %s for %d, candidate %s for %d)", a,

@@ -6,6 +6,8 @@
  * - topk_idx and router_ids are sets (torch.topk order is unspecified); -1 is "no pick", not an entry.
  * - The k-th golden score is the lowest golden score among the golden's own valid picks, so prefill rows
  *   (future entries at -inf, their picks replaced by -1) need no special case.
+ * - A tie-accepted pick must replace a golden pick that is itself at the k-th rank (within tol above s_k):
+ *   checking only the candidate's pick would accept a selection that drops the golden's best entry.
  * - Softmax and KL are computed in double with the log-sum-exp shift; KL is clamped at 0 from below (a
  *   negative value is only rounding).
  */
@@ -132,11 +134,14 @@ static int sorted_ids(const int32_t *src, int k, int32_t *dst)
     return n;
 }
 
-/* Intersection size of sorted multisets; marks in cand_in_g[j] whether cand element j matched. */
-static int intersect(const int32_t *gs, int ng, const int32_t *cs, int nc, unsigned char *cand_in_g)
+/* Intersection size of sorted multisets; marks in cand_in_g[j] whether cand element j matched, and in
+ * g_in_cand[i] (may be NULL) whether golden element i did. */
+static int intersect(const int32_t *gs, int ng, const int32_t *cs, int nc, unsigned char *cand_in_g,
+                     unsigned char *g_in_cand)
 {
     int i = 0, j = 0, common = 0;
     for (int t = 0; t < nc; t++) cand_in_g[t] = 0;
+    for (int t = 0; g_in_cand && t < ng; t++) g_in_cand[t] = 0;
     while (i < ng && j < nc) {
         if (gs[i] < cs[j])
             i++;
@@ -144,6 +149,7 @@ static int intersect(const int32_t *gs, int ng, const int32_t *cs, int nc, unsig
             j++;
         else {
             cand_in_g[j] = 1;
+            if (g_in_cand) g_in_cand[i] = 1;
             common++;
             i++;
             j++;
@@ -174,23 +180,25 @@ void dsv4_verify_topk(const int32_t *g, const int32_t *c, int k, const float *gs
                       double tie_rel, dsv4_verify_row *row)
 {
     int32_t gs_stack[1024], cs_stack[1024];
-    unsigned char in_stack[1024];
+    unsigned char in_stack[1024], gin_stack[1024];
     int32_t *gs = gs_stack, *cs = cs_stack;
-    unsigned char *in = in_stack;
+    unsigned char *in = in_stack, *gin = gin_stack;
     if (k > 1024) {
         gs = malloc((size_t)k * sizeof *gs);
         cs = malloc((size_t)k * sizeof *cs);
         in = malloc((size_t)k);
-        if (!gs || !cs || !in) {
+        gin = malloc((size_t)k);
+        if (!gs || !cs || !in || !gin) {
             free(gs);
             free(cs);
             free(in);
+            free(gin);
             row->v[DSV4_METRIC_STRUCTURE] = 1;
             return;
         }
     }
     int ng = sorted_ids(g, k, gs), nc = sorted_ids(c, k, cs);
-    int common = intersect(gs, ng, cs, nc, in);
+    int common = intersect(gs, ng, cs, nc, in, gin);
     double kth, tol;
     dsv4_verify_topk_threshold(g, k, gscores, n_scores, tie_abs, tie_rel, &kth, &tol);
     int accepted = 0, outside = 0;
@@ -202,10 +210,18 @@ void dsv4_verify_topk(const int32_t *g, const int32_t *c, int k, const float *gs
         if (!dup && gscores && w < n_scores && isfinite(gscores[w]) && isfinite(kth) && gscores[w] >= kth - tol)
             accepted++;
     }
-    /* A tie-accepted pick stands in for a golden pick the candidate left out, so no more picks can be
-     * accepted than are missing; extra or dropped picks (a selection of the wrong size) are strict. */
-    int missing = ng - common;
-    if (accepted > missing) accepted = missing;
+    /* A tie-accepted pick stands in for a golden pick the candidate left out, and a tie exchanges entries AT the
+     * k-th rank: the golden pick it replaces must itself score within the tolerance of the k-th (s <= s_k + tol).
+     * A candidate that drops the golden's best entry for one tied with the k-th has not broken a tie. So no more
+     * picks can be accepted than golden picks are missing from that band; extra or dropped picks (a selection of
+     * the wrong size) are strict. */
+    int droppable = 0;
+    for (int i = 0; i < ng; i++) {
+        int32_t w = gs[i];
+        if (!gin[i] && gscores && w < n_scores && isfinite(gscores[w]) && isfinite(kth) && gscores[w] <= kth + tol)
+            droppable++;
+    }
+    if (accepted > droppable) accepted = droppable;
     int strict = outside - accepted + (ng > nc ? ng - nc : 0);
     row->v[DSV4_METRIC_ACCEPTED] = accepted;
     row->v[DSV4_METRIC_STRICT] = strict;
@@ -216,6 +232,7 @@ void dsv4_verify_topk(const int32_t *g, const int32_t *c, int k, const float *gs
         free(gs);
         free(cs);
         free(in);
+        free(gin);
     }
 }
 
@@ -225,13 +242,16 @@ void dsv4_verify_router_ids(const int32_t *g, const int32_t *c, int k, dsv4_veri
     unsigned char in[256];
     if (k > 256) k = 256; /* num_experts_per_tok is 6 in Flash; a row this wide is not a router */
     int ng = sorted_ids(g, k, gs), nc = sorted_ids(c, k, cs);
-    int common = intersect(gs, ng, cs, nc, in);
+    int common = intersect(gs, ng, cs, nc, in, NULL);
     /* one swapped expert counts 1; a router never picks an expert twice, so each repeat in a set counts 1 more
      * (without that {1, 1, 5} against {1, 2, 5} would look like one swap) */
     int repeats = 0;
     for (int i = 1; i < ng; i++) repeats += gs[i] == gs[i - 1];
     for (int i = 1; i < nc; i++) repeats += cs[i] == cs[i - 1];
-    row->v[DSV4_METRIC_MISMATCH] = ((ng - common) > (nc - common) ? (ng - common) : (nc - common)) + repeats;
+    /* likewise a set that is short (an expert dropped: -1) is not a swap: {1, -1, 5} against {1, 2, 5} counts 2 */
+    const int short_by = ng > nc ? ng - nc : nc - ng;
+    row->v[DSV4_METRIC_MISMATCH] =
+        ((ng - common) > (nc - common) ? (ng - common) : (nc - common)) + repeats + short_by;
     row->v[DSV4_METRIC_RECALL] = ng > 0 ? (double)common / ng : (nc == 0 ? 1.0 : 0.0);
     int uni = ng + nc - common;
     row->v[DSV4_METRIC_JACCARD] = uni > 0 ? (double)common / uni : 1.0;

@@ -311,13 +311,16 @@ static void plot_logits(FILE *f, const dsv4_verify_result *r)
     fprintf(f, "</svg>\n");
 }
 
-/* Worst gate ratio of a row over its gates (non-finite and structure count as failing hard). */
+/* Worst gate ratio of a row over the gates it was judged with: the after_tie ones for a row after the first tie
+ * (else a row that passed under them would be painted "> 1 fails"); non-finite and structure count as failing
+ * hard. */
 static double row_ratio(const dsv4_verify_probe *p, const dsv4_verify_row *row)
 {
     if (row->failed & ((1u << DSV4_METRIC_NONFINITE) | (1u << DSV4_METRIC_STRUCTURE))) return INFINITY;
+    const dsv4_verify_gate *gates = row->after_tie ? p->after_gates : p->gates;
     double w = 0;
     for (int g = 0; g < p->n_gates; g++) {
-        double q = dsv4_verify_gate_ratio(p->gates[g].metric, row->v[p->gates[g].metric], p->gates[g].tol);
+        double q = dsv4_verify_gate_ratio(gates[g].metric, row->v[gates[g].metric], gates[g].tol);
         if (q > w) w = q;
     }
     return w;

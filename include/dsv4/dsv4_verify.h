@@ -48,7 +48,8 @@ typedef enum dsv4_verify_metric {
     DSV4_METRIC_ACCEPTED,  /* topk_idx: picks not in G but tie-acceptable (informative) */
     DSV4_METRIC_RECALL,    /* min: topk_idx / router_ids: |G n C| / |G| */
     DSV4_METRIC_JACCARD,   /* min: |G n C| / |G u C| */
-    DSV4_METRIC_MISMATCH,  /* router_ids: max(|G \ C|, |C \ G|) + repeated ids; other int probes: differing elements */
+    DSV4_METRIC_MISMATCH,  /* router_ids: max(|G \ C|, |C \ G|) + repeated ids + ||G| - |C||; other int probes:
+                            * differing elements */
     DSV4_METRIC_ARGMAX,    /* logits: 1 when argmax differs and is not within the tie tolerance, else 0 */
     DSV4_METRIC_TOP5,      /* min: logits: |top5(g) n top5(c)| / 5 */
     DSV4_METRIC_KL,        /* logits: KL(softmax g || softmax c) in nats, computed in double */
