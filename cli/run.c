@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -110,6 +111,11 @@ static int read_token_file(const char *path, int32_t **out, int *n)
 {
     FILE *f = fopen(path, "r");
     if (!f) return dsv4_error(DSV4_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st; /* a folder opens, and reads as no ids; a pipe (<(...)) is a fine prompt */
+    if (!fstat(fileno(f), &st) && S_ISDIR(st.st_mode)) {
+        fclose(f);
+        return dsv4_error(DSV4_ERR_IO, "%s: is a directory, not a file of token ids", path);
+    }
     int cap = 256, len = 0;
     int32_t *t = malloc((size_t)cap * sizeof *t);
     char word[64];
@@ -551,6 +557,13 @@ int dsv4_cmd_run(int argc, char **argv)
 
     if ((rc = dsv4_model_open(a.model, &m))) goto out;
     const dsv4_config *cfg = dsv4_model_config(m);
+    for (int p = 0; p < pl.T; p++) /* the paths refuse such a token too, but without naming where it came from */
+        if (pl.tokens[p] >= cfg->vocab_size || (pl.tokens[p] < 0 && (p < pl.P || !pl.greedy))) {
+            rc = dsv4_error(DSV4_ERR_USAGE, "%s: token %d at position %d is outside the model's vocabulary of %d "
+                            "(%s; a prompt for another model?)", a.tokens_from ? a.tokens_from : a.prompt_tokens,
+                            pl.tokens[p], p, cfg->vocab_size, a.model);
+            goto out;
+        }
     char digest[65] = ""; /* hashes every weight byte: only when a dump or --follow needs it, once */
     if ((a.dump || a.follow) && (rc = dsv4_model_weights_digest(m, digest))) goto out;
     if (use_opt) {

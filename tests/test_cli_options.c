@@ -7,7 +7,8 @@
  *   --dump-positions (once a dump of no positions); --decode-from past the prompt (once clamped silently), and
  *   --decode-from K > 0 with --path opt (once taken and ignored: it feeds the prompt as one-token steps); a
  *   --max-context below the run's positions (once found at that step, after the load), --batch past 4096; a
- *   --follow dump of other weights (once followed silently).
+ *   --follow dump of other weights (once followed silently); a --prompt-tokens folder (once "no token ids") and
+ *   a token past the vocabulary (once refused by the path without naming the file).
  * - bench: numbers with trailing junk or none at all (atoi took "5abc" as 5 and "abc" as 0), a negative --seed
  *   (strtoull wrapped it), a K suffix that takes a list value past 2^20 (checked before the suffix), a trailing
  *   comma; --quantize fp8 with --weights bf16 (the later of the two won); a --json that cannot be written (a
@@ -190,6 +191,30 @@ START_TEST(run_follow_refuses_other_weights)
 }
 END_TEST
 
+/* The prompt's file is named with the problem: a directory read as "no token ids"; a token id past the model's
+ * vocabulary was refused by the path ("reference: token 300 at position 2 outside [0, 256)"), naming no file */
+START_TEST(run_names_the_prompt_file_and_its_problem)
+{
+    const char *pre;
+    char *dir = prompt_dir(&pre);
+    char args[16400], path[4200];
+    snprintf(args, sizeof args, "run --model %sgolden/tiny --prompt-tokens %s", dsv4_test_source_path(""), dir);
+    expect_cli(2, args, NEED(dir, "is a directory"), NEED("no token ids"));
+    snprintf(path, sizeof path, "%s/big.txt", dir);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("5 6 300\n", f);
+    fclose(f);
+    static const char *const paths[] = {"ref-cpu", "ref-gpu", "opt"};
+    for (int p = 0; p < 3; p++) { /* before any path is set up (a CPU-only build would say it has no CUDA) */
+        snprintf(args, sizeof args, "run --model %sgolden/tiny --prompt-tokens %s --path %s",
+                 dsv4_test_source_path(""), path, paths[p]);
+        expect_cli(2, args, NEED(path, "token 300 at position 2", "vocabulary of 256"), NEED("CUDA"));
+    }
+    dsv4_test_rmtree(dir);
+}
+END_TEST
+
 /* ------------------------------------------------------------------------------------ dsv4 bench */
 START_TEST(bench_refuses_bad_numbers)
 {
@@ -265,6 +290,7 @@ int main(void)
     tcase_add_test(tc, run_refuses_empty_and_out_of_range_numbers);
     tcase_add_test(tc, run_refuses_caches_too_small_up_front);
     tcase_add_test(tc, run_follow_refuses_other_weights);
+    tcase_add_test(tc, run_names_the_prompt_file_and_its_problem);
     tcase_add_test(tc, bench_refuses_bad_numbers);
     tcase_add_test(tc, bench_refuses_a_json_it_cannot_write);
     suite_add_tcase(s, tc);
