@@ -11,8 +11,9 @@
  *   a token past the vocabulary (once refused by the path without naming the file).
  * - bench: numbers with trailing junk or none at all (atoi took "5abc" as 5 and "abc" as 0), a negative --seed
  *   (strtoull wrapped it), a K suffix that takes a list value past 2^20 (checked before the suffix), a trailing
- *   comma; --quantize fp8 with --weights bf16 (the later of the two won); a --json that cannot be written (a
- *   missing folder, a directory) is refused up front, leaving nothing.
+ *   comma; --quantize fp8 with --weights bf16 (the later of the two won); an unknown option last on the line
+ *   (once "needs a value"); a --json that cannot be written (a missing folder, a directory) is refused up front,
+ *   leaving nothing.
  * The bench cases that must parse end on a bad --context (checked last, before the GPU), so that a build with a
  * GPU never starts a benchmark here.
  */
@@ -240,6 +241,10 @@ START_TEST(bench_refuses_bad_numbers)
         /* in either order (the last of the two won: fp8 one way, bf16 the other) */
         {"--weights bf16 --quantize fp8", "--quantize fp8 with --weights bf16"},
         {"--quantize fp8 --weights bf16", "--quantize fp8 with --weights bf16"},
+        /* an unknown option last on the line (a misspelt flag) was "needs a value" */
+        {"--bogus", "unknown option '--bogus'"},
+        {"--no-baselin", "unknown option '--no-baselin'"},
+        {"--reps", "--reps needs a value"},
     };
     char args[512];
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
