@@ -9,7 +9,8 @@
  *   --max-context below the run's positions (once found at that step, after the load), --batch past 4096; a
  *   --follow dump of other weights (once followed silently); a --prompt-tokens folder (once "no token ids") and
  *   a token past the vocabulary (once refused by the path without naming the file); a --dump naming the run's
- *   --tokens-from or --follow dump (once replaced by the new dump).
+ *   --tokens-from or --follow dump (once replaced by the new dump); --path opt with no GPU (once a failed
+ *   cudaSetDevice with its source line).
  * - bench: numbers with trailing junk or none at all (atoi took "5abc" as 5 and "abc" as 0), a negative --seed
  *   (strtoull wrapped it), a K suffix that takes a list value past 2^20 (checked before the suffix), a trailing
  *   comma; --quantize fp8 with --weights bf16 (the later of the two won); an unknown option last on the line
@@ -244,6 +245,32 @@ START_TEST(run_refuses_a_dump_over_its_inputs)
 }
 END_TEST
 
+/* With no GPU visible the GPU paths say so: --path opt said "cudaSetDevice(o->opt.device): <CUDA's error>
+ * (.../optimized/opt_layout.c:602)", which reads as a bug of dsv4; ref-gpu and bench already said "no CUDA device".
+ * A CPU-only build says "this build has no CUDA" (exit 2); a CUDA build without a device exits 1 (the run failed). */
+START_TEST(run_without_a_gpu_says_so)
+{
+    const char *pre;
+    char *dir = prompt_dir(&pre);
+    char args[8192];
+    setenv("CUDA_VISIBLE_DEVICES", "-1", 1);
+    static const char *const paths[] = {"opt", "ref-gpu", "opt --gpus 1"};
+    for (int p = 0; p < 3; p++) {
+        snprintf(args, sizeof args, "%s --path %s", pre, paths[p]);
+        char cmd[9000], *out = NULL;
+        snprintf(cmd, sizeof cmd, "%s %s 2>&1", dsv4_test_bin(), args);
+        int st = dsv4_test_run(cmd, &out);
+        printf("$ %s -> %d\n%s", cmd, st, out ? out : "");
+        ck_assert_msg(st == 1 || st == 2, "%s: exit %d", cmd, st);
+        ck_assert_msg(out && (strstr(out, "no CUDA") || strstr(out, "has 0 CUDA devices")) && !strstr(out, ".c:"),
+                      "%s: want a 'no CUDA' line naming no source file\n%s", cmd, out ? out : "");
+        free(out);
+    }
+    unsetenv("CUDA_VISIBLE_DEVICES");
+    dsv4_test_rmtree(dir);
+}
+END_TEST
+
 /* ------------------------------------------------------------------------------------ dsv4 bench */
 START_TEST(bench_refuses_bad_numbers)
 {
@@ -325,6 +352,7 @@ int main(void)
     tcase_add_test(tc, run_follow_refuses_other_weights);
     tcase_add_test(tc, run_names_the_prompt_file_and_its_problem);
     tcase_add_test(tc, run_refuses_a_dump_over_its_inputs);
+    tcase_add_test(tc, run_without_a_gpu_says_so);
     tcase_add_test(tc, bench_refuses_bad_numbers);
     tcase_add_test(tc, bench_refuses_a_json_it_cannot_write);
     suite_add_tcase(s, tc);
