@@ -116,6 +116,18 @@ static int parse_variants(const char *s, bench_args *a)
     }
 }
 
+/* The options that take a value (parse_args handles each). */
+static int takes_value(const char *k)
+{
+    static const char *const names[] = {"--layers",  "--batch", "--context", "--max-context", "--variants",
+                                        "--warmup",  "--reps",  "--kernel-reps", "--scaling", "--scaling-batch",
+                                        "--seed",    "--gpus",  "--json",    "--kv",          "--weights",
+                                        "--quantize"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (!strcmp(k, names[i])) return 1;
+    return 0;
+}
+
 static int parse_args(int argc, char **argv, bench_args *a)
 {
     memset(a, 0, sizeof *a);
@@ -142,6 +154,9 @@ static int parse_args(int argc, char **argv, bench_args *a)
             a->baseline = 0, takes = 0;
         } else if (!strcmp(k, "--nccl-time")) {
             a->nccl_time = 1, takes = 0;
+        } else if (!takes_value(k)) { /* before the value check: a misspelt flag last was "needs a value" */
+            fprintf(stderr, "dsv4 bench: unknown option '%s' (--help lists them)\n", k);
+            return -1;
         } else if (!v) {
             fprintf(stderr, "dsv4 bench: %s needs a value\n", k);
             return -1;

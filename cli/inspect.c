@@ -10,6 +10,7 @@
 
 #include "commands.h"
 #include "dsv4/dsv4.h"
+#include "progress.h"
 
 static void print_help(FILE *f)
 {
@@ -19,7 +20,8 @@ static void print_help(FILE *f)
             "model.safetensors.index.json + shards) and check its tensors against the config.\n"
             "Accepts official checkpoint names, transformers module names and the save_pretrained layout.\n\n"
             "options:\n"
-            "  --digest   also print weights_digest (SHA-256 of the weight files; reads every byte)\n"
+            "  --digest   also print weights_digest (SHA-256 of the weight files; reads every byte, with a\n"
+            "             progress line on stderr when that takes more than a few seconds)\n"
             "  --help     this text\n\n"
             "exit status:\n"
             "  0  the model matches its config\n"
@@ -151,7 +153,10 @@ int dsv4_cmd_inspect(int argc, char **argv)
     print_tensors(m);
     if (digest) {
         char hex[65];
-        rc = dsv4_model_weights_digest(m, hex);
+        cli_progress pr;
+        cli_progress_init(&pr, "dsv4 inspect");
+        rc = dsv4_model_weights_digest_progress(m, hex, cli_progress_digest, &pr);
+        cli_progress_end(&pr);
         if (rc) {
             fprintf(stderr, "dsv4 inspect: %s\n", dsv4_last_error());
             dsv4_model_free(m);

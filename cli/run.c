@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -27,6 +28,7 @@
 #include "dsv4/dsv4_dump.h"
 #include "dsv4/dsv4_opt.h"
 #include "dsv4/dsv4_ref.h"
+#include "progress.h"
 
 static void run_usage(FILE *f)
 {
@@ -94,8 +96,9 @@ static void run_usage(FILE *f)
             "\n"
             "The dump's prompt_len is the prompt length whatever --decode-from says (its root attribute\n"
             "'prefill_len' records K), so dumps of one prompt line up. A progress line (tokens/s, ETA) goes to\n"
-            "stderr on runs longer than a few seconds. Exit status: 0 ok, 1 the run failed, 2 bad usage or\n"
-            "unreadable input.\n");
+            "stderr on runs longer than a few seconds, and one for the weights_digest that --dump and --follow\n"
+            "need (SHA-256 of every weight byte: minutes for a full checkpoint; DSV4_PROGRESS_AFTER_S=0 shows\n"
+            "both at once). Exit status: 0 ok, 1 the run failed, 2 bad usage or unreadable input.\n");
 }
 
 static double now_s(void)
@@ -110,6 +113,11 @@ static int read_token_file(const char *path, int32_t **out, int *n)
 {
     FILE *f = fopen(path, "r");
     if (!f) return dsv4_error(DSV4_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st; /* a folder opens, and reads as no ids; a pipe (<(...)) is a fine prompt */
+    if (!fstat(fileno(f), &st) && S_ISDIR(st.st_mode)) {
+        fclose(f);
+        return dsv4_error(DSV4_ERR_IO, "%s: is a directory, not a file of token ids", path);
+    }
     int cap = 256, len = 0;
     int32_t *t = malloc((size_t)cap * sizeof *t);
     char word[64];
@@ -205,10 +213,11 @@ static int32_t argmax_lowest(const float *v, int n)
     return best;
 }
 
-/* The progress line: in place on a terminal, one line every ~5 s otherwise; only after 3 s of running. The rate
- * is that of the last interval (decode slows down as the context grows), the ETA assumes it holds. */
+/* The progress line: in place on a terminal, one line every ~5 s otherwise; only after 3 s of running
+ * (cli_progress_after_s). The rate is that of the last interval (decode slows down as the context grows), the
+ * ETA assumes it holds. */
 typedef struct run_progress {
-    double t0, last;
+    double t0, last, after_s; /* after_s: cli_progress_after_s() */
     int last_done;
     int tty, shown;
 } run_progress;
@@ -216,7 +225,7 @@ typedef struct run_progress {
 static void progress_update(run_progress *pr, int done, int total)
 {
     double t = now_s();
-    if (t - pr->t0 < 3.0 || t - pr->last < (pr->tty ? 0.25 : 5.0)) return;
+    if (t - pr->t0 < pr->after_s || t - pr->last < (pr->tty ? 0.25 : 5.0)) return;
     double rate = t > pr->last ? (done - pr->last_done) / (t - pr->last) : 0.0;
     pr->last = t;
     pr->last_done = done;
@@ -342,6 +351,14 @@ static int parse_args(int argc, char **argv, run_args *a)
                           "--decode-from %d: --path opt feeds the prompt as one-token steps (--decode-from 0); "
                           "a prefill of K positions is for ref-cpu and ref-gpu",
                           a->decode_from);
+    struct stat out_st, in_st; /* the dump replaces its final name when complete: never one of the run's inputs */
+    const char *const inputs[3][2] = {{"--tokens-from", a->tokens_from}, {"--follow", a->follow},
+                                      {"--prompt-tokens", a->prompt_tokens}};
+    for (int i = 0; a->dump && !stat(a->dump, &out_st) && i < 3; i++)
+        if (inputs[i][1] && !stat(inputs[i][1], &in_st) && in_st.st_dev == out_st.st_dev &&
+            in_st.st_ino == out_st.st_ino)
+            return dsv4_error(DSV4_ERR_USAGE, "--dump %s: is the %s %s of this run; the new dump would replace it",
+                              a->dump, inputs[i][0], i == 2 ? "file" : "dump");
     if (a->opt.n_seq < 1 || a->opt.dump_seq >= a->opt.n_seq)
         return dsv4_error(DSV4_ERR_USAGE, "--batch %d / --dump-seq %d: want 0 <= dump-seq < batch", a->opt.n_seq,
                           a->opt.dump_seq);
@@ -551,8 +568,21 @@ int dsv4_cmd_run(int argc, char **argv)
 
     if ((rc = dsv4_model_open(a.model, &m))) goto out;
     const dsv4_config *cfg = dsv4_model_config(m);
+    for (int p = 0; p < pl.T; p++) /* the paths refuse such a token too, but without naming where it came from */
+        if (pl.tokens[p] >= cfg->vocab_size || (pl.tokens[p] < 0 && (p < pl.P || !pl.greedy))) {
+            rc = dsv4_error(DSV4_ERR_USAGE, "%s: token %d at position %d is outside the model's vocabulary of %d "
+                            "(%s; a prompt for another model?)", a.tokens_from ? a.tokens_from : a.prompt_tokens,
+                            pl.tokens[p], p, cfg->vocab_size, a.model);
+            goto out;
+        }
     char digest[65] = ""; /* hashes every weight byte: only when a dump or --follow needs it, once */
-    if ((a.dump || a.follow) && (rc = dsv4_model_weights_digest(m, digest))) goto out;
+    if (a.dump || a.follow) {
+        cli_progress dpr;
+        cli_progress_init(&dpr, "dsv4 run");
+        rc = dsv4_model_weights_digest_progress(m, digest, cli_progress_digest, &dpr);
+        cli_progress_end(&dpr);
+        if (rc) goto out;
+    }
     if (use_opt) {
         a.opt.max_context = a.max_context > 0 ? a.max_context : pl.T;
         if (a.follow && (rc = follow_open(a.follow, cfg, &pl, digest, a.allow_different_weights, &follow))) goto out;
@@ -603,7 +633,7 @@ int dsv4_cmd_run(int argc, char **argv)
         rc = dsv4_error(DSV4_ERR_NOMEM, "out of memory");
         goto out;
     }
-    run_progress pr = {.t0 = now_s(), .tty = isatty(2)};
+    run_progress pr = {.t0 = now_s(), .tty = isatty(2), .after_s = cli_progress_after_s()};
     double t_pre0 = now_s(), t_pre = 0.0;
     if (K > 0) {
         if ((rc = dsv4_ref_prefill(ref, pl.tokens, K, sink, logits))) goto out;

@@ -1,13 +1,17 @@
 /* verify.c - `dsv4 verify GOLDEN CANDIDATE [options]`: compare two dumps (verify/, docs/verify.md).
  * Exit status: 0 within tolerance, 1 diverged, 2 could not compare or bad usage. */
 #define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "commands.h"
+#include "dsv4/dsv4.h"
 #include "dsv4/dsv4_verify.h"
 
 static void usage(FILE *f)
@@ -65,6 +69,42 @@ static int parse_range(const char *s, int *lo, int *hi)
     }
     if (*lo >= 0 && *hi >= 0 && *hi < *lo) return -1;
     return 0;
+}
+
+/* Before the comparison: can the report OPT be written at path? Refuses a directory (the rename at the end would
+ * fail, after the comparison), a non-file, one of the dumps (the report would replace it) and the other report's
+ * file, and creates and removes the writers' temporary, so a missing or read-only folder is named with its reason
+ * up front. */
+static int report_check(const char *opt, const char *path, const char *const inputs[3], const char *other)
+{
+    static const char *const roles[3] = {"golden dump", "candidate dump", "--profile file"};
+    struct stat st, in;
+    size_t len = strlen(path);
+    if (!len) return dsv4_error(DSV4_ERR_USAGE, "%s '': no file name", opt);
+    const int exists = !stat(path, &st);
+    if (path[len - 1] == '/' || (exists && S_ISDIR(st.st_mode)))
+        return dsv4_error(DSV4_ERR_USAGE, "%s %s: is a directory; give the report's file name", opt, path);
+    if (exists && !S_ISREG(st.st_mode))
+        return dsv4_error(DSV4_ERR_USAGE, "%s %s: exists and is not a regular file; the report would replace it",
+                          opt, path);
+    for (int i = 0; exists && i < 3; i++)
+        if (inputs[i] && !stat(inputs[i], &in) && in.st_dev == st.st_dev && in.st_ino == st.st_ino)
+            return dsv4_error(DSV4_ERR_USAGE, "%s %s: is the %s; the report would replace it", opt, path, roles[i]);
+    if (other && (!strcmp(other, path) || (exists && !stat(other, &in) && in.st_dev == st.st_dev &&
+                                           in.st_ino == st.st_ino)))
+        return dsv4_error(DSV4_ERR_USAGE, "--json and --html name the same file %s; give each its own", path);
+    char tmp[4200];
+    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= sizeof tmp)
+        return dsv4_error(DSV4_ERR_USAGE, "%s %s: the name is too long", opt, path);
+    int slot = dsv4_tempfile_register(tmp), rc = 0;
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) rc = dsv4_error(DSV4_ERR_IO, "%s %s: cannot write there: %s", opt, path, strerror(errno));
+    else {
+        close(fd);
+        unlink(tmp);
+    }
+    dsv4_tempfile_unregister(slot);
+    return rc;
 }
 
 int dsv4_cmd_verify(int argc, char **argv)
@@ -160,6 +200,12 @@ int dsv4_cmd_verify(int argc, char **argv)
     }
     if (npaths != 2) {
         usage(stderr);
+        free(tol);
+        return 2;
+    }
+    const char *inputs[3] = {paths[0], paths[1], o.profile};
+    if ((json && report_check("--json", json, inputs, html)) || (html && report_check("--html", html, inputs, NULL))) {
+        fprintf(stderr, "dsv4 verify: %s\n", dsv4_last_error());
         free(tol);
         return 2;
     }

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "dump/dump_internal.h"
@@ -222,6 +223,16 @@ int dsv4_dump_writer_open(const char *path, const dsv4_dump_meta *meta, const ds
     for (int i = 0; i < n_positions; i++)
         DSV4_CHECK(positions[i] >= 0 && positions[i] < n_tokens && (i == 0 || positions[i] > positions[i - 1]),
                    "%s: positions[%d] = %d: positions must ascend within [0, %d)", path, i, positions[i], n_tokens);
+
+    /* The final name is only used by the rename at commit, after the whole run: a directory there (or "dir/")
+     * would fail it then and lose the run, and another non-file (a device) would be replaced by the dump. */
+    struct stat st;
+    size_t plen = strlen(path);
+    if (path[plen - 1] == '/' || (!stat(path, &st) && S_ISDIR(st.st_mode)))
+        return dsv4_error(DSV4_ERR_IO, "%s: names a directory; give the dump's file name (e.g. %s%sdump.h5)", path,
+                          path, path[plen - 1] == '/' ? "" : "/");
+    if (!stat(path, &st) && !S_ISREG(st.st_mode))
+        return dsv4_error(DSV4_ERR_IO, "%s: exists and is not a regular file; the dump would replace it", path);
 
     dsv4_h5_quiet();
     dsv4_dump_writer *w = calloc(1, sizeof *w);

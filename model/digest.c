@@ -22,7 +22,13 @@ static int cmp_str(const void *a, const void *b)
 
 /* Only a regular file is hashed: a FIFO named like a shard would block the read for ever (O_NONBLOCK keeps the
  * open itself from blocking), a directory has no bytes to hash. */
-static int hash_file(EVP_MD_CTX *ctx, const char *path, unsigned char *buf, size_t cap)
+typedef struct digest_progress {
+    dsv4_progress_fn fn; /* may be NULL */
+    void *ctx;
+    double done, total; /* bytes */
+} digest_progress;
+
+static int hash_file(EVP_MD_CTX *ctx, const char *path, unsigned char *buf, size_t cap, digest_progress *pr)
 {
     int fd = open(path, O_RDONLY | O_NONBLOCK);
     if (fd < 0) return dsv4_error(DSV4_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
@@ -50,6 +56,8 @@ static int hash_file(EVP_MD_CTX *ctx, const char *path, unsigned char *buf, size
             rc = dsv4_error(DSV4_ERR_IO, "%s: SHA-256 update failed", path);
             break;
         }
+        pr->done += (double)got;
+        if (pr->fn) pr->fn(pr->ctx, pr->done < pr->total ? pr->done : pr->total, pr->total);
     }
     close(fd);
     return rc;
@@ -110,6 +118,11 @@ static int list_files(const char *dir, char ***out, int *n)
 
 int dsv4_model_weights_digest(const dsv4_model *m, char out[65])
 {
+    return dsv4_model_weights_digest_progress(m, out, NULL, NULL);
+}
+
+int dsv4_model_weights_digest_progress(const dsv4_model *m, char out[65], dsv4_progress_fn progress, void *pctx)
+{
     out[0] = 0;
     char **files;
     int n, rc = list_files(dsv4_model_dir(m), &files, &n);
@@ -120,10 +133,17 @@ int dsv4_model_weights_digest(const dsv4_model *m, char out[65])
     if (!buf || !ctx) rc = dsv4_error(DSV4_ERR_NOMEM, "out of memory");
     else if (EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) != 1) rc = dsv4_error(DSV4_ERR_IO, "SHA-256 init failed");
     char path[4096];
+    digest_progress pr = {.fn = progress, .ctx = pctx};
+    for (int i = 0; i < n && !rc; i++) { /* the total first (a file that cannot be stat'ed fails in hash_file) */
+        struct stat st;
+        snprintf(path, sizeof path, "%s/%s", dsv4_model_dir(m), files[i]);
+        if (!stat(path, &st) && S_ISREG(st.st_mode)) pr.total += (double)st.st_size;
+    }
     for (int i = 0; i < n && !rc; i++) {
         snprintf(path, sizeof path, "%s/%s", dsv4_model_dir(m), files[i]);
-        rc = hash_file(ctx, path, buf, cap);
+        rc = hash_file(ctx, path, buf, cap, &pr);
     }
+    if (!rc && progress && pr.done != pr.total) progress(pctx, pr.total, pr.total); /* a file that changed size */
     unsigned char md[EVP_MAX_MD_SIZE];
     unsigned int mdlen = 0;
     if (!rc && EVP_DigestFinal_ex(ctx, md, &mdlen) != 1) rc = dsv4_error(DSV4_ERR_IO, "SHA-256 final failed");

@@ -599,6 +599,11 @@ int opt_init_common(dsv4_opt *o, opt_weight_src *src)
                           "(index_topk %d, experts per token %d; the model has %d, %d)",
                           dsv4_opt_follow_path(o->follow), dsv4_opt_follow_width(o->follow, DSV4_OPT_FOLLOW_TOPK),
                           dsv4_opt_follow_width(o->follow, DSV4_OPT_FOLLOW_ROUTER), f->index_topk, o->K);
+    int n_dev = 0; /* no GPU is the user's situation, not a failed call of ours: say so, as ref-gpu does */
+    cudaError_t dev_err = cudaGetDeviceCount(&n_dev);
+    if (dev_err != cudaSuccess || n_dev < 1)
+        return dsv4_error(DSV4_ERR_CUDA, "optimized: no CUDA device (%s)",
+                          dev_err != cudaSuccess ? cudaGetErrorString(dev_err) : "0 devices");
     DSV4_OPT_CUDA(cudaSetDevice(o->opt.device));
     int dev_major = 0, dev_minor = 0;
     DSV4_OPT_CUDA(cudaDeviceGetAttribute(&dev_major, cudaDevAttrComputeCapabilityMajor, o->opt.device));

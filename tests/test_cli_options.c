@@ -7,11 +7,15 @@
  *   --dump-positions (once a dump of no positions); --decode-from past the prompt (once clamped silently), and
  *   --decode-from K > 0 with --path opt (once taken and ignored: it feeds the prompt as one-token steps); a
  *   --max-context below the run's positions (once found at that step, after the load), --batch past 4096; a
- *   --follow dump of other weights (once followed silently).
+ *   --follow dump of other weights (once followed silently); a --prompt-tokens folder (once "no token ids") and
+ *   a token past the vocabulary (once refused by the path without naming the file); a --dump naming the run's
+ *   --tokens-from or --follow dump (once replaced by the new dump); --path opt with no GPU (once a failed
+ *   cudaSetDevice with its source line).
  * - bench: numbers with trailing junk or none at all (atoi took "5abc" as 5 and "abc" as 0), a negative --seed
  *   (strtoull wrapped it), a K suffix that takes a list value past 2^20 (checked before the suffix), a trailing
- *   comma; --quantize fp8 with --weights bf16 (the later of the two won); a --json that cannot be written (a
- *   missing folder, a directory) is refused up front, leaving nothing.
+ *   comma; --quantize fp8 with --weights bf16 (the later of the two won); an unknown option last on the line
+ *   (once "needs a value"); a --json that cannot be written (a missing folder, a directory) is refused up front,
+ *   leaving nothing.
  * The bench cases that must parse end on a bad --context (checked last, before the GPU), so that a build with a
  * GPU never starts a benchmark here.
  */
@@ -190,6 +194,83 @@ START_TEST(run_follow_refuses_other_weights)
 }
 END_TEST
 
+/* The prompt's file is named with the problem: a directory read as "no token ids"; a token id past the model's
+ * vocabulary was refused by the path ("reference: token 300 at position 2 outside [0, 256)"), naming no file */
+START_TEST(run_names_the_prompt_file_and_its_problem)
+{
+    const char *pre;
+    char *dir = prompt_dir(&pre);
+    char args[16400], path[4200];
+    snprintf(args, sizeof args, "run --model %sgolden/tiny --prompt-tokens %s", dsv4_test_source_path(""), dir);
+    expect_cli(2, args, NEED(dir, "is a directory"), NEED("no token ids"));
+    snprintf(path, sizeof path, "%s/big.txt", dir);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("5 6 300\n", f);
+    fclose(f);
+    static const char *const paths[] = {"ref-cpu", "ref-gpu", "opt"};
+    for (int p = 0; p < 3; p++) { /* before any path is set up (a CPU-only build would say it has no CUDA) */
+        snprintf(args, sizeof args, "run --model %sgolden/tiny --prompt-tokens %s --path %s",
+                 dsv4_test_source_path(""), path, paths[p]);
+        expect_cli(2, args, NEED(path, "token 300 at position 2", "vocabulary of 256"), NEED("CUDA"));
+    }
+    dsv4_test_rmtree(dir);
+}
+END_TEST
+
+/* --dump naming the run's own --tokens-from or --follow dump replaced it with the new one (a golden set's
+ * forced.h5 lost to a slip of the command line); refused before the model loads */
+START_TEST(run_refuses_a_dump_over_its_inputs)
+{
+    const char *pre;
+    char *dir = prompt_dir(&pre);
+    char args[16400], gold[4200], sel[4200];
+    snprintf(gold, sizeof gold, "%s/forced.h5", dir);
+    snprintf(args, sizeof args, "cp %sgolden/tiny/forced.h5 %s", dsv4_test_source_path(""), gold);
+    ck_assert_int_eq(dsv4_test_run(args, NULL), 0);
+    snprintf(args, sizeof args, "run --model %sgolden/tiny --tokens-from %s --dump %s", dsv4_test_source_path(""),
+             gold, gold);
+    expect_cli(2, args, NEED("--dump", "is the --tokens-from dump"), NEED("dump:"));
+    snprintf(sel, sizeof sel, "%s/sel.h5", dir);
+    snprintf(args, sizeof args, "%s --decode 1 --probes topk_idx,router_ids --dump %s", pre, sel);
+    expect_cli(0, args, NEED("dump:"), NULL);
+    snprintf(args, sizeof args, "%s --decode 1 --follow %s --dump %s", pre, sel, sel);
+    expect_cli(2, args, NEED("--dump", "is the --follow dump"), NEED("follow:"));
+    /* both are still the dumps they were */
+    snprintf(args, sizeof args, "cmp %sgolden/tiny/forced.h5 %s", dsv4_test_source_path(""), gold);
+    ck_assert_int_eq(dsv4_test_run(args, NULL), 0);
+    snprintf(args, sizeof args, "%s --decode 1 --follow %s", pre, sel);
+    expect_cli(0, args, NEED("follow:"), NULL);
+    dsv4_test_rmtree(dir);
+}
+END_TEST
+
+/* With no GPU visible the GPU paths say so: --path opt said "cudaSetDevice(o->opt.device): <CUDA's error>
+ * (.../optimized/opt_layout.c:602)", which reads as a bug of dsv4; ref-gpu and bench already said "no CUDA device".
+ * A CPU-only build says "this build has no CUDA" (exit 2); a CUDA build without a device exits 1 (the run failed). */
+START_TEST(run_without_a_gpu_says_so)
+{
+    const char *pre;
+    char *dir = prompt_dir(&pre);
+    char args[8192];
+    setenv("CUDA_VISIBLE_DEVICES", "-1", 1);
+    static const char *const paths[] = {"opt", "ref-gpu", "opt --gpus 1"};
+    for (int p = 0; p < 3; p++) {
+        snprintf(args, sizeof args, "%s --path %s", pre, paths[p]);
+        char cmd[9000], *out = NULL;
+        snprintf(cmd, sizeof cmd, "%s %s 2>&1", dsv4_test_bin(), args);
+        int st = dsv4_test_run(cmd, &out);
+        printf("$ %s -> %d\n%s", cmd, st, out ? out : "");
+        ck_assert_msg(st == 1 || st == 2, "%s: exit %d", cmd, st);
+        ck_assert_msg(out && (strstr(out, "no CUDA") || strstr(out, "has 0 CUDA devices")) && !strstr(out, ".c:"),
+                      "%s: want a 'no CUDA' line naming no source file\n%s", cmd, out ? out : "");
+        free(out);
+    }
+    unsetenv("CUDA_VISIBLE_DEVICES");
+    dsv4_test_rmtree(dir);
+}
+END_TEST
+
 /* ------------------------------------------------------------------------------------ dsv4 bench */
 START_TEST(bench_refuses_bad_numbers)
 {
@@ -215,6 +296,10 @@ START_TEST(bench_refuses_bad_numbers)
         /* in either order (the last of the two won: fp8 one way, bf16 the other) */
         {"--weights bf16 --quantize fp8", "--quantize fp8 with --weights bf16"},
         {"--quantize fp8 --weights bf16", "--quantize fp8 with --weights bf16"},
+        /* an unknown option last on the line (a misspelt flag) was "needs a value" */
+        {"--bogus", "unknown option '--bogus'"},
+        {"--no-baselin", "unknown option '--no-baselin'"},
+        {"--reps", "--reps needs a value"},
     };
     char args[512];
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
@@ -265,6 +350,9 @@ int main(void)
     tcase_add_test(tc, run_refuses_empty_and_out_of_range_numbers);
     tcase_add_test(tc, run_refuses_caches_too_small_up_front);
     tcase_add_test(tc, run_follow_refuses_other_weights);
+    tcase_add_test(tc, run_names_the_prompt_file_and_its_problem);
+    tcase_add_test(tc, run_refuses_a_dump_over_its_inputs);
+    tcase_add_test(tc, run_without_a_gpu_says_so);
     tcase_add_test(tc, bench_refuses_bad_numbers);
     tcase_add_test(tc, bench_refuses_a_json_it_cannot_write);
     suite_add_tcase(s, tc);

@@ -3,10 +3,13 @@
  * Every probe kind of dump-format.md goes in through the probe sink with random data (fixed seeds) and must
  * come back bit-exact, listed in model order with the shapes of the table. Also: rows written out of order,
  * unwritten rows reading as NaN / -1 (not 0), the temp name -> final name rename on commit, abort leaving
- * nothing, slice reads returning exactly the rows asked for, greedy token updates, extra attributes; and the
- * shared test config filled by hand is the one its config.json text parses to (test_dump_common.h).
+ * nothing, slice reads returning exactly the rows asked for, greedy token updates, extra attributes, a directory
+ * as the final name refused at open; and the shared test config filled by hand is the one its config.json text
+ * parses to (test_dump_common.h).
  */
 #define _POSIX_C_SOURCE 200809L
+#include <dirent.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "test_dump_common.h"
@@ -411,6 +414,47 @@ START_TEST(test_writer_refuses_bad_arguments)
 }
 END_TEST
 
+/* A final name that is a directory (`dsv4 run --dump out/`, or the folder meant to hold the dump) or another
+ * non-file (a device: as root the rename would replace /dev/null by the dump) is refused at open. The temporary
+ * beside it was created and the whole run made, and only the rename at commit failed: the run was lost. */
+START_TEST(test_writer_refuses_a_directory_before_the_run)
+{
+    char *dir = dsv4_test_mkdtemp("dump-dir");
+    dsv4_config cfg;
+    test_dump_config(&cfg);
+    dsv4_dump_meta meta = test_dump_meta(10, 6);
+    int32_t tokens[16] = {0};
+    char sub[4200], slash[4300];
+    snprintf(sub, sizeof sub, "%s/out", dir);
+    ck_assert_int_eq(mkdir(sub, 0755), 0);
+    snprintf(slash, sizeof slash, "%s/", sub);
+    const char *names[] = {sub, slash};
+    for (int i = 0; i < 2; i++) {
+        dsv4_dump_writer *w = (dsv4_dump_writer *)1;
+        int rc = dsv4_dump_writer_open(names[i], &meta, &cfg, tokens, 16, NULL, 0, &w);
+        if (rc == 0) dsv4_dump_writer_abort(w);
+        ck_assert_msg(rc == DSV4_ERR_IO, "%s: open returned %d, want DSV4_ERR_IO (refused before the run)", names[i],
+                      rc);
+        ck_assert_ptr_null(w);
+        ck_assert_msg(strstr(dsv4_last_error(), names[i]) && strstr(dsv4_last_error(), "names a directory"), "%s",
+                      dsv4_last_error());
+    }
+    DIR *d = opendir(sub); /* no temporary left inside it or beside it */
+    ck_assert_ptr_nonnull(d);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));) n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+    closedir(d);
+    ck_assert_int_eq(n, 0);
+    d = opendir(dir);
+    n = 0;
+    for (struct dirent *e; (e = readdir(d));) n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+    closedir(d);
+    ck_assert_int_eq(n, 1);
+    test_dump_assert_no_open_handles();
+    dsv4_test_rmtree(dir);
+}
+END_TEST
+
 /* test_dump_common.h's config twice, as the JSON a dump embeds and filled by hand for the writer: they must be the
  * same model, or the tests would write with one config and read with another. Every field the hand version sets. */
 START_TEST(test_hand_config_is_the_json_config)
@@ -480,6 +524,7 @@ static Suite *dump_roundtrip_suite(void)
     tcase_add_test(tc, test_same_file_opened_twice);
     tcase_add_test(tc, test_greedy_tokens_and_extra_attributes);
     tcase_add_test(tc, test_writer_refuses_bad_arguments);
+    tcase_add_test(tc, test_writer_refuses_a_directory_before_the_run);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -225,6 +225,47 @@ START_TEST(test_sharded_model_and_digest)
 }
 END_TEST
 
+/* The digest reads every weight byte (minutes on a full checkpoint): it reports its progress in bytes, the total
+ * first known (the sum of the files' sizes), ending at done == total, and the digest is the plain one. The dsv4
+ * command prints that as a progress line (here forced at once with DSV4_PROGRESS_AFTER_S=0). */
+typedef struct digest_calls {
+    int n, bad;
+    double last_done, total;
+} digest_calls;
+
+static void on_digest(void *ctx, double done, double total)
+{
+    digest_calls *c = ctx;
+    if (done < c->last_done || done > total || (c->n && total != c->total)) c->bad++;
+    c->n++;
+    c->last_done = done;
+    c->total = total;
+}
+
+START_TEST(test_digest_reports_progress)
+{
+    char *dir = make_model("digest-progress", DSV4_STW_OFFICIAL_F32, 3);
+    dsv4_model *m;
+    ck_assert_int_eq(dsv4_model_open(dir, &m), 0);
+    char plain[65], hex[65], cmd[4400], *out = NULL;
+    ck_assert_int_eq(dsv4_model_weights_digest(m, plain), 0);
+    digest_calls c = {0};
+    ck_assert_int_eq(dsv4_model_weights_digest_progress(m, hex, on_digest, &c), 0);
+    ck_assert_str_eq(hex, plain);
+    snprintf(cmd, sizeof cmd, "cd '%s' && cat *.safetensors | wc -c", dir);
+    ck_assert_int_eq(dsv4_test_run(cmd, &out), 0);
+    ck_assert_msg(c.n >= 3 && !c.bad && c.last_done == c.total && c.total == atof(out),
+                  "%d calls, %d out of order, last %.0f of %.0f, files %s", c.n, c.bad, c.last_done, c.total, out);
+    free(out);
+    dsv4_model_free(m);
+    snprintf(cmd, sizeof cmd, "DSV4_PROGRESS_AFTER_S=0 '%s' inspect --digest '%s' 2>&1", dsv4_test_bin(), dir);
+    ck_assert_int_eq(dsv4_test_run(cmd, &out), 0);
+    ck_assert_msg(strstr(out, "weights_digest: hashed") && strstr(out, plain), "%s", out);
+    free(out);
+    dsv4_test_rmtree(dir);
+}
+END_TEST
+
 START_TEST(test_inspect_usage)
 {
     char cmd[4400], *out = NULL;
@@ -254,6 +295,7 @@ int main(void)
     tcase_add_test(tc, test_transformers_f32_model);
     tcase_add_test(tc, test_save_pretrained_layout);
     tcase_add_test(tc, test_sharded_model_and_digest);
+    tcase_add_test(tc, test_digest_reports_progress);
     tcase_add_test(tc, test_inspect_usage);
     suite_add_tcase(s, tc);
     return dsv4_test_main(s);

@@ -4,7 +4,8 @@
  * noise of 1e-3 downstream of a tied swap passes and the report names the tie; the same noise without the tie
  * fails; noise above after_tie fails; noise before the tie in model order (earlier position, lower layer, or an
  * earlier probe of the tie's own layer) is gated normally and fails; a strict pick after the tie still fails;
- * a tie given by --tie-at counts like one seen; a profile without after_tie changes nothing. */
+ * a tie given by --tie-at counts like one seen, and one no comparison can have seen (a layer past the model or
+ * without a top-k, a position past the tokens) is refused; a profile without after_tie changes nothing. */
 #define _POSIX_C_SOURCE 200809L
 #include <check.h>
 #include <jansson.h>
@@ -374,6 +375,35 @@ START_TEST(tie_given_by_option)
 }
 END_TEST
 
+/* A --tie-at that no comparison can have seen (a layer past the model, a layer without a top-k, a position past
+ * the tokens: a typo of the command line) loosened every later gate all the same, and the noise that needs
+ * after_tie passed; it is refused, exit 2 naming the option and why. */
+START_TEST(tie_given_out_of_range_is_refused)
+{
+    write_pair(0, 1e-3, 2, TIE_POS); /* passes only under after_tie from (30, 1) */
+    static const char *const bad[][2] = {
+        {"30:99", "the dumps have layers 0..3"},
+        {"30:4", "the dumps have layers 0..3"},
+        {"30:2", "layer 2 is hca"},
+        {"30:0", "layer 0 is sliding"},
+        {"40:1", "the golden has positions 0..39"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char cmd[16000], *out = NULL, want[64];
+        snprintf(cmd, sizeof cmd, "'%s' verify '%s' '%s' --tie-at %s 2>&1", dsv4_test_bin(), g_golden, g_cand,
+                 bad[i][0]);
+        int st = dsv4_test_run(cmd, &out);
+        snprintf(want, sizeof want, "--tie-at %s", bad[i][0]);
+        ck_assert_msg(st == 2 && out && strstr(out, want) && strstr(out, bad[i][1]), "%s: exit %d, want 2 with '%s'"
+                      " and '%s'\n%s", cmd, st, want, bad[i][1], out ? out : "");
+        free(out);
+    }
+    char cmd[16000];
+    snprintf(cmd, sizeof cmd, "'%s' verify '%s' '%s' --tie-at 39:3 --quiet", dsv4_test_bin(), g_golden, g_cand);
+    ck_assert_int_eq(dsv4_test_run(cmd, NULL), 1); /* in range and csa: taken (after the noise's start, so 1) */
+}
+END_TEST
+
 START_TEST(profile_after_tie_section)
 {
     /* no after_tie section: the normal gates throughout, and the report says so */
@@ -493,6 +523,7 @@ int main(void)
     tcase_add_test(tc, near_tie_after_a_tie_passes_only_thanks_to_after_tie);
     tcase_add_test(tc, filters_keep_the_first_tie);
     tcase_add_test(tc, tie_given_by_option);
+    tcase_add_test(tc, tie_given_out_of_range_is_refused);
     tcase_add_test(tc, profile_after_tie_section);
     tcase_add_test(tc, shipped_profiles_have_after_tie);
     suite_add_tcase(s, tc);

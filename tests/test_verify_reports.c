@@ -1,7 +1,8 @@
 /* test_verify_reports.c - the --json report parses with jansson and holds the numbers of the result; the
  * --html report is one well-formed self-contained file (tags balanced, no scripts or external references,
  * xmllint --noout where installed) that headless Chromium renders (where installed; the screenshot is left
- * in the build tree as verify_report.png for a person to look at). */
+ * in the build tree as verify_report.png for a person to look at). A report that cannot be written (a missing
+ * folder, a directory, one of the dumps, the other report's file) is refused with its reason before comparing. */
 #define _POSIX_C_SOURCE 200809L
 #include <check.h>
 #include <jansson.h>
@@ -10,7 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include "dsv4/dsv4_dump.h"
 #include "dsv4/dsv4_verify.h"
 #include "dsv4_test.h"
 #include "synth_dump.h"
@@ -332,6 +335,59 @@ START_TEST(reports_of_a_failed_comparison)
 }
 END_TEST
 
+/* `dsv4 verify` with ARGS after the pair: exit status want, output holding needle and no verdict (refused before
+ * the comparison). */
+static void expect_refused(const char *args, const char *needle)
+{
+    char cmd[24000], *out = NULL;
+    snprintf(cmd, sizeof cmd, "'%s' verify '%s' '%s' %s 2>&1", dsv4_test_bin(), g_golden, g_cand, args);
+    int st = dsv4_test_run(cmd, &out);
+    printf("$ %s -> %d\n%s", cmd, st, out ? out : "");
+    ck_assert_msg(st == 2, "%s: exit %d, want 2\n%s", cmd, st, out ? out : "");
+    ck_assert_msg(out && strstr(out, needle), "%s: output lacks '%s'\n%s", cmd, needle, out ? out : "");
+    ck_assert_msg(!strstr(out, "VERDICT"), "%s: compared before refusing the report\n%s", cmd, out);
+    free(out);
+}
+
+/* A report that cannot be written is refused, with the reason, before the comparison: a missing folder and a
+ * directory said only "cannot write the JSON report", after the whole comparison; a report named like one of the
+ * dumps replaced that dump (the candidate became a JSON file), and --json X --html X kept only the HTML. */
+START_TEST(reports_that_cannot_be_written_are_refused_first)
+{
+    write_pair();
+    char args[24000], sub[4200];
+    snprintf(args, sizeof args, "--json '%s/no/such/folder/r.json'", g_dir);
+    expect_refused(args, "No such file or directory");
+    snprintf(args, sizeof args, "--html '%s/no/such/folder/r.html'", g_dir);
+    expect_refused(args, "No such file or directory");
+    snprintf(sub, sizeof sub, "%s/adir", g_dir);
+    ck_assert_int_eq(mkdir(sub, 0755), 0);
+    snprintf(args, sizeof args, "--html '%s'", sub);
+    expect_refused(args, "is a directory");
+    snprintf(args, sizeof args, "--json '%s/'", sub);
+    expect_refused(args, "is a directory");
+    snprintf(args, sizeof args, "--json '%s' --quiet", g_cand);
+    expect_refused(args, "is the candidate dump");
+    snprintf(args, sizeof args, "--html '%s' --quiet", g_golden);
+    expect_refused(args, "is the golden dump");
+    snprintf(args, sizeof args, "--json '%s' --html '%s' --quiet", g_json, g_json);
+    expect_refused(args, "--json and --html name the same file");
+    for (int i = 0; i < 2; i++) { /* both dumps are still dumps */
+        dsv4_dump *d = NULL;
+        ck_assert_msg(dsv4_dump_open(i ? g_cand : g_golden, &d) == 0, "%s", dsv4_last_error());
+        dsv4_dump_free(d);
+    }
+    rmdir(sub);
+    /* the good case still writes both */
+    snprintf(args, sizeof args, "'%s' verify '%s' '%s' --json '%s' --html '%s' --quiet", dsv4_test_bin(), g_golden,
+             g_cand, g_json, g_html);
+    ck_assert_int_eq(dsv4_test_run(args, NULL), 1);
+    struct stat sb;
+    ck_assert_int_eq(stat(g_json, &sb), 0);
+    ck_assert_int_eq(stat(g_html, &sb), 0);
+}
+END_TEST
+
 int main(void)
 {
     g_dir = dsv4_test_mkdtemp("verify-reports");
@@ -348,6 +404,7 @@ int main(void)
     tcase_add_test(tc, reports_keep_text_that_is_not_utf8);
     tcase_add_test(tc, html_is_well_formed_and_renders);
     tcase_add_test(tc, reports_of_a_failed_comparison);
+    tcase_add_test(tc, reports_that_cannot_be_written_are_refused_first);
     suite_add_tcase(s, tc);
     int rc = dsv4_test_main(s);
     dsv4_test_rmtree(g_dir);

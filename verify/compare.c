@@ -720,6 +720,21 @@ static int run(dsv4_cmp_ctx *x, const char *golden_path, const char *candidate_p
         r->digests_differ = 1;
     }
     if ((rc = layer_table(x))) return rc;
+    if (o->tie_at_position >= 0 && o->tie_at_layer >= 0) { /* a typo there would loosen later gates silently */
+        char opt[64], why[160] = "";
+        const int L = o->tie_at_layer;
+        snprintf(opt, sizeof opt, "%d:%d", o->tie_at_position, L);
+        if (L >= r->n_layers)
+            snprintf(why, sizeof why, "the dumps have layers 0..%d", r->n_layers - 1);
+        else if (strcmp(r->layer_attention[L], "csa") && strcmp(r->layer_attention[L], "?"))
+            snprintf(why, sizeof why, "layer %d is %s; only csa layers pick a top-k", L, r->layer_attention[L]);
+        else if (o->tie_at_position >= r->golden.n_tokens)
+            snprintf(why, sizeof why, "the golden has positions 0..%d", r->golden.n_tokens - 1);
+        if (why[0]) {
+            fail_compare(r, "--tie-at %s: %s (no comparison can have seen a tie there)", opt, why);
+            return 0;
+        }
+    }
     if (positions_table(x)) return 0;
     if ((rc = build_probes(x))) return rc;
     if (r->n_compared == 0) {

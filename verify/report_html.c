@@ -7,6 +7,7 @@
  * hollow, so a zero error stays visible instead of vanishing.
  */
 #define _POSIX_C_SOURCE 200809L
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -492,8 +493,10 @@ int dsv4_verify_write_html(const dsv4_verify_result *r, const char *path)
     int slot = dsv4_tempfile_register(tmp); /* a signal while writing removes it (model/tempfile.c) */
     FILE *f = fopen(tmp, "w");
     if (!f) {
+        int rc = dsv4_error(DSV4_ERR_IO, "%s: cannot write the HTML report (its temporary %s): %s", path, tmp,
+                            strerror(errno));
         dsv4_tempfile_unregister(slot);
-        return dsv4_error(DSV4_ERR_IO, "%s: cannot create the HTML report", tmp);
+        return rc;
     }
     static const char *const verdict[] = {"PASS", "DIVERGED", "COULD NOT COMPARE"};
     fprintf(f,
@@ -579,11 +582,14 @@ int dsv4_verify_write_html(const dsv4_verify_result *r, const char *path)
                    "docs/verify.md.</p>\n"
                    "</body>\n</html>\n");
     }
-    int bad = ferror(f);
-    if (fclose(f) || bad || rename(tmp, path)) {
+    int bad = ferror(f) ? (errno ? errno : EIO) : 0; /* the reason: the failed write's, the close's, the rename's */
+    if (fclose(f) && !bad) bad = errno ? errno : EIO;
+    if (!bad && rename(tmp, path)) bad = errno;
+    if (bad) {
+        int rc = dsv4_error(DSV4_ERR_IO, "%s: cannot write the HTML report: %s", path, strerror(bad));
         unlink(tmp);
         dsv4_tempfile_unregister(slot);
-        return dsv4_error(DSV4_ERR_IO, "%s: cannot write the HTML report", path);
+        return rc;
     }
     dsv4_tempfile_unregister(slot);
     return 0;

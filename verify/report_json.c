@@ -6,6 +6,7 @@
  * SIGINT/SIGTERM remove it (model/tempfile.c).
  */
 #define _POSIX_C_SOURCE 200809L
+#include <errno.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -256,12 +257,15 @@ int dsv4_verify_write_json(const dsv4_verify_result *r, const char *path)
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
     int slot = dsv4_tempfile_register(tmp); /* a signal while writing removes it (model/tempfile.c) */
+    errno = 0;
     int rc = json_dump_file(o, tmp, JSON_INDENT(1) | JSON_REAL_PRECISION(10));
     json_decref(o);
     if (rc || rename(tmp, path)) {
+        const char *why = errno ? strerror(errno) : "write failed";
+        rc = dsv4_error(DSV4_ERR_IO, "%s: cannot write the JSON report: %s", path, why);
         unlink(tmp);
         dsv4_tempfile_unregister(slot);
-        return dsv4_error(DSV4_ERR_IO, "%s: cannot write the JSON report", path);
+        return rc;
     }
     dsv4_tempfile_unregister(slot);
     return 0;

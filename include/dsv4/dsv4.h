@@ -198,6 +198,11 @@ int dsv4_model_read_i32(const dsv4_model *m, const char *name, int32_t *dst, siz
 
 /* SHA-256 of the weight bytes as dump-format.md defines weights_digest (lowercase hex, 65 bytes). */
 int dsv4_model_weights_digest(const dsv4_model *m, char out[65]);
+/* Progress of a long operation: `done` of `total` units (bytes for the digest), total fixed from the first call,
+ * done ascending to total; called often (every few MiB), so it must be cheap. ctx is the caller's. */
+typedef void (*dsv4_progress_fn)(void *ctx, double done, double total);
+/* The same digest, calling progress (may be NULL) as the bytes are hashed: a full checkpoint takes minutes. */
+int dsv4_model_weights_digest_progress(const dsv4_model *m, char out[65], dsv4_progress_fn progress, void *ctx);
 
 /* The tensors the config says must exist, with their expected shapes. Used by inspect and the paths. */
 typedef struct dsv4_expected_tensor {

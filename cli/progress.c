@@ -1,0 +1,55 @@
+/* progress.c - the progress line of a long step of a dsv4 command (progress.h): the weights digest, which reads
+ * every byte of the checkpoint before a dump is written (minutes for a full one) and showed nothing meanwhile. */
+#define _POSIX_C_SOURCE 200809L
+#include "progress.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+double cli_progress_after_s(void)
+{
+    const char *env = getenv("DSV4_PROGRESS_AFTER_S");
+    char *end = NULL;
+    double after = env ? strtod(env, &end) : 3.0;
+    return env && end != env && !*end && after >= 0 ? after : 3.0;
+}
+
+void cli_progress_init(cli_progress *p, const char *prefix)
+{
+    p->prefix = prefix;
+    p->t0 = now_s();
+    p->last = -1e30;
+    p->after_s = cli_progress_after_s();
+    p->tty = isatty(2);
+    p->shown = 0;
+}
+
+void cli_progress_digest(void *ctx, double done, double total)
+{
+    cli_progress *p = ctx;
+    double t = now_s();
+    if (t - p->t0 < p->after_s || (t - p->last < (p->tty ? 0.25 : 5.0) && done < total)) return;
+    if (done >= total && !p->shown) return; /* done before the first line was due: nothing to say */
+    p->last = t;
+    double rate = t > p->t0 ? done / (t - p->t0) : 0.0, gib = 1024.0 * 1024.0 * 1024.0;
+    fprintf(stderr, "%s%s: weights_digest: hashed %.1f of %.1f GiB (%.0f%%), %.2f GB/s, ETA %.0f s%s",
+            p->tty ? "\r" : "", p->prefix, done / gib, total / gib, total > 0 ? 100.0 * done / total : 100.0,
+            rate / 1e9, rate > 0 ? (total - done) / rate : 0.0, p->tty ? "   " : "\n");
+    fflush(stderr);
+    p->shown = 1;
+}
+
+void cli_progress_end(cli_progress *p)
+{
+    if (p->shown && p->tty) fputc('\n', stderr);
+    p->shown = 0;
+}

@@ -1,0 +1,21 @@
+/* progress.h - the progress line of a long step of a dsv4 command on stderr (cli/progress.c). */
+#ifndef DSV4_CLI_PROGRESS_H
+#define DSV4_CLI_PROGRESS_H
+
+typedef struct cli_progress {
+    const char *prefix; /* "dsv4 run", "dsv4 inspect" */
+    double t0, last, after_s;
+    int tty, shown;
+} cli_progress;
+
+/* Seconds a step runs before its progress line shows: 3, or $DSV4_PROGRESS_AFTER_S (a number >= 0). */
+double cli_progress_after_s(void);
+/* Starts the clock. Nothing is printed before cli_progress_after_s() seconds. */
+void cli_progress_init(cli_progress *p, const char *prefix);
+/* A dsv4_progress_fn (dsv4.h) for the weights digest: ctx is a cli_progress; prints "weights_digest: hashed X of
+ * Y GiB (Z%), R GB/s, ETA S s", in place on a terminal, every ~5 s otherwise. */
+void cli_progress_digest(void *ctx, double done, double total);
+/* Ends the line on a terminal when one was shown. */
+void cli_progress_end(cli_progress *p);
+
+#endif
