@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "bench_args.h"
+#include "commands.h"
 #include "dsv4/dsv4.h"
 
 const char *const bench_variant_names[BENCH_N_VARIANTS] = {"all-on", "attn", "indexer", "mhc", "index-context",
@@ -145,7 +146,7 @@ static int parse_args(int argc, char **argv, bench_args *a)
     dsv4_opt_weights weights = DSV4_OPT_WEIGHTS_AUTO; /* as given; resolved with --quantize after the loop */
     int quantize = 0;
     for (int i = 1; i < argc; i++) {
-        const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        const char *k = argv[i], *v = dsv4_cli_value(argc, argv, i);
         int takes = 1;
         if (!strcmp(k, "--help") || !strcmp(k, "-h")) {
             bench_usage(stdout);

@@ -18,6 +18,12 @@ static const dsv4_subcommand dsv4_subcommands[] = {
     {"bench", dsv4_cmd_bench, "decode throughput of the optimized path on a Flash-shaped random model"},
 };
 
+const char *dsv4_cli_value(int argc, char **argv, int i)
+{
+    if (i + 1 >= argc || !strncmp(argv[i + 1], "--", 2)) return NULL;
+    return argv[i + 1];
+}
+
 static void print_usage(FILE *f)
 {
     fprintf(f, "dsv4 %s - DeepSeek-V4-Flash decoders (fp32 reference, optimized CUDA) and a layer-wise verifier\n\n"

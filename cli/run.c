@@ -272,7 +272,7 @@ static int parse_args(int argc, char **argv, run_args *a)
     a->max_context = 0;
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        const char *v = dsv4_cli_value(argc, argv, i);
 #define TAKE(field)                                                                                              \
     do {                                                                                                         \
         if (!v) return dsv4_error(DSV4_ERR_USAGE, "%s needs a value", o);                                        \

@@ -117,7 +117,7 @@ int dsv4_cmd_verify(int argc, char **argv)
     if (!tol) return 2;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        int has_val = i + 1 < argc;
+        int has_val = dsv4_cli_value(argc, argv, i) != NULL;
 #define NEED_VALUE()                                                                                                   \
     do {                                                                                                               \
         if (!has_val) {                                                                                                \

@@ -271,6 +271,33 @@ START_TEST(run_without_a_gpu_says_so)
 }
 END_TEST
 
+/* ------------------------------------------------------------------------------------ every command */
+START_TEST(a_forgotten_value_is_not_the_next_option)
+{
+    /* `--json --quiet` took --quiet as the report's name: the comparison ran quietly and wrote ./--quiet */
+    char args[9000], g[4200];
+    snprintf(g, sizeof g, "%sgolden/tiny/forced.h5", dsv4_test_source_path(""));
+    remove("--quiet");
+    snprintf(args, sizeof args, "verify %s %s --json --quiet", g, g);
+    expect_cli(2, args, NEED("--json needs a value"), NULL);
+    struct stat st;
+    int wrote = !stat("--quiet", &st);
+    remove("--quiet");
+    ck_assert_msg(!wrote, "verify wrote a report named --quiet");
+    /* a value beginning with one '-' is still a value: the layers up to 1 */
+    snprintf(args, sizeof args, "verify %s %s --layers -1 --quiet", g, g);
+    expect_cli(0, args, NULL, NEED("needs a value"));
+    const char *pre;
+    char *dir = prompt_dir(&pre);
+    snprintf(args, sizeof args, "%s --dump --greedy", pre);
+    expect_cli(2, args, NEED("--dump needs a value"), NULL);
+    ck_assert_int_eq(stat("--greedy", &st), -1);
+    expect_cli(2, "bench --json --reps 5", NEED("--json needs a value"), NEED("no CUDA"));
+    ck_assert_int_eq(stat("--reps", &st), -1);
+    dsv4_test_rmtree(dir);
+}
+END_TEST
+
 /* ------------------------------------------------------------------------------------ dsv4 bench */
 START_TEST(bench_refuses_bad_numbers)
 {
@@ -353,6 +380,7 @@ int main(void)
     tcase_add_test(tc, run_names_the_prompt_file_and_its_problem);
     tcase_add_test(tc, run_refuses_a_dump_over_its_inputs);
     tcase_add_test(tc, run_without_a_gpu_says_so);
+    tcase_add_test(tc, a_forgotten_value_is_not_the_next_option);
     tcase_add_test(tc, bench_refuses_bad_numbers);
     tcase_add_test(tc, bench_refuses_a_json_it_cannot_write);
     suite_add_tcase(s, tc);
