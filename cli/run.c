@@ -575,6 +575,10 @@ int dsv4_cmd_run(int argc, char **argv)
                             pl.tokens[p], p, cfg->vocab_size, a.model);
             goto out;
         }
+    if (pl.T > cfg->max_position_embeddings) /* run anyway, as transformers does; but say it */
+        fprintf(stderr, "dsv4 run: note: the run has %d positions, past the model's max_position_embeddings of "
+                "%lld (%s/config.json); positions beyond it were not trained\n", pl.T,
+                (long long)cfg->max_position_embeddings, a.model);
     char digest[65] = ""; /* hashes every weight byte: only when a dump or --follow needs it, once */
     if (a.dump || a.follow) {
         cli_progress dpr;

@@ -271,6 +271,29 @@ START_TEST(run_without_a_gpu_says_so)
 }
 END_TEST
 
+START_TEST(run_notes_positions_past_max_position_embeddings)
+{
+    /* golden/tiny with max_position_embeddings 16: a 3-token prompt + 20 decode steps runs, and says so */
+    const char *pre;
+    char *dir = prompt_dir(&pre);
+    char cmd[9000], *out = NULL;
+    snprintf(cmd, sizeof cmd,
+             "mkdir %s/m && ln -s %sgolden/tiny/model.safetensors %s/m/ && "
+             "sed 's/\"max_position_embeddings\": 4096/\"max_position_embeddings\": 16/' %sgolden/tiny/config.json "
+             ">%s/m/config.json && grep -q '\"max_position_embeddings\": 16' %s/m/config.json",
+             dir, dsv4_test_source_path(""), dir, dsv4_test_source_path(""), dir, dir);
+    ck_assert_int_eq(dsv4_test_run(cmd, &out), 0);
+    free(out);
+    const char *prompt = strstr(pre, "--prompt-tokens");
+    char args[9000];
+    snprintf(args, sizeof args, "run --model %s/m %s --decode 20", dir, prompt);
+    expect_cli(0, args, NEED("the run has 23 positions, past the model's max_position_embeddings of 16"), NULL);
+    snprintf(args, sizeof args, "run --model %s/m %s --decode 13", dir, prompt); /* 16: not past it */
+    expect_cli(0, args, NULL, NEED("max_position_embeddings"));
+    dsv4_test_rmtree(dir);
+}
+END_TEST
+
 /* ------------------------------------------------------------------------------------ every command */
 START_TEST(a_forgotten_value_is_not_the_next_option)
 {
@@ -380,6 +403,7 @@ int main(void)
     tcase_add_test(tc, run_names_the_prompt_file_and_its_problem);
     tcase_add_test(tc, run_refuses_a_dump_over_its_inputs);
     tcase_add_test(tc, run_without_a_gpu_says_so);
+    tcase_add_test(tc, run_notes_positions_past_max_position_embeddings);
     tcase_add_test(tc, a_forgotten_value_is_not_the_next_option);
     tcase_add_test(tc, bench_refuses_bad_numbers);
     tcase_add_test(tc, bench_refuses_a_json_it_cannot_write);
