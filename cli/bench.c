@@ -264,8 +264,10 @@ int dsv4_cmd_bench(int argc, char **argv)
     t_start = now_s();
     int rc = 0, dev = 0, drv = 0, rt = 0;
     struct cudaDeviceProp prop;
-    if (cudaGetDeviceCount(&dev) != cudaSuccess || dev < 1) {
-        fprintf(stderr, "dsv4 bench: no CUDA device\n");
+    cudaError_t dev_err = cudaGetDeviceCount(&dev);
+    if (dev_err != cudaSuccess || dev < 1) { /* CUDA's reason: no driver, a driver too old, none visible */
+        fprintf(stderr, "dsv4 bench: no CUDA device (%s)\n",
+                dev_err != cudaSuccess ? cudaGetErrorString(dev_err) : "0 devices");
         return 2;
     }
     cudaGetDeviceProperties(&prop, 0);

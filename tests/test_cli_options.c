@@ -266,6 +266,15 @@ START_TEST(run_without_a_gpu_says_so)
                       "%s: want a 'no CUDA' line naming no source file\n%s", cmd, out ? out : "");
         free(out);
     }
+    /* bench in a CUDA build gives CUDA's reason too (it said only "no CUDA device") */
+    char cmd[9000], *out = NULL;
+    snprintf(cmd, sizeof cmd, "%s bench 2>&1", dsv4_test_bin());
+    int st = dsv4_test_run(cmd, &out);
+    printf("$ %s -> %d\n%s", cmd, st, out ? out : "");
+    ck_assert_int_eq(st, 2);
+    ck_assert_msg(out && (strstr(out, "this build has no CUDA") || strstr(out, "no CUDA device (")),
+                  "%s: want 'this build has no CUDA' or 'no CUDA device (<reason>)'\n%s", cmd, out ? out : "");
+    free(out);
     unsetenv("CUDA_VISIBLE_DEVICES");
     dsv4_test_rmtree(dir);
 }
