@@ -132,7 +132,10 @@ static int read_token_file(const char *path, int32_t **out, int *n)
         }
         if (len == cap) {
             int32_t *nt = realloc(t, (size_t)cap * 2 * sizeof *t);
-            if (!nt) break;
+            if (!nt) { /* a prompt cut short here would run as if it were the whole one */
+                rc = dsv4_error(DSV4_ERR_NOMEM, "%s: out of memory after %d token ids", path, len);
+                break;
+            }
             t = nt;
             cap *= 2;
         }
@@ -141,6 +144,7 @@ static int read_token_file(const char *path, int32_t **out, int *n)
         while ((c = fgetc(f)) == ',' || c == ' ' || c == '\t' || c == '\r' || c == '\n') {}
         if (c != EOF) ungetc(c, f);
     }
+    if (!rc && ferror(f)) rc = dsv4_error(DSV4_ERR_IO, "%s: read failed after %d token ids", path, len);
     fclose(f);
     if (!t) return dsv4_error(DSV4_ERR_NOMEM, "%s: out of memory", path);
     if (!rc && len == 0) rc = dsv4_error(DSV4_ERR_FORMAT, "%s: no token ids", path);
