@@ -247,6 +247,31 @@ START_TEST(profile_gates_that_cannot_apply_are_an_error)
 }
 END_TEST
 
+START_TEST(a_profile_that_is_no_file_is_named_so)
+{
+    /* a folder read as an empty text: "DIR:1: '[' or '{' expected near end of file" */
+    dsv4_verify_profile *p = NULL;
+    ck_assert_int_eq(dsv4_verify_profile_load(g_dir, &p), DSV4_ERR_IO);
+    ck_assert_ptr_null(p);
+    ck_assert_ptr_nonnull(strstr(dsv4_last_error(), "is a directory, not a profile file"));
+    ck_assert_ptr_nonnull(strstr(dsv4_last_error(), g_dir));
+    /* a missing file was reported at line -1 */
+    char path[4300];
+    snprintf(path, sizeof path, "%s/no-such-profile.json", g_dir);
+    ck_assert_int_eq(dsv4_verify_profile_load(path, &p), DSV4_ERR_IO);
+    ck_assert_ptr_null(strstr(dsv4_last_error(), ":-1:"));
+    ck_assert_ptr_nonnull(strstr(dsv4_last_error(), "no-such-profile.json"));
+    /* a text that is not JSON stays a format error with its line */
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("{\n  \"name\": oops\n}\n", f);
+    fclose(f);
+    ck_assert_int_eq(dsv4_verify_profile_load(path, &p), DSV4_ERR_FORMAT);
+    ck_assert_ptr_nonnull(strstr(dsv4_last_error(), "no-such-profile.json:2:"));
+    remove(path);
+}
+END_TEST
+
 START_TEST(shipped_profiles_are_complete)
 {
     const char *probes[] = {
@@ -296,6 +321,7 @@ int main(void)
     tcase_add_test(tc, probes_filter);
     tcase_add_test(tc, tol_override_and_profile_file);
     tcase_add_test(tc, profile_gates_that_cannot_apply_are_an_error);
+    tcase_add_test(tc, a_profile_that_is_no_file_is_named_so);
     tcase_add_test(tc, shipped_profiles_are_complete);
     suite_add_tcase(s, tc);
     int rc = dsv4_test_main(s);

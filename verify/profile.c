@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "verify_internal.h"
@@ -248,11 +249,19 @@ int dsv4_verify_profile_load(const char *name_or_path, dsv4_verify_profile **out
         free(p);
         return rc;
     }
+    /* jansson reads a folder as an empty text ("'[' or '{' expected near end of file") and reports a file it
+     * cannot open at line -1: say what is wrong with the file itself (a pipe such as <(...) is a fine profile) */
+    struct stat st;
+    if (!stat(p->source, &st) && S_ISDIR(st.st_mode)) {
+        rc = dsv4_error(DSV4_ERR_IO, "%s: is a directory, not a profile file", p->source);
+        free(p);
+        return rc;
+    }
     json_error_t jerr;
     json_t *root = json_load_file(p->source, JSON_REJECT_DUPLICATES, &jerr);
     if (!root) {
-        rc = dsv4_error(access(p->source, R_OK) ? DSV4_ERR_IO : DSV4_ERR_FORMAT, "%s:%d: %s", p->source, jerr.line,
-                        jerr.text);
+        rc = jerr.line < 0 ? dsv4_error(DSV4_ERR_IO, "%s: %s", p->source, jerr.text)
+                           : dsv4_error(DSV4_ERR_FORMAT, "%s:%d: %s", p->source, jerr.line, jerr.text);
         free(p);
         return rc;
     }
