@@ -352,6 +352,40 @@ static void expect_refused(const char *args, const char *needle)
 /* A report that cannot be written is refused, with the reason, before the comparison: a missing folder and a
  * directory said only "cannot write the JSON report", after the whole comparison; a report named like one of the
  * dumps replaced that dump (the candidate became a JSON file), and --json X --html X kept only the HTML. */
+START_TEST(text_table_cells_never_run_together)
+{
+    /* a candidate with one expert per token fewer: its router probes cannot be compared, and "struct!" (7
+     * characters) filled the 7-wide rt_ids column, printed as "struct!struct!" */
+    char g[4300], c[4300];
+    snprintf(g, sizeof g, "%s/experts-g.h5", g_dir);
+    snprintf(c, sizeof c, "%s/experts-c.h5", g_dir);
+    synth_spec s;
+    synth_spec_init(&s);
+    ck_assert_int_eq(synth_write(g, &s, 0), 0);
+    s.k_experts--;
+    ck_assert_int_eq(synth_write(c, &s, 1), 0);
+    dsv4_verify_options o;
+    dsv4_verify_options_init(&o);
+    o.allow_different_weights = 1;
+    dsv4_verify_result *r = NULL;
+    ck_assert_int_eq(dsv4_verify_run(g, c, &o, &r), 0);
+    char *buf = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&buf, &n);
+    ck_assert_ptr_nonnull(f);
+    ck_assert_int_eq(dsv4_verify_write_text(r, f, 0), 0);
+    fclose(f);
+    printf("%s", buf);
+    ck_assert_msg(strstr(buf, "struct!"), "the pair should have structure failures");
+    for (const char *p = buf; (p = strstr(p, "struct!")); p += 7)
+        ck_assert_msg(p[7] == ' ' || p[7] == '\n', "a cell runs into the next one: '%.20s'", p);
+    free(buf);
+    dsv4_verify_result_free(r);
+    remove(g);
+    remove(c);
+}
+END_TEST
+
 START_TEST(reports_that_cannot_be_written_are_refused_first)
 {
     write_pair();
@@ -404,6 +438,7 @@ int main(void)
     tcase_add_test(tc, reports_keep_text_that_is_not_utf8);
     tcase_add_test(tc, html_is_well_formed_and_renders);
     tcase_add_test(tc, reports_of_a_failed_comparison);
+    tcase_add_test(tc, text_table_cells_never_run_together);
     tcase_add_test(tc, reports_that_cannot_be_written_are_refused_first);
     suite_add_tcase(s, tc);
     int rc = dsv4_test_main(s);

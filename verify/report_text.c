@@ -72,15 +72,17 @@ static void print_table(FILE *f, const dsv4_verify_result *r, int color)
     dsv4_verify_metric metric[DSV4_VERIFY_MAX_COLUMNS];
     for (int j = 0; j < nl; j++) {
         metric[j] = DSV4_METRIC_REL_L2;
+        int found = 0, widest = 0; /* a cell wider than the column ("struct!" in a narrow one) widens it */
         for (int l = 0; l < r->n_layers; l++) {
             dsv4_verify_cell c;
+            char txt[32];
             dsv4_verify_cell_at(r, l, labels[j], &c);
-            if (c.probe >= 0) {
-                metric[j] = c.metric;
-                break;
-            }
+            if (c.probe >= 0 && !found) metric[j] = c.metric, found = 1;
+            cell_text(&c, txt, sizeof txt);
+            if ((int)strlen(txt) > widest) widest = (int)strlen(txt);
         }
         width[j] = narrow_metric(metric[j]) ? 6 : 8;
+        if (widest + 1 > width[j]) width[j] = widest + 1;
         if ((int)strlen(labels[j]) + 1 > width[j]) width[j] = (int)strlen(labels[j]) + 1;
         if ((int)strlen(metric_abbrev(metric[j])) + 1 > width[j]) width[j] = (int)strlen(metric_abbrev(metric[j])) + 1;
     }
