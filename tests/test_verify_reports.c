@@ -386,6 +386,49 @@ START_TEST(text_table_cells_never_run_together)
 }
 END_TEST
 
+START_TEST(topk_table_names_a_layer_with_its_own_tie_tolerance)
+{
+    /* the header states the first top-k layer's tie tolerance; layer 3 with its own said nothing of it */
+    write_pair();
+    char prof[4300];
+    snprintf(prof, sizeof prof, "%s/layer-tol.json", g_dir);
+    FILE *f = fopen(prof, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("{\"profile\": \"layer-tol\", \"probes\": {\"default\": {\"rel_l2\": 1e-3},\n"
+          " \"topk_idx\": {\"strict\": 0, \"tie_abs\": 1e-6, \"tie_rel\": 1e-4},\n"
+          " \"layers/3/topk_idx\": {\"strict\": 0, \"tie_abs\": 1e-6, \"tie_rel\": 0.07},\n"
+          " \"router_ids\": {\"mismatch\": 0}}}\n", f);
+    fclose(f);
+    dsv4_verify_options o;
+    dsv4_verify_options_init(&o);
+    o.profile = prof;
+    dsv4_verify_result *r = NULL;
+    ck_assert_int_eq(dsv4_verify_run(g_golden, g_cand, &o, &r), 0);
+    char *buf = NULL;
+    size_t n = 0;
+    FILE *m = open_memstream(&buf, &n);
+    ck_assert_ptr_nonnull(m);
+    ck_assert_int_eq(dsv4_verify_write_text(r, m, 0), 0);
+    fclose(m);
+    printf("%s", buf);
+    fflush(stdout);
+    ck_assert_ptr_nonnull(strstr(buf, "= 1e-06 + 0.0001*max|score|)"));
+    /* the header states both sides of the tie rule (it gave only the candidate's) */
+    ck_assert_ptr_nonnull(strstr(buf, "the golden pick it replaces scores <= k-th + tol"));
+    const char *topk = strstr(buf, "\ntop-k per CSA layer");
+    ck_assert_ptr_nonnull(topk);
+    const char *l1 = strstr(topk, "\n1   "), *l3 = strstr(topk, "\n3   ");
+    ck_assert_ptr_nonnull(l1);
+    ck_assert_ptr_nonnull(l3);
+    const char *e1 = strchr(l1 + 1, '\n'), *e3 = strchr(l3 + 1, '\n'), *own = strstr(l1, "this layer: tol");
+    ck_assert_msg(own && own > e1 && own < e3 && strstr(own, "1e-06 + 0.07*max|score|"),
+                  "layer 3's row should give its own tolerance, layer 1's not");
+    free(buf);
+    dsv4_verify_result_free(r);
+    remove(prof);
+}
+END_TEST
+
 START_TEST(reports_that_cannot_be_written_are_refused_first)
 {
     write_pair();
@@ -439,6 +482,7 @@ int main(void)
     tcase_add_test(tc, html_is_well_formed_and_renders);
     tcase_add_test(tc, reports_of_a_failed_comparison);
     tcase_add_test(tc, text_table_cells_never_run_together);
+    tcase_add_test(tc, topk_table_names_a_layer_with_its_own_tie_tolerance);
     tcase_add_test(tc, reports_that_cannot_be_written_are_refused_first);
     suite_add_tcase(s, tc);
     int rc = dsv4_test_main(s);

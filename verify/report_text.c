@@ -136,6 +136,7 @@ static void print_table(FILE *f, const dsv4_verify_result *r, int color)
 static void print_topk(FILE *f, const dsv4_verify_result *r, int color)
 {
     int header = 0;
+    double head_abs = 0, head_rel = 0; /* the tolerance the header states; a layer with its own says so */
     for (int i = 0; i < r->n_probes; i++) {
         const dsv4_verify_probe *p = &r->probes[i];
         if (p->kind != DSV4_VERIFY_KIND_TOPK || p->presence != DSV4_VERIFY_IN_BOTH) continue;
@@ -144,9 +145,10 @@ static void print_topk(FILE *f, const dsv4_verify_result *r, int color)
         if (!header) {
             fprintf(f,
                     "\ntop-k per CSA layer (sets; a pick outside the golden set is accepted when its golden score >= "
-                    "k-th - tol,\n"
+                    "k-th - tol\nand the golden pick it replaces scores <= k-th + tol; "
                     "tol = tie_abs + tie_rel*max|score| = %g + %g*max|score|)\n",
                     p->tie_abs, p->tie_rel);
+            head_abs = p->tie_abs, head_rel = p->tie_rel;
             if (r->first_tie.found && (p->after_tie_abs != p->tie_abs || p->after_tie_rel != p->tie_rel))
                 fprintf(f, "after the first tie: tol = %g + %g*max|score| (after_tie)\n", p->after_tie_abs,
                         p->after_tie_rel);
@@ -157,9 +159,12 @@ static void print_topk(FILE *f, const dsv4_verify_result *r, int color)
         char rec[40], jac[40];
         snprintf(rec, sizeof rec, "%.4f/%.4f", s.recall_min, s.recall_mean);
         snprintf(jac, sizeof jac, "%.4f/%.4f", s.jaccard_min, s.jaccard_mean);
-        fprintf(f, "%-3d %-6d %-17s %-17s %-9d %-9ld %s%ld%s%s%s\n", p->layer, s.n_rows, rec, jac, s.rows_differ,
-                s.accepted, s.strict ? RED(color) : "", s.strict, s.strict ? OFF(color) : "", p->note[0] ? "  " : "",
-                p->note); /* why: no golden scores, a shape that differs, ... */
+        char own_tol[80] = "";
+        if (p->tie_abs != head_abs || p->tie_rel != head_rel)
+            snprintf(own_tol, sizeof own_tol, "  (this layer: tol = %g + %g*max|score|)", p->tie_abs, p->tie_rel);
+        fprintf(f, "%-3d %-6d %-17s %-17s %-9d %-9ld %s%ld%s%s%s%s\n", p->layer, s.n_rows, rec, jac, s.rows_differ,
+                s.accepted, s.strict ? RED(color) : "", s.strict, s.strict ? OFF(color) : "", own_tol,
+                p->note[0] ? "  " : "", p->note); /* why: no golden scores, a shape that differs, ... */
     }
 }
 
