@@ -13,6 +13,8 @@ void dsv4_cmp_progress_report(dsv4_cmp_ctx *x, double done)
     dsv4_cmp_progress *pr = x->prog;
     if (done > pr->total) done = pr->total;
     if (done < pr->done) done = pr->done;
+    if (pr->calls && done == pr->done) return; /* nothing new (a probe that reads nothing, its end at its plan) */
+    pr->calls++;
     pr->done = done;
     pr->fn(pr->ctx, done, pr->total);
 }

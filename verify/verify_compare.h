@@ -15,6 +15,7 @@ typedef struct dsv4_cmp_progress {
     double total;                    /* every pass's planned bytes; set by the first pass that plans */
     double base;                     /* planned bytes of the passes before the current one */
     double done;                     /* the last value reported */
+    long calls;                      /* calls made; a call repeating done is left out */
     int planned;
 } dsv4_cmp_progress;
 
@@ -55,7 +56,7 @@ void dsv4_cmp_judge(dsv4_cmp_ctx *x, dsv4_verify_probe *p, int ri, const void *g
 /* The bytes dsv4_cmp_probe(x, p) reads (the scan of a top-k probe may stop short of them: at its first tie). */
 double dsv4_cmp_probe_plan(const dsv4_cmp_ctx *x, const dsv4_verify_probe *p);
 /* compare_progress.c. Each does nothing until the pass has planned (x->pass_planned, only with a callback). */
-/* Report done (clamped to [last reported, total]) to the callback. */
+/* Report done (clamped to [last reported, total]) to the callback, unless it is the last value reported. */
 void dsv4_cmp_progress_report(dsv4_cmp_ctx *x, double done);
 /* Count bytes just read by the probe being compared and report the progress. */
 void dsv4_cmp_progress_read(dsv4_cmp_ctx *x, double bytes);
