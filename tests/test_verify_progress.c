@@ -234,6 +234,46 @@ START_TEST(same_result_with_and_without_a_callback)
 }
 END_TEST
 
+/* The command's line: stderr only (DSV4_PROGRESS_AFTER_S=0 shows it at once), the reports as without it. The
+ * wall time in the text report ("in 0.02 s") and the JSON ("seconds") is masked. */
+START_TEST(cli_line_on_stderr_only)
+{
+    write_pair(0);
+    char cmd[20000], *out = NULL, *plain = NULL, *err = NULL;
+    const char *mask = "sed -E 's/ in [0-9.]+ s / in T s /; s/\"seconds\": *[0-9.e+-]+/\"seconds\": T/'";
+    for (int quiet = 0; quiet < 2; quiet++) {
+        const char *q = quiet ? " --quiet" : "";
+        snprintf(cmd, sizeof cmd,
+                 "cd '%s' && DSV4_PROGRESS_AFTER_S=0 '%s' verify --no-color '%s' '%s'%s --json with.json 2>err.txt "
+                 "| %s; %s with.json",
+                 g_dir, dsv4_test_bin(), g_golden, g_cand, q, mask, mask);
+        dsv4_test_run(cmd, &out);
+        snprintf(cmd, sizeof cmd,
+                 "cd '%s' && '%s' verify --no-color '%s' '%s'%s --json plain.json 2>/dev/null | %s; %s plain.json",
+                 g_dir, dsv4_test_bin(), g_golden, g_cand, q, mask, mask);
+        dsv4_test_run(cmd, &plain);
+        ck_assert_str_eq(out, plain);
+        ck_assert_msg(quiet || strstr(out, "VERDICT: DIVERGED"), "%s", out);
+        ck_assert_msg(!strstr(out, "dsv4 verify: read"), "the progress line reached stdout: %s", out);
+        snprintf(cmd, sizeof cmd, "cat '%s/err.txt'", g_dir);
+        ck_assert_int_eq(dsv4_test_run(cmd, &err), 0);
+        /* not a terminal: whole lines, the last one at 100% */
+        ck_assert_msg(strstr(err, "dsv4 verify: read ") && strstr(err, " MiB (100%)") && strstr(err, "ETA 0 s\n") &&
+                          !strchr(err, '\r'),
+                      "stderr%s: %s", q, err);
+        free(out);
+        free(plain);
+        free(err);
+    }
+    /* DSV4_PROGRESS_AFTER_S=inf: never */
+    snprintf(cmd, sizeof cmd, "DSV4_PROGRESS_AFTER_S=inf '%s' verify --quiet '%s' '%s' 2>&1", dsv4_test_bin(), g_golden,
+             g_cand);
+    ck_assert_int_eq(dsv4_test_run(cmd, &out), 1);
+    ck_assert_str_eq(out, "");
+    free(out);
+}
+END_TEST
+
 int main(void)
 {
     g_dir = dsv4_test_mkdtemp("verify-progress");
@@ -244,6 +284,7 @@ int main(void)
     tcase_add_test(tc, callback_ends_at_the_bytes_compared);
     tcase_add_test(tc, filtered_total_is_what_the_filters_leave);
     tcase_add_test(tc, same_result_with_and_without_a_callback);
+    tcase_add_test(tc, cli_line_on_stderr_only);
     suite_add_tcase(s, tc);
     int rc = dsv4_test_main(s);
     dsv4_test_rmtree(g_dir);
