@@ -1,5 +1,6 @@
 /* progress.c - the progress line of a long step of a dsv4 command (progress.h): the weights digest, which reads
- * every byte of the checkpoint before a dump is written (minutes for a full one) and showed nothing meanwhile. */
+ * every byte of the checkpoint before a dump is written (minutes for a full one) and showed nothing meanwhile,
+ * and the comparison of `dsv4 verify` (minutes on dumps of many GB). */
 #define _POSIX_C_SOURCE 200809L
 #include "progress.h"
 
@@ -33,19 +34,41 @@ void cli_progress_init(cli_progress *p, const char *prefix)
     p->shown = 0;
 }
 
+/* 1 when a line is due at t: not before after_s, then every 0.25 s on a terminal, every 5 s otherwise, and the
+ * last one (done == total) once a line has been shown. */
+static int line_due(cli_progress *p, double t, double done, double total)
+{
+    if (t - p->t0 < p->after_s || (t - p->last < (p->tty ? 0.25 : 5.0) && done < total)) return 0;
+    if (done >= total && !p->shown) return 0; /* done before the first line was due: nothing to say */
+    p->last = t;
+    p->shown = 1;
+    return 1;
+}
+
 void cli_progress_digest(void *ctx, double done, double total)
 {
     cli_progress *p = ctx;
     double t = now_s();
-    if (t - p->t0 < p->after_s || (t - p->last < (p->tty ? 0.25 : 5.0) && done < total)) return;
-    if (done >= total && !p->shown) return; /* done before the first line was due: nothing to say */
-    p->last = t;
+    if (!line_due(p, t, done, total)) return;
     double rate = t > p->t0 ? done / (t - p->t0) : 0.0, gib = 1024.0 * 1024.0 * 1024.0;
     fprintf(stderr, "%s%s: weights_digest: hashed %.1f of %.1f GiB (%.0f%%), %.2f GB/s, ETA %.0f s%s",
             p->tty ? "\r" : "", p->prefix, done / gib, total / gib, total > 0 ? 100.0 * done / total : 100.0,
             rate / 1e9, rate > 0 ? (total - done) / rate : 0.0, p->tty ? "   " : "\n");
     fflush(stderr);
-    p->shown = 1;
+}
+
+void cli_progress_verify(void *ctx, double done, double total)
+{
+    cli_progress *p = ctx;
+    double t = now_s();
+    if (!line_due(p, t, done, total)) return;
+    const int big = total >= 1024.0 * 1024.0 * 1024.0;
+    const double unit = big ? 1024.0 * 1024.0 * 1024.0 : 1024.0 * 1024.0;
+    double rate = t > p->t0 ? done / (t - p->t0) : 0.0;
+    fprintf(stderr, "%s%s: read %.1f of %.1f %s (%.0f%%), %.1f %s/s, ETA %.0f s%s", p->tty ? "\r" : "", p->prefix,
+            done / unit, total / unit, big ? "GiB" : "MiB", total > 0 ? 100.0 * done / total : 100.0, rate / unit,
+            big ? "GiB" : "MiB", rate > 0 ? (total - done) / rate : 0.0, p->tty ? "   " : "\n");
+    fflush(stderr);
 }
 
 void cli_progress_end(cli_progress *p)

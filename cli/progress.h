@@ -15,6 +15,9 @@ void cli_progress_init(cli_progress *p, const char *prefix);
 /* A dsv4_progress_fn (dsv4.h) for the weights digest: ctx is a cli_progress; prints "weights_digest: hashed X of
  * Y GiB (Z%), R GB/s, ETA S s", in place on a terminal, every ~5 s otherwise. */
 void cli_progress_digest(void *ctx, double done, double total);
+/* A dsv4_progress_fn for dsv4_verify_options.progress: ctx is a cli_progress; prints "read X of Y MiB (Z%),
+ * R MiB/s, ETA S s" (GiB from a total of 1 GiB on), in place on a terminal, every ~5 s otherwise. */
+void cli_progress_verify(void *ctx, double done, double total);
 /* Ends the line on a terminal when one was shown. */
 void cli_progress_end(cli_progress *p);
 

@@ -13,6 +13,7 @@
 #include "commands.h"
 #include "dsv4/dsv4.h"
 #include "dsv4/dsv4_verify.h"
+#include "progress.h"
 
 static void usage(FILE *f)
 {
@@ -34,13 +35,17 @@ static void usage(FILE *f)
                "                             (one that stores that position): later comparisons use the profile's\n"
                "                             after_tie gates, as they do after a tie seen in these files\n"
                "  --color / --no-color       ANSI colours (default: when stdout is a terminal)\n"
-               "  --quiet                    no terminal report (exit status and files only)\n"
+               "  --quiet                    no terminal report (exit status and files only); the progress line\n"
+               "                             below still goes to stderr\n"
                "  -h, --help                 this text\n\n"
                "metrics: max_abs (with coordinate), rel_l2, nmse, cosine, nonfinite; topk_idx: recall, jaccard,\n"
                "accepted/strict (tie-aware with the golden indexer_scores); router_ids: mismatch; logits: argmax,\n"
                "top5, kl. NaN/Inf and shape differences always fail. After the first tie-accepted top-k pick\n"
                "(model order) every comparison uses the profile's after_tie gates; the report says where and how\n"
                "many checks passed only thanks to them. See docs/verify.md.\n\n"
+               "progress: a comparison that runs longer than 3 s ($DSV4_PROGRESS_AFTER_S, 'inf' = never) shows\n"
+               "\"read X of Y MiB (Z%%), R MiB/s, ETA S s\" on stderr (in place on a terminal, a line every ~5 s\n"
+               "otherwise): the bytes the comparison reads of the total it will read, filters applied.\n\n"
                "exit status: 0 within tolerance, 1 diverged, 2 could not compare (unreadable file, wrong schema,\n"
                "different weights_digest, different prompts, no common positions or probes, a profile that leaves\n"
                "a probe gated by nothing) or bad usage.\n");
@@ -211,7 +216,12 @@ int dsv4_cmd_verify(int argc, char **argv)
     }
     o.tol = tol;
     dsv4_verify_result *r;
+    cli_progress pr;
+    cli_progress_init(&pr, "dsv4 verify");
+    o.progress = cli_progress_verify;
+    o.progress_ctx = &pr;
     int rc = dsv4_verify_run(paths[0], paths[1], &o, &r);
+    cli_progress_end(&pr);
     free(tol);
     if (rc) {
         fprintf(stderr, "dsv4 verify: %s\n", dsv4_last_error());

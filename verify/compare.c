@@ -372,6 +372,7 @@ int dsv4_cmp_read_rows(dsv4_cmp_ctx *x, const dsv4_dump *d, const char *name, co
 {
     int64_t lo = rows[0], span = (int64_t)rows[n - 1] - lo + 1;
     x->r->bytes_read += (long long)(span * (int64_t)row_bytes);
+    dsv4_cmp_progress_read(x, (double)span * (double)row_bytes);
     if (row_bytes == 0) return 0; /* rows of width 0: nothing to read */
     if (span == n) return dsv4_dump_read_rows(d, name, lo, n, dst);
     size_t need = (size_t)span * row_bytes;
@@ -648,7 +649,9 @@ static int find_first_tie(dsv4_cmp_ctx *x)
         long long bytes = r->bytes_read;
         memcpy(note, p->note, sizeof note);
         x->scan_hit = 0;
+        dsv4_cmp_progress_probe_begin(x, p);
         int rc = dsv4_cmp_probe(x, p);
+        dsv4_cmp_progress_probe_end(x);
         memcpy(p->note, note, sizeof note);
         free(p->rows);
         p->rows = NULL;
@@ -676,6 +679,43 @@ static int find_first_tie(dsv4_cmp_ctx *x)
                 if (!strcmp(r->probes[i].dataset, t->dataset)) t->probe_index = i;
         }
     }
+    return 0;
+}
+
+/* The plan of another pass over the files x has open, with options o: what verify_once(o) will read (its
+ * positions and probes built aside, metadata only; 0 when that pass stops before comparing). */
+static int other_plan(const dsv4_cmp_ctx *x, const dsv4_verify_options *o, double *out)
+{
+    dsv4_verify_result r = {.golden = x->r->golden, .candidate = x->r->candidate, .token_diff_position = -1};
+    dsv4_cmp_ctx y = {.r = &r, .o = o, .prof = x->prof, .g = x->g, .c = x->c, .pos_limit = INT_MAX,
+                      .entry_limit = INT_MAX};
+    *out = 0;
+    int rc = layer_table(&y);
+    if (!rc && (rc = positions_table(&y)) == 0 && (rc = build_probes(&y)) == 0) *out = dsv4_cmp_pass_plan(&y);
+    free(r.layer_attention);
+    free(r.layer_mlp);
+    free(r.positions);
+    free(r.probes);
+    free(y.grow);
+    free(y.crow);
+    return rc < 0 ? rc : 0;
+}
+
+/* This pass's share of the progress, once its probes are built; the first pass that gets here fixes the total
+ * (its plan and the next pass's). */
+static int progress_plan(dsv4_cmp_ctx *x)
+{
+    dsv4_cmp_progress *pr = x->prog;
+    double own = dsv4_cmp_pass_plan(x), next = 0;
+    if (!pr->planned) {
+        int rc = pr->next ? other_plan(x, pr->next, &next) : 0;
+        if (rc) return rc;
+        pr->total = pr->base + own + next;
+        pr->planned = 1;
+    }
+    x->pass_planned = 1;
+    x->pass_at = pr->base;
+    x->pass_end = pr->base + own;
     return 0;
 }
 
@@ -737,6 +777,7 @@ static int run(dsv4_cmp_ctx *x, const char *golden_path, const char *candidate_p
     }
     if (positions_table(x)) return 0;
     if ((rc = build_probes(x))) return rc;
+    if (x->prog && (rc = progress_plan(x))) return rc;
     if (r->n_compared == 0) {
         fail_compare(r, "no common probes to compare%s%s",
                      (o->probes || o->layer_lo >= 0 || o->layer_hi >= 0) ? " (after --probes/--layers)" : "", "");
@@ -767,7 +808,9 @@ static int run(dsv4_cmp_ctx *x, const char *golden_path, const char *candidate_p
     for (int i = 0; i < r->n_probes; i++) {
         dsv4_verify_probe *p = &r->probes[i];
         if (p->presence != DSV4_VERIFY_IN_BOTH) continue;
+        dsv4_cmp_progress_probe_begin(x, p);
         if ((rc = dsv4_cmp_probe(x, p))) return rc;
+        dsv4_cmp_progress_probe_end(x);
         aggregate(p);
     }
     r->status = r->first.found ? DSV4_VERIFY_DIVERGED : DSV4_VERIFY_PASS;
@@ -775,7 +818,7 @@ static int run(dsv4_cmp_ctx *x, const char *golden_path, const char *candidate_p
 }
 
 static int verify_once(const char *golden_path, const char *candidate_path, const dsv4_verify_options *o,
-                       dsv4_verify_result **out)
+                       dsv4_verify_result **out, dsv4_cmp_progress *prog)
 {
     *out = NULL;
     DSV4_CHECK(golden_path && candidate_path, "verify: two dump paths are needed");
@@ -786,10 +829,14 @@ static int verify_once(const char *golden_path, const char *candidate_path, cons
     r->first.probe_index = -1;
     r->first.entry = -1;
     r->first_tie.probe_index = -1;
-    dsv4_cmp_ctx x = {.r = r, .o = o, .pos_limit = INT_MAX, .entry_limit = INT_MAX};
+    dsv4_cmp_ctx x = {.r = r, .o = o, .pos_limit = INT_MAX, .entry_limit = INT_MAX, .prog = prog->fn ? prog : NULL};
     double t0 = now_s();
     int rc = run(&x, golden_path, candidate_path);
     r->seconds = now_s() - t0;
+    if (x.pass_planned) { /* this pass's bytes are done, whether it read them all or stopped */
+        dsv4_cmp_progress_report(&x, x.pass_end);
+        prog->base = x.pass_end;
+    }
     dsv4_dump_free(x.g);
     dsv4_dump_free(x.c);
     dsv4_verify_profile_free(x.prof);
@@ -812,6 +859,39 @@ static int verify_once(const char *golden_path, const char *candidate_path, cons
 /* Filters (--probes, --layers, --positions) narrow what is compared and shown, not which gates apply: a first
  * tie outside them still puts the later rows under the after_tie gates. So a filtered run first compares every
  * top-k row, unfiltered, and then runs as if that tie had been given by --tie-at (the earlier of the two). */
+static int verify_passes(const char *golden_path, const char *candidate_path, const dsv4_verify_options *o,
+                         dsv4_verify_result **out, dsv4_cmp_progress *prog)
+{
+    const int filtered = o->probes || o->layer_lo >= 0 || o->layer_hi >= 0 || o->pos_lo >= 0 || o->pos_hi >= 0;
+    if (!filtered) return verify_once(golden_path, candidate_path, o, out, prog);
+    dsv4_verify_options all = *o;
+    all.probes = "topk_idx";
+    all.layer_lo = all.layer_hi = all.pos_lo = all.pos_hi = -1;
+    dsv4_verify_result *scan = NULL;
+    prog->next = o; /* the total counts this pass and the one after */
+    int rc = verify_once(golden_path, candidate_path, &all, &scan, prog);
+    prog->next = NULL;
+    if (rc) return rc;
+    dsv4_verify_tie seen = scan->first_tie;
+    dsv4_verify_result_free(scan);
+    if (!seen.found || seen.given) return verify_once(golden_path, candidate_path, o, out, prog);
+    dsv4_verify_options with_tie = *o;
+    const int user_first = o->tie_at_position >= 0 && o->tie_at_layer >= 0 &&
+                           (o->tie_at_position < seen.position ||
+                            (o->tie_at_position == seen.position && o->tie_at_layer <= seen.layer));
+    if (!user_first) {
+        with_tie.tie_at_position = seen.position;
+        with_tie.tie_at_layer = seen.layer;
+    }
+    if ((rc = verify_once(golden_path, candidate_path, &with_tie, out, prog))) return rc;
+    dsv4_verify_tie *t = &(*out)->first_tie;
+    if (!user_first && t->found && t->given && t->position == seen.position && t->layer == seen.layer) {
+        t->given = 0; /* seen in these files, if outside the filters */
+        t->accepted = seen.accepted;
+    }
+    return 0;
+}
+
 int dsv4_verify_run(const char *golden_path, const char *candidate_path, const dsv4_verify_options *o,
                     dsv4_verify_result **out)
 {
@@ -821,30 +901,11 @@ int dsv4_verify_run(const char *golden_path, const char *candidate_path, const d
         dsv4_verify_options_init(&def);
         o = &def;
     }
-    const int filtered = o->probes || o->layer_lo >= 0 || o->layer_hi >= 0 || o->pos_lo >= 0 || o->pos_hi >= 0;
-    if (!filtered) return verify_once(golden_path, candidate_path, o, out);
-    dsv4_verify_options all = *o;
-    all.probes = "topk_idx";
-    all.layer_lo = all.layer_hi = all.pos_lo = all.pos_hi = -1;
-    dsv4_verify_result *scan = NULL;
-    int rc = verify_once(golden_path, candidate_path, &all, &scan);
-    if (rc) return rc;
-    dsv4_verify_tie seen = scan->first_tie;
-    dsv4_verify_result_free(scan);
-    if (!seen.found || seen.given) return verify_once(golden_path, candidate_path, o, out);
-    dsv4_verify_options with_tie = *o;
-    const int user_first = o->tie_at_position >= 0 && o->tie_at_layer >= 0 &&
-                           (o->tie_at_position < seen.position ||
-                            (o->tie_at_position == seen.position && o->tie_at_layer <= seen.layer));
-    if (!user_first) {
-        with_tie.tie_at_position = seen.position;
-        with_tie.tie_at_layer = seen.layer;
+    dsv4_cmp_progress prog = {.fn = o->progress, .ctx = o->progress_ctx};
+    int rc = verify_passes(golden_path, candidate_path, o, out, &prog);
+    if (!rc && prog.fn && prog.planned && prog.done < prog.total) { /* a pass planned but never reached */
+        prog.done = prog.total;
+        prog.fn(prog.ctx, prog.total, prog.total);
     }
-    if ((rc = verify_once(golden_path, candidate_path, &with_tie, out))) return rc;
-    dsv4_verify_tie *t = &(*out)->first_tie;
-    if (!user_first && t->found && t->given && t->position == seen.position && t->layer == seen.layer) {
-        t->given = 0; /* seen in these files, if outside the filters */
-        t->accepted = seen.accepted;
-    }
-    return 0;
+    return rc;
 }

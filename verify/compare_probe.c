@@ -82,36 +82,49 @@ typedef struct aux_src {
     size_t elems;     /* per row */
 } aux_src;
 
+/* The auxiliary rows a per-position probe reads (topk_idx: the golden indexer_scores; router_weights: both
+ * files' router_ids) into ag/ac ({NULL, 0}: none; aux_name [128] holds the name). Returns 0, or 1 when the
+ * golden has no usable scores (every pick outside G is strict), 2 when router_ids are missing or mis-shaped in a
+ * file (weights paired by position). */
+static int aux_sources(const dsv4_cmp_ctx *x, const dsv4_verify_probe *p, char *aux_name, aux_src *ag, aux_src *ac)
+{
+    const dsv4_verify_result *r = x->r;
+    size_t eg = dsv4_cmp_row_elems(&p->golden_info), ec = dsv4_cmp_row_elems(&p->candidate_info);
+    *ag = *ac = (aux_src){NULL, 0};
+    aux_name[0] = 0;
+    if (p->kind != DSV4_VERIFY_KIND_TOPK && p->kind != DSV4_VERIFY_KIND_ROUTER_WEIGHTS) return 0;
+    const char *aux = p->kind == DSV4_VERIFY_KIND_TOPK ? "indexer_scores" : "router_ids";
+    snprintf(aux_name, 128, "layers/%d/%s", p->layer, aux);
+    dsv4_dataset_info ia, ib;
+    int want = p->kind == DSV4_VERIFY_KIND_TOPK ? DSV4_DTYPE_F32 : DSV4_DTYPE_I32;
+    int okg = dsv4_dump_has(x->g, aux_name) && !dsv4_dump_info(x->g, aux_name, &ia) && (int)ia.dtype == want &&
+              ia.shape[0] == r->golden.n_positions;
+    int okc = dsv4_dump_has(x->c, aux_name) && !dsv4_dump_info(x->c, aux_name, &ib) && (int)ib.dtype == want &&
+              ib.shape[0] == r->candidate.n_positions;
+    if (p->kind == DSV4_VERIFY_KIND_TOPK) {
+        if (!okg) return 1;
+        *ag = (aux_src){aux_name, dsv4_cmp_row_elems(&ia)};
+        return 0;
+    }
+    if (!(okg && okc && dsv4_cmp_row_elems(&ia) == eg && dsv4_cmp_row_elems(&ib) == ec)) return 2;
+    *ag = (aux_src){aux_name, eg};
+    *ac = (aux_src){aux_name, ec};
+    return 0;
+}
+
 static int per_position(dsv4_cmp_ctx *x, dsv4_verify_probe *p)
 {
     dsv4_verify_result *r = x->r;
     const dsv4_dataset_info *gi = &p->golden_info, *ci = &p->candidate_info;
     size_t eg = dsv4_cmp_row_elems(gi), ec = dsv4_cmp_row_elems(ci);
-    char aux_name[128] = "";
-    aux_src ag = {NULL, 0}, ac = {NULL, 0};
-    if (p->kind == DSV4_VERIFY_KIND_TOPK || p->kind == DSV4_VERIFY_KIND_ROUTER_WEIGHTS) {
-        const char *aux = p->kind == DSV4_VERIFY_KIND_TOPK ? "indexer_scores" : "router_ids";
-        snprintf(aux_name, sizeof aux_name, "layers/%d/%s", p->layer, aux);
-        dsv4_dataset_info ia, ib;
-        int want = p->kind == DSV4_VERIFY_KIND_TOPK ? DSV4_DTYPE_F32 : DSV4_DTYPE_I32;
-        int okg = dsv4_dump_has(x->g, aux_name) && !dsv4_dump_info(x->g, aux_name, &ia) && (int)ia.dtype == want &&
-                  ia.shape[0] == r->golden.n_positions;
-        int okc = dsv4_dump_has(x->c, aux_name) && !dsv4_dump_info(x->c, aux_name, &ib) && (int)ib.dtype == want &&
-                  ib.shape[0] == r->candidate.n_positions;
-        if (p->kind == DSV4_VERIFY_KIND_TOPK) {
-            if (okg)
-                ag = (aux_src){aux_name, dsv4_cmp_row_elems(&ia)};
-            else
-                snprintf(p->note, sizeof p->note,
-                         "the golden has no usable %s: every pick outside the golden set is strict", aux_name);
-        } else if (okg && okc && dsv4_cmp_row_elems(&ia) == eg && dsv4_cmp_row_elems(&ib) == ec) {
-            ag = (aux_src){aux_name, eg};
-            ac = (aux_src){aux_name, ec};
-        } else {
-            snprintf(p->note, sizeof p->note, "%s missing or mis-shaped in a file: weights paired by position",
-                     aux_name);
-        }
-    }
+    char aux_name[128];
+    aux_src ag, ac;
+    int aux = aux_sources(x, p, aux_name, &ag, &ac);
+    if (aux == 1)
+        snprintf(p->note, sizeof p->note, "the golden has no usable %s: every pick outside the golden set is strict",
+                 aux_name);
+    else if (aux == 2)
+        snprintf(p->note, sizeof p->note, "%s missing or mis-shaped in a file: weights paired by position", aux_name);
     size_t row_bytes = 4 * ((eg > ec ? eg : ec) + ag.elems + ac.elems);
     void *gb = NULL, *cb = NULL, *gab = NULL, *cab = NULL;
     size_t gcap = 0, ccap = 0, gacap = 0, cacap = 0;
@@ -222,6 +235,7 @@ static int per_entry(dsv4_cmp_ctx *x, dsv4_verify_probe *p)
         if ((rc = dsv4_dump_read_rows(x->g, p->dataset, w0, nb, gb))) break;
         if ((rc = dsv4_dump_read_rows(x->c, p->dataset, w0, nb, cb))) break;
         x->r->bytes_read += 2LL * nb * (long long)e * 4;
+        dsv4_cmp_progress_read(x, 2.0 * (double)nb * (double)e * 4);
         for (int64_t t = 0; t < nb; t++) {
             int pos = entry_position(x, p->layer, w0 + t);
             if (!entry_included(x, pos)) continue;
@@ -250,18 +264,64 @@ static int per_entry(dsv4_cmp_ctx *x, dsv4_verify_probe *p)
     return 0;
 }
 
-int dsv4_cmp_probe(dsv4_cmp_ctx *x, dsv4_verify_probe *p)
+static int float_kind(const dsv4_verify_probe *p)
+{
+    return p->kind != DSV4_VERIFY_KIND_TOPK && p->kind != DSV4_VERIFY_KIND_ROUTER_IDS && p->kind != DSV4_VERIFY_KIND_INT;
+}
+
+/* 1 when the rows of p can be compared: the same dtype (the one its kind reads) and row shape in both files
+ * (indexer_scores rows may differ in width), and for a per-position probe as many rows as stored positions (else
+ * -1); 0 otherwise. */
+static int probe_comparable(const dsv4_cmp_ctx *x, const dsv4_verify_probe *p)
 {
     const dsv4_dataset_info *gi = &p->golden_info, *ci = &p->candidate_info;
     int same = gi->dtype == ci->dtype && gi->ndim == ci->ndim && gi->ndim >= 1;
     for (int d = 1; same && d < gi->ndim; d++)
         if (gi->shape[d] != ci->shape[d] && !(d == 1 && !strcmp(p->probe, "indexer_scores"))) same = 0;
-    int float_kind =
-        p->kind != DSV4_VERIFY_KIND_TOPK && p->kind != DSV4_VERIFY_KIND_ROUTER_IDS && p->kind != DSV4_VERIFY_KIND_INT;
-    if (same && (gi->dtype == DSV4_DTYPE_F32) != float_kind) same = 0;
-    int entries = p->kind == DSV4_VERIFY_KIND_ENTRIES;
-    if (same && !entries && (gi->shape[0] != x->r->golden.n_positions || ci->shape[0] != x->r->candidate.n_positions))
+    if (same && (gi->dtype == DSV4_DTYPE_F32) != float_kind(p)) same = 0;
+    if (same && p->kind != DSV4_VERIFY_KIND_ENTRIES &&
+        (gi->shape[0] != x->r->golden.n_positions || ci->shape[0] != x->r->candidate.n_positions))
         same = -1;
+    return same;
+}
+
+/* Mirrors what per_entry and per_position read (dsv4_cmp_read_rows counts the span of each block's rows). */
+double dsv4_cmp_probe_plan(const dsv4_cmp_ctx *x, const dsv4_verify_probe *p)
+{
+    const dsv4_dataset_info *gi = &p->golden_info, *ci = &p->candidate_info;
+    if (gi->ndim == 0 || ci->ndim == 0 || probe_comparable(x, p) != 1) return 0; /* one structure row */
+    double sum = 0;
+    if (p->kind == DSV4_VERIFY_KIND_ENTRIES) {
+        size_t e = dsv4_cmp_row_elems(gi);
+        int64_t n = gi->shape[0] < ci->shape[0] ? gi->shape[0] : ci->shape[0];
+        int64_t block = (int64_t)(DSV4_CMP_BLOCK_BYTES / (e ? e * 4 : 4));
+        if (block < 1) block = 1;
+        for (int64_t w0 = 0; w0 < n; w0 += block) {
+            int first_pos = entry_position(x, p->layer, w0);
+            if (first_pos >= 0 && first_pos >= x->entry_limit) break;
+            sum += 2.0 * (double)(n - w0 < block ? n - w0 : block) * (double)e * 4;
+        }
+        return sum;
+    }
+    size_t eg = dsv4_cmp_row_elems(gi), ec = dsv4_cmp_row_elems(ci);
+    char aux_name[128];
+    aux_src ag, ac;
+    aux_sources(x, p, aux_name, &ag, &ac);
+    size_t row_bytes = 4 * ((eg > ec ? eg : ec) + ag.elems + ac.elems);
+    for (int i = 0; i < x->r->n_positions;) {
+        int j = block_end(x, i, row_bytes);
+        double gs = x->grow[j - 1] - x->grow[i] + 1, cs = x->crow[j - 1] - x->crow[i] + 1;
+        sum += 4 * (gs * (double)(eg + ag.elems) + cs * (double)(ec + ac.elems));
+        i = j;
+    }
+    return sum;
+}
+
+int dsv4_cmp_probe(dsv4_cmp_ctx *x, dsv4_verify_probe *p)
+{
+    const dsv4_dataset_info *gi = &p->golden_info, *ci = &p->candidate_info;
+    int same = probe_comparable(x, p);
+    int entries = p->kind == DSV4_VERIFY_KIND_ENTRIES;
     int first_pos = entries ? entry_position(x, p->layer, 0) : x->r->positions[0];
     if (gi->ndim == 0 || ci->ndim == 0) /* the reader rejected it; p->note holds why */
         return structure_row(x, p, first_pos, entries ? 0 : -1);
@@ -274,7 +334,7 @@ int dsv4_cmp_probe(dsv4_cmp_ctx *x, dsv4_verify_probe *p)
             shapes = gi->shape[d] != ci->shape[d] && !(d == 1 && !strcmp(p->probe, "indexer_scores"));
         if (same == 0 && gi->dtype == ci->dtype && !shapes) /* both files agree, on a dtype this probe cannot be */
             snprintf(p->note, sizeof p->note, "%.40s is compared as %s, but both files store %s (golden %s, candidate %s)",
-                     p->probe, float_kind ? "floats" : "integer ids", dsv4_dtype_name(gi->dtype), a, b);
+                     p->probe, float_kind(p) ? "floats" : "integer ids", dsv4_dtype_name(gi->dtype), a, b);
         else if (same == 0)
             snprintf(p->note, sizeof p->note, "%s differ: golden %s, candidate %s",
                      gi->dtype != ci->dtype ? (shapes ? "dtypes and shapes" : "dtypes") : "shapes", a, b);

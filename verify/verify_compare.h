@@ -6,6 +6,19 @@
 
 #include "verify_internal.h"
 
+/* How far dsv4_verify_run is, over all its passes (a filtered run makes two: every top-k row first). The total is
+ * planned from the datasets' shapes before anything is read: what each pass will read (dsv4_cmp_probe_plan). */
+typedef struct dsv4_cmp_progress {
+    dsv4_progress_fn fn;             /* NULL: nothing is planned or counted */
+    void *ctx;
+    const dsv4_verify_options *next; /* the pass after this one, whose plan joins the total; NULL none */
+    double total;                    /* every pass's planned bytes; set by the first pass that plans */
+    double base;                     /* planned bytes of the passes before the current one */
+    double done;                     /* the last value reported */
+    long calls;                      /* calls made; a call repeating done is left out */
+    int planned;
+} dsv4_cmp_progress;
+
 typedef struct dsv4_cmp_ctx {
     dsv4_verify_result *r;
     const dsv4_verify_options *o;
@@ -22,6 +35,10 @@ typedef struct dsv4_cmp_ctx {
     int scan_hit;           /* the probe being scanned has a tie-accepted row (its later rows cannot be first) */
     const double *normal_tie_v; /* while judging an after-tie top-k or logits row: its metrics under the normal
                                  * tie tolerance (the judge counts what passed only thanks to the after_tie one) */
+    dsv4_cmp_progress *prog;    /* NULL: no progress reported */
+    int pass_planned;           /* this pass has added its plan: pass_at..pass_end are its bytes */
+    double pass_at, pass_end;   /* planned bytes up to the probe being read / up to the end of this pass */
+    double probe_plan, probe_read; /* the probe being read: its planned bytes, what it has read so far */
 } dsv4_cmp_ctx;
 
 /* 1 when a row of probe p at (position, entry) comes after the first tie-accepted top-k difference in model
@@ -35,6 +52,19 @@ int dsv4_cmp_probe(dsv4_cmp_ctx *x, dsv4_verify_probe *p);
  * update the first divergence. g/c/aux: the row data (for the divergence's detail line), may be NULL. */
 void dsv4_cmp_judge(dsv4_cmp_ctx *x, dsv4_verify_probe *p, int ri, const void *g, const void *c, const void *aux_g,
                     const void *aux_c, int64_t aux_n);
+
+/* The bytes dsv4_cmp_probe(x, p) reads (the scan of a top-k probe may stop short of them: at its first tie). */
+double dsv4_cmp_probe_plan(const dsv4_cmp_ctx *x, const dsv4_verify_probe *p);
+/* compare_progress.c. Each does nothing until the pass has planned (x->pass_planned, only with a callback). */
+/* Report done (clamped to [last reported, total]) to the callback, unless it is the last value reported. */
+void dsv4_cmp_progress_report(dsv4_cmp_ctx *x, double done);
+/* Count bytes just read by the probe being compared and report the progress. */
+void dsv4_cmp_progress_read(dsv4_cmp_ctx *x, double bytes);
+/* Around dsv4_cmp_probe: the probe's plan; at its end the count is at its plan, whatever it read. */
+void dsv4_cmp_progress_probe_begin(dsv4_cmp_ctx *x, const dsv4_verify_probe *p);
+void dsv4_cmp_progress_probe_end(dsv4_cmp_ctx *x);
+/* What a pass whose probes are built reads: the tie scan of its top-k probes, then every probe in both files. */
+double dsv4_cmp_pass_plan(const dsv4_cmp_ctx *x);
 
 /* A new row for p (grows p->rows); NULL when out of memory. */
 dsv4_verify_row *dsv4_cmp_new_row(dsv4_verify_probe *p, int position, int entry);

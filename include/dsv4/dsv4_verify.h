@@ -203,6 +203,13 @@ typedef struct dsv4_verify_options {
      * reference that stores every position) at (position, layer): comparisons after it use the after_tie gates
      * as if it had been seen here; the earlier of it and one seen in the files counts. -1 = none. */
     int tie_at_position, tie_at_layer;
+    /* Called as the files are read, may be NULL (the library prints nothing itself): done of total bytes, where
+     * total is every byte the run will read (the top-k tie scan and, for a filtered run, its unfiltered top-k pass
+     * included; the comparison's own part is result->bytes_read), fixed from the first call on. done never goes
+     * down and the last call has done == total; no call when the run stops before it knows what it will compare
+     * (an unreadable file, say). Called about twice per 8 MB block read, so it should return quickly. */
+    dsv4_progress_fn progress;
+    void *progress_ctx;
 } dsv4_verify_options;
 
 void dsv4_verify_options_init(dsv4_verify_options *o);
