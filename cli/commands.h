@@ -13,5 +13,8 @@ int dsv4_cmd_bench(int argc, char **argv);
  * that a forgotten value is "needs a value" and not the next option taken as one (`verify ... --json --quiet`
  * wrote a report named --quiet). A value may still begin with a single '-' (a range such as --layers -3). */
 const char *dsv4_cli_value(int argc, char **argv, int i);
+/* 1 when both paths exist and are one file (device and inode: another spelling of the path is caught), so that an
+ * output that replaces its final name when complete is never one of the command's inputs. */
+int dsv4_cli_same_file(const char *a, const char *b);
 
 #endif

@@ -1,6 +1,7 @@
 /* main.c - the dsv4 command: dispatch to a subcommand. */
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "commands.h"
 #include "dsv4/dsv4.h"
@@ -22,6 +23,12 @@ const char *dsv4_cli_value(int argc, char **argv, int i)
 {
     if (i + 1 >= argc || !strncmp(argv[i + 1], "--", 2)) return NULL;
     return argv[i + 1];
+}
+
+int dsv4_cli_same_file(const char *a, const char *b)
+{
+    struct stat sa, sb;
+    return a && b && !stat(a, &sa) && !stat(b, &sb) && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
 static void print_usage(FILE *f)

@@ -355,12 +355,10 @@ static int parse_args(int argc, char **argv, run_args *a)
                           "--decode-from %d: --path opt feeds the prompt as one-token steps (--decode-from 0); "
                           "a prefill of K positions is for ref-cpu and ref-gpu",
                           a->decode_from);
-    struct stat out_st, in_st; /* the dump replaces its final name when complete: never one of the run's inputs */
     const char *const inputs[3][2] = {{"--tokens-from", a->tokens_from}, {"--follow", a->follow},
                                       {"--prompt-tokens", a->prompt_tokens}};
-    for (int i = 0; a->dump && !stat(a->dump, &out_st) && i < 3; i++)
-        if (inputs[i][1] && !stat(inputs[i][1], &in_st) && in_st.st_dev == out_st.st_dev &&
-            in_st.st_ino == out_st.st_ino)
+    for (int i = 0; i < 3; i++) /* the dump replaces its final name when complete: never one of the run's inputs */
+        if (dsv4_cli_same_file(a->dump, inputs[i][1]))
             return dsv4_error(DSV4_ERR_USAGE, "--dump %s: is the %s %s of this run; the new dump would replace it",
                               a->dump, inputs[i][0], i == 2 ? "file" : "dump");
     if (a->opt.n_seq < 1 || a->opt.dump_seq >= a->opt.n_seq)

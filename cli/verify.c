@@ -83,7 +83,7 @@ static int parse_range(const char *s, int *lo, int *hi)
 static int report_check(const char *opt, const char *path, const char *const inputs[3], const char *other)
 {
     static const char *const roles[3] = {"golden dump", "candidate dump", "--profile file"};
-    struct stat st, in;
+    struct stat st;
     size_t len = strlen(path);
     if (!len) return dsv4_error(DSV4_ERR_USAGE, "%s '': no file name", opt);
     const int exists = !stat(path, &st);
@@ -92,11 +92,10 @@ static int report_check(const char *opt, const char *path, const char *const inp
     if (exists && !S_ISREG(st.st_mode))
         return dsv4_error(DSV4_ERR_USAGE, "%s %s: exists and is not a regular file; the report would replace it",
                           opt, path);
-    for (int i = 0; exists && i < 3; i++)
-        if (inputs[i] && !stat(inputs[i], &in) && in.st_dev == st.st_dev && in.st_ino == st.st_ino)
+    for (int i = 0; i < 3; i++)
+        if (dsv4_cli_same_file(path, inputs[i]))
             return dsv4_error(DSV4_ERR_USAGE, "%s %s: is the %s; the report would replace it", opt, path, roles[i]);
-    if (other && (!strcmp(other, path) || (exists && !stat(other, &in) && in.st_dev == st.st_dev &&
-                                           in.st_ino == st.st_ino)))
+    if (other && (!strcmp(other, path) || dsv4_cli_same_file(other, path)))
         return dsv4_error(DSV4_ERR_USAGE, "--json and --html name the same file %s; give each its own", path);
     char tmp[4200];
     if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= sizeof tmp)

@@ -227,11 +227,12 @@ int dsv4_dump_writer_open(const char *path, const dsv4_dump_meta *meta, const ds
     /* The final name is only used by the rename at commit, after the whole run: a directory there (or "dir/")
      * would fail it then and lose the run, and another non-file (a device) would be replaced by the dump. */
     struct stat st;
-    size_t plen = strlen(path);
-    if (path[plen - 1] == '/' || (!stat(path, &st) && S_ISDIR(st.st_mode)))
+    const size_t plen = strlen(path);
+    const int exists = !stat(path, &st);
+    if (path[plen - 1] == '/' || (exists && S_ISDIR(st.st_mode)))
         return dsv4_error(DSV4_ERR_IO, "%s: names a directory; give the dump's file name (e.g. %s%sdump.h5)", path,
                           path, path[plen - 1] == '/' ? "" : "/");
-    if (!stat(path, &st) && !S_ISREG(st.st_mode))
+    if (exists && !S_ISREG(st.st_mode))
         return dsv4_error(DSV4_ERR_IO, "%s: exists and is not a regular file; the dump would replace it", path);
 
     dsv4_h5_quiet();
