@@ -31,6 +31,7 @@ void cli_progress_init(cli_progress *p, const char *prefix)
     p->last = -1e30;
     p->after_s = cli_progress_after_s();
     p->tty = isatty(2);
+    p->last_done = 0;
     p->shown = 0;
 }
 
@@ -69,6 +70,20 @@ void cli_progress_verify(void *ctx, double done, double total)
             done / unit, total / unit, big ? "GiB" : "MiB", total > 0 ? 100.0 * done / total : 100.0, rate / unit,
             big ? "GiB" : "MiB", rate > 0 ? (total - done) / rate : 0.0, p->tty ? "   " : "\n");
     fflush(stderr);
+}
+
+void cli_progress_positions(cli_progress *p, int done, int total)
+{
+    double t = now_s();
+    if (t - p->t0 < p->after_s || t - p->last < (p->tty ? 0.25 : 5.0)) return;
+    double rate = t > p->last ? (done - p->last_done) / (t - p->last) : 0.0;
+    p->last = t;
+    p->last_done = done;
+    double eta = rate > 0 ? (total - done) / rate : 0.0;
+    fprintf(stderr, "%s%s: position %d/%d, %.2f tokens/s, ETA %.0f s%s", p->tty ? "\r" : "", p->prefix, done, total,
+            rate, eta, p->tty ? "   " : "\n");
+    fflush(stderr);
+    p->shown = 1;
 }
 
 void cli_progress_end(cli_progress *p)

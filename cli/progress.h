@@ -3,8 +3,9 @@
 #define DSV4_CLI_PROGRESS_H
 
 typedef struct cli_progress {
-    const char *prefix; /* "dsv4 run", "dsv4 inspect" */
+    const char *prefix; /* "dsv4 run", "dsv4 inspect", "dsv4 verify" */
     double t0, last, after_s;
+    double last_done; /* cli_progress_positions: the count at `last` (the rate is that of the last interval) */
     int tty, shown;
 } cli_progress;
 
@@ -18,6 +19,10 @@ void cli_progress_digest(void *ctx, double done, double total);
 /* A dsv4_progress_fn for dsv4_verify_options.progress: ctx is a cli_progress; prints "read X of Y MiB (Z%),
  * R MiB/s, ETA S s" (GiB from a total of 1 GiB on), in place on a terminal, every ~5 s otherwise. */
 void cli_progress_verify(void *ctx, double done, double total);
+/* The run's line "position D/T, R tokens/s, ETA S s": not before after_s, then every 0.25 s on a terminal, every
+ * 5 s otherwise; the rate is that of the interval since `last` / `last_done` (decode slows down as the context
+ * grows; set them where the timed steps start), the ETA assumes it holds. */
+void cli_progress_positions(cli_progress *p, int done, int total);
 /* Ends the line on a terminal when one was shown. */
 void cli_progress_end(cli_progress *p);
 

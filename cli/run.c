@@ -217,29 +217,6 @@ static int32_t argmax_lowest(const float *v, int n)
     return best;
 }
 
-/* The progress line: in place on a terminal, one line every ~5 s otherwise; only after 3 s of running
- * (cli_progress_after_s). The rate is that of the last interval (decode slows down as the context grows), the
- * ETA assumes it holds. */
-typedef struct run_progress {
-    double t0, last, after_s; /* after_s: cli_progress_after_s() */
-    int last_done;
-    int tty, shown;
-} run_progress;
-
-static void progress_update(run_progress *pr, int done, int total)
-{
-    double t = now_s();
-    if (t - pr->t0 < pr->after_s || t - pr->last < (pr->tty ? 0.25 : 5.0)) return;
-    double rate = t > pr->last ? (done - pr->last_done) / (t - pr->last) : 0.0;
-    pr->last = t;
-    pr->last_done = done;
-    double eta = rate > 0 ? (total - done) / rate : 0.0;
-    fprintf(stderr, "%sdsv4 run: position %d/%d, %.2f tokens/s, ETA %.0f s%s", pr->tty ? "\r" : "", done, total,
-            rate, eta, pr->tty ? "   " : "\n");
-    fflush(stderr);
-    pr->shown = 1;
-}
-
 typedef struct run_args {
     const char *model, *path, *tokens_from, *prompt_tokens, *positions, *dump, *follow, *probes;
     int decode, greedy, forced, decode_from;
@@ -442,7 +419,7 @@ fail:
 /* --path opt: C copies of the sequence, copy c fed position s - c at global step s (so the copies have different
  * lengths at every step); a greedy copy feeds its own argmax. pl->tokens receives the dumped copy's tokens. */
 static int run_opt_steps(dsv4_opt *op, const dsv4_opt_options *oo, run_plan *pl, dsv4_probe_sink *sink,
-                         run_progress *pr)
+                         cli_progress *pr)
 {
     const int C = oo->n_seq, T = pl->T, n_steps = T + C - 1;
     int32_t *tok = malloc((size_t)C * T * sizeof *tok), *in = malloc((size_t)C * sizeof *in);
@@ -460,7 +437,7 @@ static int run_opt_steps(dsv4_opt *op, const dsv4_opt_options *oo, run_plan *pl,
             in[c] = tok[(size_t)c * T + p];
         }
         rc = dsv4_opt_step(op, in, act, sink, NULL, next);
-        progress_update(pr, s + 1, n_steps);
+        cli_progress_positions(pr, s + 1, n_steps);
     }
     if (!rc) memcpy(pl->tokens, tok + (size_t)oo->dump_seq * T, (size_t)T * sizeof *tok);
     free(tok);
@@ -639,7 +616,8 @@ int dsv4_cmd_run(int argc, char **argv)
         rc = dsv4_error(DSV4_ERR_NOMEM, "out of memory");
         goto out;
     }
-    run_progress pr = {.t0 = now_s(), .tty = isatty(2), .after_s = cli_progress_after_s()};
+    cli_progress pr; /* position D/T, tokens/s of the last interval, ETA (cli/progress.h) */
+    cli_progress_init(&pr, "dsv4 run");
     double t_pre0 = now_s(), t_pre = 0.0;
     if (K > 0) {
         if ((rc = dsv4_ref_prefill(ref, pl.tokens, K, sink, logits))) goto out;
@@ -652,11 +630,11 @@ int dsv4_cmd_run(int argc, char **argv)
     for (int p = K; !op && p < pl.T; p++) {
         if (pl.tokens[p] < 0) pl.tokens[p] = argmax_lowest(logits, cfg->vocab_size); /* greedy: p >= P >= 1 */
         if ((rc = dsv4_ref_decode(ref, pl.tokens[p], sink, logits))) goto out;
-        progress_update(&pr, p + 1, pl.T);
+        cli_progress_positions(&pr, p + 1, pl.T);
     }
     if (rc) goto out;
     double t_dec = now_s() - t_dec0;
-    if (pr.shown && pr.tty) fputc('\n', stderr);
+    cli_progress_end(&pr);
 
     if (w) {
         if ((rc = op ? dsv4_opt_dump_entries(op, sink) : dsv4_ref_dump_entries(ref, sink))) goto out;
