@@ -269,15 +269,24 @@ static int float_kind(const dsv4_verify_probe *p)
     return p->kind != DSV4_VERIFY_KIND_TOPK && p->kind != DSV4_VERIFY_KIND_ROUTER_IDS && p->kind != DSV4_VERIFY_KIND_INT;
 }
 
+/* 1 when p's rows differ in shape between the files: rank, or a dimension past the first (indexer_scores rows
+ * may differ in width: the live entries of each file). */
+static int row_shapes_differ(const dsv4_verify_probe *p)
+{
+    const dsv4_dataset_info *gi = &p->golden_info, *ci = &p->candidate_info;
+    if (gi->ndim != ci->ndim) return 1;
+    for (int d = 1; d < gi->ndim; d++)
+        if (gi->shape[d] != ci->shape[d] && !(d == 1 && !strcmp(p->probe, "indexer_scores"))) return 1;
+    return 0;
+}
+
 /* 1 when the rows of p can be compared: the same dtype (the one its kind reads) and row shape in both files
  * (indexer_scores rows may differ in width), and for a per-position probe as many rows as stored positions (else
  * -1); 0 otherwise. */
 static int probe_comparable(const dsv4_cmp_ctx *x, const dsv4_verify_probe *p)
 {
     const dsv4_dataset_info *gi = &p->golden_info, *ci = &p->candidate_info;
-    int same = gi->dtype == ci->dtype && gi->ndim == ci->ndim && gi->ndim >= 1;
-    for (int d = 1; same && d < gi->ndim; d++)
-        if (gi->shape[d] != ci->shape[d] && !(d == 1 && !strcmp(p->probe, "indexer_scores"))) same = 0;
+    int same = gi->dtype == ci->dtype && gi->ndim >= 1 && !row_shapes_differ(p);
     if (same && (gi->dtype == DSV4_DTYPE_F32) != float_kind(p)) same = 0;
     if (same && p->kind != DSV4_VERIFY_KIND_ENTRIES &&
         (gi->shape[0] != x->r->golden.n_positions || ci->shape[0] != x->r->candidate.n_positions))
@@ -329,9 +338,7 @@ int dsv4_cmp_probe(dsv4_cmp_ctx *x, dsv4_verify_probe *p)
         char a[48], b[48];
         shape_str(gi, a, sizeof a);
         shape_str(ci, b, sizeof b);
-        int shapes = gi->ndim != ci->ndim;
-        for (int d = 1; !shapes && d < gi->ndim; d++)
-            shapes = gi->shape[d] != ci->shape[d] && !(d == 1 && !strcmp(p->probe, "indexer_scores"));
+        const int shapes = row_shapes_differ(p);
         if (same == 0 && gi->dtype == ci->dtype && !shapes) /* both files agree, on a dtype this probe cannot be */
             snprintf(p->note, sizeof p->note, "%.40s is compared as %s, but both files store %s (golden %s, candidate %s)",
                      p->probe, float_kind(p) ? "floats" : "integer ids", dsv4_dtype_name(gi->dtype), a, b);
