@@ -101,16 +101,7 @@ typedef struct kctx {
 static int k_mhc_pre(dsv4_opt *o, const void *vc)
 {
     const opt_layer *ly = &o->layers[((const kctx *)vc)->L];
-    dsv4_mhc_pre_params mp;
-    memset(&mp, 0, sizeof mp);
-    mp.n_tok = o->C, mp.n_streams = o->n, mp.dim = o->D, mp.sinkhorn_iters = o->cfg.hc_sinkhorn_iters;
-    mp.hc_eps = (float)o->cfg.hc_eps, mp.norm_eps = (float)o->cfg.rms_norm_eps, mp.X = o->X;
-    mp.fn = ly->hc_attn_fn, mp.base = ly->hc_attn_base, mp.scale = ly->hc_attn_scale, mp.norm_w = ly->attn_norm;
-    mp.pre = o->pre, mp.post = o->post, mp.comb = o->comb, mp.x = o->xa, mp.xn = o->xn;
-    mp.kernel = (dsv4_mhc_kernel)o->opt.mhc, mp.X_f32 = o->Xf, mp.workspace = o->ws;
-    mp.workspace_bytes = o->ws_bytes, mp.cublas = o->cublas, mp.stream = o->stream;
-    DSV4_TRY(dsv4_opt_mhc_pre(&mp));
-    return 0;
+    return opt_launch_mhc_pre(o, ly->hc_attn_fn, ly->hc_attn_base, ly->hc_attn_scale, ly->attn_norm);
 }
 
 static int k_gemm_x(dsv4_opt *o, const void *vc)
@@ -128,61 +119,24 @@ static int k_gemm_q(dsv4_opt *o, const void *vc)
 static int k_indexer(dsv4_opt *o, const void *vc)
 {
     const kctx *k = vc;
-    const opt_layer *ly = &o->layers[k->L];
-    dsv4_indexer_params ip;
-    memset(&ip, 0, sizeof ip);
-    ip.n_seq = o->C, ip.n_heads = o->HI, ip.head_dim = o->dI, ip.n_work = k->n_work, ip.q = o->qI;
-    ip.keys = ly->ipool, ip.key_seq_stride = (int64_t)ly->pool_cap * o->dI, ip.weights = o->wI;
-    ip.n_live = o->live_csa, ip.scores = o->iscore, ip.score_stride = o->pool_cap_csa;
-    ip.kernel = (dsv4_indexer_kernel)o->opt.indexer;
-    ip.context = k->max_ctx ? DSV4_INDEX_CONTEXT_MAX : DSV4_INDEX_CONTEXT_LIVE;
-    ip.scratch = o->opt.indexer == DSV4_OPT_INDEXER_FP32 ? o->ws : NULL;
-    ip.scratch_bytes = o->opt.indexer == DSV4_OPT_INDEXER_FP32 ? o->ws_bytes : 0;
-    ip.stream = o->stream;
-    return dsv4_opt_indexer_scores(&ip);
+    return opt_launch_indexer(o, &o->layers[k->L], k->n_work, k->max_ctx);
 }
 
 static int k_topk(dsv4_opt *o, const void *vc)
 {
     const kctx *k = vc;
-    dsv4_topk_params tp;
-    memset(&tp, 0, sizeof tp);
-    tp.n_seq = o->C, tp.k = o->topk, tp.n_work = k->n_work, tp.scores = o->iscore;
-    tp.score_stride = o->pool_cap_csa, tp.n_live = o->live_csa;
-    tp.context = k->max_ctx ? DSV4_INDEX_CONTEXT_MAX : DSV4_INDEX_CONTEXT_LIVE;
-    tp.out = o->topk_ids, tp.workspace = o->ws, tp.workspace_bytes = o->ws_bytes, tp.stream = o->stream;
-    return dsv4_opt_topk(&tp);
+    return opt_launch_topk(o, k->n_work, k->max_ctx);
 }
 
 static int build_index(dsv4_opt *o, const kctx *k)
 {
-    const opt_layer *ly = &o->layers[k->L];
-    dsv4_step_index_params xp;
-    memset(&xp, 0, sizeof xp);
-    xp.n_seq = o->C, xp.window = o->W, xp.pos = o->d_in + o->C, xp.topk = o->topk_ids;
-    xp.live = ly->attn == DSV4_ATTN_CSA ? o->live_csa : o->live_hca, xp.idx = o->idx, xp.stream = o->stream;
-    xp.kind = ly->attn == DSV4_ATTN_SLIDING ? DSV4_STEP_INDEX_WINDOW
-              : ly->attn == DSV4_ATTN_CSA   ? DSV4_STEP_INDEX_CSA
-                                            : DSV4_STEP_INDEX_HCA;
-    xp.n_extra = k->n_extra;
-    return dsv4_opt_step_index(&xp);
+    return opt_launch_step_index(o, &o->layers[k->L], k->n_extra);
 }
 
 static int k_attn(dsv4_opt *o, const void *vc)
 {
     const kctx *k = vc;
-    const opt_layer *ly = &o->layers[k->L];
-    const int sliding = ly->attn == DSV4_ATTN_SLIDING;
-    dsv4_sparse_attn_params ap;
-    memset(&ap, 0, sizeof ap);
-    ap.n_seq = o->C, ap.n_heads = o->H, ap.head_dim = o->d, ap.rope_dim = 2 * o->np, ap.n_idx = o->W + k->n_extra;
-    ap.n_slots = o->W + ly->pool_cap, ap.scale = 1.0f / sqrtf((float)o->d), ap.q = o->q, ap.kv = ly->kvc;
-    ap.kv8 = ly->kv8, ap.kv_seq_stride = ly->kv_seq_stride;
-    ap.idx = o->idx, ap.sink = ly->sinks;
-    ap.rope_cos = sliding ? o->cos_m : o->cos_c, ap.rope_sin = sliding ? o->sin_m : o->sin_c, ap.out = o->o;
-    ap.out_dtype = DSV4_OUT_BF16, ap.kernel = (dsv4_attn_kernel)o->opt.attn, ap.workspace = o->ws;
-    ap.workspace_bytes = o->ws_bytes, ap.stream = o->stream;
-    return dsv4_opt_sparse_attn(&ap);
+    return opt_launch_sparse_attn(o, &o->layers[k->L], k->n_extra);
 }
 
 static int k_gemm_o(dsv4_opt *o, const void *vc)

@@ -288,12 +288,24 @@ int opt_ranks_eager(const dsv4_opt *o);
 
 /* The checks of the options and the config both constructors make before anything is allocated. */
 int opt_check_config(const dsv4_config *f, const dsv4_opt_options *op);
+/* Entries a compressed pool of one sequence holds: max_context / ratio, at least 1; 0 for a layer that does not
+ * compress (ratio 0). The caches (opt_layout.c) and the emulated all-reduce's buffer (opt_ranks.c) are sized by it. */
+int opt_pool_capacity(int max_context, int ratio);
 /* Build o (o->opt and o->cfg set, the rest zero) from src: sizes, layers, stream, the three arenas (weights filled
  * from src, caches and scratch zeroed), pinned staging, cuBLAS, empty compressor states. On failure o holds what
  * was made so far: the caller releases it with dsv4_opt_free. */
 int opt_init_common(dsv4_opt *o, opt_weight_src *src);
 /* Clear the compressor states of sequence seq (seq < 0: all) to kv 0 / score -inf; synchronises the stream. */
 int opt_state_reset(dsv4_opt *o, int seq);
+
+/* The launches the step and the micro-benchmark share (opt_step.c), from o's buffers: mHC pre of a layer site;
+ * the indexer scores and the top-k of layer ly over n_work entries (max_ctx: --index-context max); the gather list
+ * and the sparse attention of ly with n_extra entries past the window. */
+int opt_launch_mhc_pre(dsv4_opt *o, const float *fn, const float *base, const float *scale, const float *norm_w);
+int opt_launch_indexer(dsv4_opt *o, const opt_layer *ly, int n_work, int max_ctx);
+int opt_launch_topk(dsv4_opt *o, int n_work, int max_ctx);
+int opt_launch_step_index(dsv4_opt *o, const opt_layer *ly, int n_extra);
+int opt_launch_sparse_attn(dsv4_opt *o, const opt_layer *ly, int n_extra);
 
 /* Counted cudaMalloc (style rule 10). */
 int opt_dev_alloc(void **p, size_t bytes, const char *what);

@@ -382,13 +382,19 @@ static int weights_layout(dsv4_opt *o, opt_weight_src *src, opt_carver *cv)
 
 
 /* ------------------------------------------------------------------------------------ caches */
+int opt_pool_capacity(int max_context, int ratio)
+{
+    if (ratio <= 0) return 0;
+    return max_context / ratio > 0 ? max_context / ratio : 1;
+}
+
 static void state_layout(dsv4_opt *o, opt_carver *cv)
 {
     const size_t C = o->C, d = o->d, dI = o->dI, W = o->W;
     for (int L = 0; L < o->cfg.num_hidden_layers; L++) {
         opt_layer *ly = &o->layers[L];
         const int csa = ly->attn == DSV4_ATTN_CSA;
-        ly->pool_cap = ly->ratio > 0 ? (o->opt.max_context / ly->ratio > 0 ? o->opt.max_context / ly->ratio : 1) : 0;
+        ly->pool_cap = opt_pool_capacity(o->opt.max_context, ly->ratio);
         /* --kv fp8 stores the entries as model-spec §3's fp8 cache (kernels/kv_layout.h): 592 of 1,024 bytes in
          * Flash */
         const int fp8 = o->opt.kv == DSV4_OPT_KV_FP8;

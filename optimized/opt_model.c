@@ -8,7 +8,8 @@
  * Invariants that fail quietly:
  * - The loader fills only the file tensors (bf16_part, f32, tid2eid); a fused view's parts cover it exactly, so
  *   no byte of the weights arena is left unwritten.
- * - tid2eid is checked on upload: an id outside [0, E) would index past the experts.
+ * - tid2eid's ids are in [0, E) when they reach the GPU: the shared loader (dsv4_model_read_i32) refuses any
+ *   other, which would index past the experts.
  * - The quantised sets are model-spec §2's: a name ending in one of quant_set's FP8 suffixes, or a routed expert.
  *   bf16 mode with --quantize dequantises the quantiser's codes (not the file's values), so both modes multiply
  *   the same weights; a tensor already FP8/FP4 on disk is never requantised.
@@ -277,10 +278,6 @@ static int load_tid2eid(opt_weight_src *s, const dsv4_opt *o, int32_t *dst, cons
     int rc = dsv4_model_read_i32(u->m, name, t, n);
     pthread_mutex_unlock(&load_lock);
     DSV4_TRY(rc);
-    for (size_t i = 0; i < n; i++)
-        if (t[i] < 0 || t[i] >= o->E)
-            return dsv4_error(DSV4_ERR_FORMAT, "%s: token %zu maps to expert %d, outside [0, %d)", name, i / o->K,
-                              t[i], o->E);
     DSV4_OPT_CUDA(cudaMemcpy(dst, t, n * 4, cudaMemcpyHostToDevice));
     return 0;
 }

@@ -461,11 +461,10 @@ int opt_ranks_init(const dsv4_config *cfg, const dsv4_opt_options *op, opt_build
     g->timeout_s = timeout;
     g->emulate = emulate;
     if (emulate) {
-        int cap = 1; /* the CSA pool capacity, as opt_layout.c sizes it */
+        int cap = 1; /* the largest CSA pool, as the caches are sized */
         for (int L = 0; L < cfg->num_hidden_layers; L++)
-            if (cfg->attn_type[L] == DSV4_ATTN_CSA && cfg->compress_ratio[L] > 0 &&
-                op->max_context / cfg->compress_ratio[L] > cap)
-                cap = op->max_context / cfg->compress_ratio[L];
+            if (cfg->attn_type[L] == DSV4_ATTN_CSA && opt_pool_capacity(op->max_context, cfg->compress_ratio[L]) > cap)
+                cap = opt_pool_capacity(op->max_context, cfg->compress_ratio[L]);
         g->e_floats = (size_t)op->n_seq * (size_t)(cap > cfg->hidden_size ? cap : cfg->hidden_size);
     }
     pthread_mutex_init(&g->e_mu, NULL);

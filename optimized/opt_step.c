@@ -53,18 +53,73 @@ static int probe_row(dsv4_opt *o, int L, const char *name, const void *dev, size
         if (o->probe) DSV4_TRY(probe_row(o, L, name, dev, n, kind));                                         \
     } while (0)
 
+/* ------------------------------------------------------------------------------------------ the launches */
+/* The launches whose parameters the step and the micro-benchmark (opt_bench.c) share: one place sets them up. */
+int opt_launch_mhc_pre(dsv4_opt *o, const float *fn, const float *base, const float *scale, const float *norm_w)
+{
+    dsv4_mhc_pre_params mp = {
+        .n_tok = o->C, .n_streams = o->n, .dim = o->D, .head = 0, .sinkhorn_iters = o->cfg.hc_sinkhorn_iters,
+        .hc_eps = (float)o->cfg.hc_eps, .norm_eps = (float)o->cfg.rms_norm_eps, .X = o->X, .fn = fn,
+        .base = base, .scale = scale, .norm_w = norm_w, .pre = o->pre, .post = o->post, .comb = o->comb,
+        .x = o->xa, .xn = o->xn, .kernel = (dsv4_mhc_kernel)o->opt.mhc, .X_f32 = o->Xf, .workspace = o->ws,
+        .workspace_bytes = o->ws_bytes, .cublas = o->cublas, .stream = o->stream};
+    return dsv4_opt_mhc_pre(&mp);
+}
+
+int opt_launch_indexer(dsv4_opt *o, const opt_layer *ly, int n_work, int max_ctx)
+{
+    const int fp32 = o->opt.indexer == DSV4_OPT_INDEXER_FP32;
+    dsv4_indexer_params ip = {.n_seq = o->C, .n_heads = o->HI, .head_dim = o->dI, .n_work = n_work, .q = o->qI,
+                              .keys = ly->ipool, .key_seq_stride = (int64_t)ly->pool_cap * o->dI, .weights = o->wI,
+                              .n_live = o->live_csa, .scores = o->iscore, .score_stride = o->pool_cap_csa,
+                              .kernel = (dsv4_indexer_kernel)o->opt.indexer,
+                              .context = max_ctx ? DSV4_INDEX_CONTEXT_MAX : DSV4_INDEX_CONTEXT_LIVE,
+                              .scratch = fp32 ? o->ws : NULL, .scratch_bytes = fp32 ? o->ws_bytes : 0,
+                              .stream = o->stream};
+    return dsv4_opt_indexer_scores(&ip);
+}
+
+int opt_launch_topk(dsv4_opt *o, int n_work, int max_ctx)
+{
+    dsv4_topk_params tp = {.n_seq = o->C, .k = o->topk, .n_work = n_work, .scores = o->iscore,
+                           .score_stride = o->pool_cap_csa, .n_live = o->live_csa,
+                           .context = max_ctx ? DSV4_INDEX_CONTEXT_MAX : DSV4_INDEX_CONTEXT_LIVE,
+                           .out = o->topk_ids, .workspace = o->ws, .workspace_bytes = o->ws_bytes,
+                           .stream = o->stream};
+    return dsv4_opt_topk(&tp);
+}
+
+int opt_launch_step_index(dsv4_opt *o, const opt_layer *ly, int n_extra)
+{
+    dsv4_step_index_params xp = {.n_seq = o->C, .window = o->W, .pos = o->d_in + o->C, .topk = o->topk_ids,
+                                 .live = ly->attn == DSV4_ATTN_CSA ? o->live_csa : o->live_hca, .idx = o->idx,
+                                 .n_extra = n_extra, .stream = o->stream};
+    xp.kind = ly->attn == DSV4_ATTN_SLIDING ? DSV4_STEP_INDEX_WINDOW
+              : ly->attn == DSV4_ATTN_CSA   ? DSV4_STEP_INDEX_CSA
+                                            : DSV4_STEP_INDEX_HCA;
+    return dsv4_opt_step_index(&xp);
+}
+
+int opt_launch_sparse_attn(dsv4_opt *o, const opt_layer *ly, int n_extra)
+{
+    const int sliding = ly->attn == DSV4_ATTN_SLIDING;
+    dsv4_sparse_attn_params ap = {.n_seq = o->C, .n_heads = o->H, .head_dim = o->d, .rope_dim = 2 * o->np,
+                                  .n_idx = o->W + n_extra, .n_slots = o->W + ly->pool_cap,
+                                  .scale = 1.0f / sqrtf((float)o->d), .q = o->q, .kv = ly->kvc,
+                                  .kv8 = ly->kv8, .kv_seq_stride = ly->kv_seq_stride, .idx = o->idx,
+                                  .sink = ly->sinks, .rope_cos = sliding ? o->cos_m : o->cos_c,
+                                  .rope_sin = sliding ? o->sin_m : o->sin_c, .out = o->o,
+                                  .out_dtype = DSV4_OUT_BF16, .kernel = (dsv4_attn_kernel)o->opt.attn,
+                                  .workspace = o->ws, .workspace_bytes = o->ws_bytes, .stream = o->stream};
+    return dsv4_opt_sparse_attn(&ap);
+}
+
 /* ------------------------------------------------------------------------------------------ the layer */
 static int mhc_pre(dsv4_opt *o, int L, const float *fn, const float *base, const float *scale, const float *norm_w,
                    int attn_site)
 {
     const int s = o->opt.dump_seq, n = o->n, D = o->D;
-    dsv4_mhc_pre_params mp = {
-        .n_tok = o->C, .n_streams = n, .dim = D, .head = 0, .sinkhorn_iters = o->cfg.hc_sinkhorn_iters,
-        .hc_eps = (float)o->cfg.hc_eps, .norm_eps = (float)o->cfg.rms_norm_eps, .X = o->X, .fn = fn,
-        .base = base, .scale = scale, .norm_w = norm_w, .pre = o->pre, .post = o->post, .comb = o->comb,
-        .x = o->xa, .xn = o->xn, .kernel = (dsv4_mhc_kernel)o->opt.mhc, .X_f32 = o->Xf, .workspace = o->ws,
-        .workspace_bytes = o->ws_bytes, .cublas = o->cublas, .stream = o->stream};
-    DSV4_TRY(dsv4_opt_mhc_pre(&mp));
+    DSV4_TRY(opt_launch_mhc_pre(o, fn, base, scale, norm_w));
     PROBE(attn_site ? "attn_hc_pre" : "ffn_hc_pre", o->pre + s * n, n, PR_F32);
     PROBE(attn_site ? "attn_hc_post" : "ffn_hc_post", o->post + s * n, n, PR_F32);
     PROBE(attn_site ? "attn_hc_comb" : "ffn_hc_comb", o->comb + s * n * n, (size_t)n * n, PR_F32);
@@ -125,15 +180,7 @@ static int indexer(dsv4_opt *o, int L, const opt_layer *ly, int n_csa)
     DSV4_TRY(dsv4_opt_norm_rope(&wp));
     const int max_ctx = o->opt.index_context == DSV4_OPT_INDEX_MAX;
     const int n_work = max_ctx ? ly->pool_cap : (n_csa > 0 ? n_csa : 1);
-    dsv4_indexer_params ip = {.n_seq = C, .n_heads = HI, .head_dim = dI, .n_work = n_work, .q = o->qI,
-                              .keys = ly->ipool, .key_seq_stride = (int64_t)ly->pool_cap * dI, .weights = o->wI,
-                              .n_live = o->live_csa, .scores = o->iscore, .score_stride = o->pool_cap_csa,
-                              .kernel = (dsv4_indexer_kernel)o->opt.indexer,
-                              .context = max_ctx ? DSV4_INDEX_CONTEXT_MAX : DSV4_INDEX_CONTEXT_LIVE,
-                              .scratch = o->opt.indexer == DSV4_OPT_INDEXER_FP32 ? o->ws : NULL,
-                              .scratch_bytes = o->opt.indexer == DSV4_OPT_INDEXER_FP32 ? o->ws_bytes : 0,
-                              .stream = o->stream};
-    DSV4_TRY(dsv4_opt_indexer_scores(&ip));
+    DSV4_TRY(opt_launch_indexer(o, ly, n_work, max_ctx));
     /* the ranks' head partials meet BEFORE the top-k, so every rank selects from the same sums; the live
      * columns of rows 0..C-1 are one contiguous run at the score stride */
     DSV4_TRY(opt_allreduce(o, o->iscore, (size_t)(C - 1) * o->pool_cap_csa + (size_t)n_work, L,
@@ -142,11 +189,7 @@ static int indexer(dsv4_opt *o, int L, const opt_layer *ly, int n_csa)
         int n_vis = (o->pos[s] + 1) / ly->ratio;
         PROBE("indexer_scores", o->iscore + (size_t)s * o->pool_cap_csa, (size_t)n_vis, PR_F32);
     }
-    dsv4_topk_params tp = {.n_seq = C, .k = o->topk, .n_work = n_work, .scores = o->iscore,
-                           .score_stride = o->pool_cap_csa, .n_live = o->live_csa, .context = ip.context,
-                           .out = o->topk_ids, .workspace = o->ws, .workspace_bytes = o->ws_bytes,
-                           .stream = o->stream};
-    DSV4_TRY(dsv4_opt_topk(&tp));
+    DSV4_TRY(opt_launch_topk(o, n_work, max_ctx));
     PROBE("topk_idx", o->topk_ids + (size_t)s * o->topk, (size_t)o->topk, PR_I32);
     if (o->follow) { /* after the probe: the dump records the own picks, the gather reads the followed ones */
         const int32_t *row = o->d_follow + (size_t)L * o->follow_stride;
@@ -183,20 +226,9 @@ static int attention(dsv4_opt *o, int L, int n_csa, int n_hca)
                                 ly->cmp_norm, ly->cmp_kv, ly->cmp_score, ly->kvc, ly->kv8, kv_stride, W, fp8));
     if (ly->attn == DSV4_ATTN_CSA) DSV4_TRY(indexer(o, L, ly, n_csa));
 
-    dsv4_step_index_params xp = {.n_seq = C, .window = W, .pos = o->d_in + C, .topk = o->topk_ids,
-                                 .live = ly->attn == DSV4_ATTN_CSA ? o->live_csa : o->live_hca, .idx = o->idx,
-                                 .stream = o->stream};
-    xp.kind = sliding ? DSV4_STEP_INDEX_WINDOW : ly->attn == DSV4_ATTN_CSA ? DSV4_STEP_INDEX_CSA : DSV4_STEP_INDEX_HCA;
-    xp.n_extra = sliding ? 0 : ly->attn == DSV4_ATTN_CSA ? o->topk : n_hca;
-    DSV4_TRY(dsv4_opt_step_index(&xp));
-    dsv4_sparse_attn_params ap = {.n_seq = C, .n_heads = H, .head_dim = d, .rope_dim = 2 * o->np,
-                                  .n_idx = W + xp.n_extra, .n_slots = W + ly->pool_cap,
-                                  .scale = 1.0f / sqrtf((float)d), .q = o->q, .kv = ly->kvc,
-                                  .kv8 = ly->kv8, .kv_seq_stride = kv_stride, .idx = o->idx, .sink = ly->sinks,
-                                  .rope_cos = cs, .rope_sin = sn, .out = o->o, .out_dtype = DSV4_OUT_BF16,
-                                  .kernel = (dsv4_attn_kernel)o->opt.attn, .workspace = o->ws,
-                                  .workspace_bytes = o->ws_bytes, .stream = o->stream};
-    DSV4_TRY(dsv4_opt_sparse_attn(&ap));
+    const int n_extra = sliding ? 0 : ly->attn == DSV4_ATTN_CSA ? o->topk : n_hca; /* entries past the window */
+    DSV4_TRY(opt_launch_step_index(o, ly, n_extra));
+    DSV4_TRY(opt_launch_sparse_attn(o, ly, n_extra));
 
     /* grouped output projection: z_g = o_g · W_oa[g]ᵀ for the G groups of H/G heads, then out = z · W_obᵀ */
     const int G = o->G, o_r = o->o_r;
