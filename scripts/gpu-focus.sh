@@ -46,7 +46,8 @@
 #            of test_opt_nccl (memcheck with --report-api-errors no: NCCL probes its own kernel images), one run per
 #            Check test case (binary:case), SAN_PAR (12) at a time, each time-boxed to SAN_BOX_S (470) s and to end by
 #            SAN_END_S (540 s after the start); SAN_ONLY="tool:binary:case ..." runs only those; into
-#            $OUT/san-rest.txt. gpu-sanitize.sh sets DSV4_TEST_MAX_STEPS=25 (tests/support/dsv4_test.h)
+#            $OUT/san-rest.txt. gpu-sanitize.sh sets DSV4_TEST_MAX_STEPS=25 (tests/support/dsv4_test.h). Racecheck
+#            of test_opt_nccl:test_n1_dumps runs alone (~370 s, host memory): give it a call of its own
 #   ubench   every micro-benchmark (bench/run_on_device.sh ubench --quick) into $OUT/ubench.md; first, while
 #            nothing else uses the GPU
 #   suite    every GPU ctest but the slow CPU-vs-GPU Flash reference check (as gpu-check-all.sh, no sanitizers),
@@ -179,6 +180,10 @@ run_step() {
             for t in $(cases test_opt_nccl); do todo="$todo memcheck:$t racecheck:$t"; done
         fi
         for j in $todo; do
+            # racecheck of test_n1_dumps runs alone: its `--gpus 1` jobs hold ~65 GB of host memory each, and
+            # beside other racecheck runs they were killed part way (sessions 10 and 14; alone it is clean)
+            alone=0
+            [ "$j" = racecheck:test_opt_nccl:test_n1_dumps ] && alone=1 && wait
             while [ "$(jobs -rp | wc -l)" -ge "${SAN_PAR:-12}" ]; do wait -n; done
             tool=${j%%:*} t=${j#*:} lim=$((${SAN_END_S:-540} - SECONDS))
             [ $lim -gt "${SAN_BOX_S:-470}" ] && lim=${SAN_BOX_S:-470}
@@ -187,6 +192,7 @@ run_step() {
             case $t in test_opt_nccl:*) extra="--report-api-errors no" ;; esac
             (OUT=/tmp/san-rest TOOLS=$tool SANITIZER_ARGS=$extra bash "$root/scripts/gpu-sanitize.sh" $lim "$t" \
                 >"/tmp/san-rest/$tool-${t/:/-}.txt" 2>&1) &
+            [ $alone = 1 ] && wait
         done
         wait
         echo "== sanitizers done at ${SECONDS}s"
