@@ -805,6 +805,7 @@ static int run(dsv4_cmp_ctx *x, const char *golden_path, const char *candidate_p
         r->n_failed_checks++;
     }
     if ((rc = find_first_tie(x))) return rc;
+    if (x->tie_only) return 0; /* the caller wants r->first_tie only; r->status stays ERROR, nothing was judged */
     for (int i = 0; i < r->n_probes; i++) {
         dsv4_verify_probe *p = &r->probes[i];
         if (p->presence != DSV4_VERIFY_IN_BOTH) continue;
@@ -817,8 +818,9 @@ static int run(dsv4_cmp_ctx *x, const char *golden_path, const char *candidate_p
     return 0;
 }
 
+/* One pass over the two files; tie_only: find the first tie and stop (verify_passes' first pass). */
 static int verify_once(const char *golden_path, const char *candidate_path, const dsv4_verify_options *o,
-                       dsv4_verify_result **out, dsv4_cmp_progress *prog)
+                       dsv4_verify_result **out, dsv4_cmp_progress *prog, int tie_only)
 {
     *out = NULL;
     DSV4_CHECK(golden_path && candidate_path, "verify: two dump paths are needed");
@@ -829,7 +831,8 @@ static int verify_once(const char *golden_path, const char *candidate_path, cons
     r->first.probe_index = -1;
     r->first.entry = -1;
     r->first_tie.probe_index = -1;
-    dsv4_cmp_ctx x = {.r = r, .o = o, .pos_limit = INT_MAX, .entry_limit = INT_MAX, .prog = prog->fn ? prog : NULL};
+    dsv4_cmp_ctx x = {.r = r, .o = o, .pos_limit = INT_MAX, .entry_limit = INT_MAX, .tie_only = tie_only,
+                      .prog = prog->fn ? prog : NULL};
     double t0 = now_s();
     int rc = run(&x, golden_path, candidate_path);
     r->seconds = now_s() - t0;
@@ -857,24 +860,25 @@ static int verify_once(const char *golden_path, const char *candidate_path, cons
 }
 
 /* Filters (--probes, --layers, --positions) narrow what is compared and shown, not which gates apply: a first
- * tie outside them still puts the later rows under the after_tie gates. So a filtered run first compares every
- * top-k row, unfiltered, and then runs as if that tie had been given by --tie-at (the earlier of the two). */
+ * tie outside them still puts the later rows under the after_tie gates. So a filtered run first scans the top-k
+ * probes, unfiltered, for that tie (a tie_only pass: nothing judged), and then runs as if it had been given by
+ * --tie-at (the earlier of the two). */
 static int verify_passes(const char *golden_path, const char *candidate_path, const dsv4_verify_options *o,
                          dsv4_verify_result **out, dsv4_cmp_progress *prog)
 {
     const int filtered = o->probes || o->layer_lo >= 0 || o->layer_hi >= 0 || o->pos_lo >= 0 || o->pos_hi >= 0;
-    if (!filtered) return verify_once(golden_path, candidate_path, o, out, prog);
+    if (!filtered) return verify_once(golden_path, candidate_path, o, out, prog, 0);
     dsv4_verify_options all = *o;
     all.probes = "topk_idx";
     all.layer_lo = all.layer_hi = all.pos_lo = all.pos_hi = -1;
     dsv4_verify_result *scan = NULL;
     prog->next = o; /* the total counts this pass and the one after */
-    int rc = verify_once(golden_path, candidate_path, &all, &scan, prog);
+    int rc = verify_once(golden_path, candidate_path, &all, &scan, prog, 1);
     prog->next = NULL;
     if (rc) return rc;
     dsv4_verify_tie seen = scan->first_tie;
     dsv4_verify_result_free(scan);
-    if (!seen.found || seen.given) return verify_once(golden_path, candidate_path, o, out, prog);
+    if (!seen.found || seen.given) return verify_once(golden_path, candidate_path, o, out, prog, 0);
     dsv4_verify_options with_tie = *o;
     const int user_first = o->tie_at_position >= 0 && o->tie_at_layer >= 0 &&
                            (o->tie_at_position < seen.position ||
@@ -883,7 +887,7 @@ static int verify_passes(const char *golden_path, const char *candidate_path, co
         with_tie.tie_at_position = seen.position;
         with_tie.tie_at_layer = seen.layer;
     }
-    if ((rc = verify_once(golden_path, candidate_path, &with_tie, out, prog))) return rc;
+    if ((rc = verify_once(golden_path, candidate_path, &with_tie, out, prog, 0))) return rc;
     dsv4_verify_tie *t = &(*out)->first_tie;
     if (!user_first && t->found && t->given && t->position == seen.position && t->layer == seen.layer) {
         t->given = 0; /* seen in these files, if outside the filters */

@@ -41,15 +41,18 @@ void dsv4_cmp_progress_probe_end(dsv4_cmp_ctx *x)
     dsv4_cmp_progress_report(x, x->pass_at);
 }
 
-/* What a pass whose probes are built reads: the tie scan of its top-k probes, then every probe in both files. */
+/* What a pass whose probes are built reads: the tie scan of its top-k probes, then every probe in both files
+ * (the scan alone in a tie_only pass). */
 double dsv4_cmp_pass_plan(const dsv4_cmp_ctx *x)
 {
     double sum = 0;
     for (int i = 0; i < x->r->n_probes; i++) {
         const dsv4_verify_probe *p = &x->r->probes[i];
         if (p->presence != DSV4_VERIFY_IN_BOTH) continue;
+        const int topk = p->kind == DSV4_VERIFY_KIND_TOPK;
+        if (x->tie_only && !topk) continue;
         double b = dsv4_cmp_probe_plan(x, p);
-        sum += p->kind == DSV4_VERIFY_KIND_TOPK ? 2 * b : b;
+        sum += topk && !x->tie_only ? 2 * b : b;
     }
     return sum;
 }

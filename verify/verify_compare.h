@@ -33,6 +33,8 @@ typedef struct dsv4_cmp_ctx {
     int scan;               /* 1 while looking for the first tie (top-k probes only): rows are computed with
                              * the normal tie tolerance and not judged; dsv4_cmp_judge only notes ties */
     int scan_hit;           /* the probe being scanned has a tie-accepted row (its later rows cannot be first) */
+    int tie_only;           /* this pass only finds the first tie (a filtered run's first pass): no probe is
+                             * compared after the scan */
     const double *normal_tie_v; /* while judging an after-tie top-k or logits row: its metrics under the normal
                                  * tie tolerance (the judge counts what passed only thanks to the after_tie one) */
     dsv4_cmp_progress *prog;    /* NULL: no progress reported */
@@ -63,7 +65,8 @@ void dsv4_cmp_progress_read(dsv4_cmp_ctx *x, double bytes);
 /* Around dsv4_cmp_probe: the probe's plan; at its end the count is at its plan, whatever it read. */
 void dsv4_cmp_progress_probe_begin(dsv4_cmp_ctx *x, const dsv4_verify_probe *p);
 void dsv4_cmp_progress_probe_end(dsv4_cmp_ctx *x);
-/* What a pass whose probes are built reads: the tie scan of its top-k probes, then every probe in both files. */
+/* What a pass whose probes are built reads: the tie scan of its top-k probes, then every probe in both files
+ * (the scan alone in a tie_only pass). */
 double dsv4_cmp_pass_plan(const dsv4_cmp_ctx *x);
 
 /* A new row for p (grows p->rows); NULL when out of memory. */
