@@ -51,17 +51,6 @@ static dsv4_verify_result *verify(const dsv4_verify_options *o)
     return r;
 }
 
-static char *text_report(const dsv4_verify_result *r)
-{
-    char *buf = NULL;
-    size_t n = 0;
-    FILE *f = open_memstream(&buf, &n);
-    ck_assert_ptr_nonnull(f);
-    ck_assert_int_eq(dsv4_verify_write_text(r, f, 0), 0);
-    fclose(f);
-    return buf;
-}
-
 static void assert_first(const dsv4_verify_result *r, int position, int layer, const char *dataset, double tol)
 {
     ck_assert_int_eq(r->status, DSV4_VERIFY_DIVERGED);
@@ -100,7 +89,8 @@ START_TEST(noise_after_a_tie_passes_and_is_reported)
             if (row->after_tie_saved) ck_assert(row->after_tie);
         }
     }
-    const char *txt = text_report(r);
+    const char *txt = synth_text_report(r);
+    ck_assert_ptr_nonnull(txt);
     ck_assert_ptr_nonnull(strstr(txt, "first tie-accepted top-k difference: position 30, layer 1 (csa/"));
     ck_assert_ptr_nonnull(strstr(txt, "after_tie gates"));
     ck_assert_ptr_nonnull(strstr(txt, "passed only thanks to them"));
@@ -179,7 +169,8 @@ START_TEST(same_noise_without_the_tie_fails)
     ck_assert(!r->first_tie.found);
     ck_assert_int_eq(r->n_after_tie_checks, 0);
     ck_assert_int_eq(r->n_after_tie_saved, 0);
-    char *txt = text_report(r);
+    char *txt = synth_text_report(r);
+    ck_assert_ptr_nonnull(txt);
     ck_assert_ptr_null(strstr(txt, "tie-accepted top-k difference"));
     free(txt);
     dsv4_verify_result_free(r);
@@ -193,7 +184,8 @@ START_TEST(noise_above_after_tie_fails)
     assert_first(r, TIE_POS, 2, NULL, 1e-2); /* judged against the after_tie gate, and broken */
     ck_assert_double_gt(r->first.value, 1e-2);
     ck_assert(r->first_tie.found);
-    char *txt = text_report(r);
+    char *txt = synth_text_report(r);
+    ck_assert_ptr_nonnull(txt);
     ck_assert_ptr_nonnull(strstr(txt, "first tie-accepted top-k difference: position 30, layer 1"));
     free(txt);
     dsv4_verify_result_free(r);
@@ -357,7 +349,8 @@ START_TEST(tie_given_by_option)
     ck_assert_int_eq(r->status, DSV4_VERIFY_PASS);
     ck_assert(r->first_tie.found && r->first_tie.given);
     ck_assert_int_gt(r->n_after_tie_saved, 0);
-    char *txt = text_report(r);
+    char *txt = synth_text_report(r);
+    ck_assert_ptr_nonnull(txt);
     ck_assert_ptr_nonnull(strstr(txt, "given by --tie-at"));
     free(txt);
     dsv4_verify_result_free(r);
@@ -422,7 +415,8 @@ START_TEST(profile_after_tie_section)
     dsv4_verify_result *r = verify(&o);
     assert_first(r, TIE_POS, 2, NULL, 1e-4);
     ck_assert(r->first_tie.found && !r->profile_after_tie);
-    char *txt = text_report(r);
+    char *txt = synth_text_report(r);
+    ck_assert_ptr_nonnull(txt);
     ck_assert_ptr_nonnull(strstr(txt, "no after_tie section"));
     free(txt);
     dsv4_verify_result_free(r);

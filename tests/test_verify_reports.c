@@ -353,19 +353,6 @@ static void expect_refused(const char *args, const char *needle)
  * directory said only "cannot write the JSON report", after the whole comparison; a report named like one of the
  * dumps replaced that dump (the candidate became a JSON file), and --json X --html X kept only the HTML. */
 /* The text report of r without colours (malloc'd), also printed for the test's log. */
-static char *text_report(const dsv4_verify_result *r)
-{
-    char *buf = NULL;
-    size_t n = 0;
-    FILE *f = open_memstream(&buf, &n);
-    ck_assert_ptr_nonnull(f);
-    ck_assert_int_eq(dsv4_verify_write_text(r, f, 0), 0);
-    fclose(f);
-    printf("%s", buf);
-    fflush(stdout); /* a failed check ends the forked case before stdio's buffers are written */
-    return buf;
-}
-
 START_TEST(text_table_cells_never_run_together)
 {
     /* a candidate with one expert per token fewer: its router probes cannot be compared, and "struct!" (7
@@ -383,7 +370,8 @@ START_TEST(text_table_cells_never_run_together)
     o.allow_different_weights = 1;
     dsv4_verify_result *r = NULL;
     ck_assert_int_eq(dsv4_verify_run(g, c, &o, &r), 0);
-    char *buf = text_report(r);
+    char *buf = synth_text_report(r);
+    ck_assert_ptr_nonnull(buf);
     ck_assert_msg(strstr(buf, "struct!"), "the pair should have structure failures");
     for (const char *p = buf; (p = strstr(p, "struct!")); p += 7)
         ck_assert_msg(p[7] == ' ' || p[7] == '\n', "a cell runs into the next one: '%.20s'", p);
@@ -412,7 +400,8 @@ START_TEST(topk_table_names_a_layer_with_its_own_tie_tolerance)
     o.profile = prof;
     dsv4_verify_result *r = NULL;
     ck_assert_int_eq(dsv4_verify_run(g_golden, g_cand, &o, &r), 0);
-    char *buf = text_report(r);
+    char *buf = synth_text_report(r);
+    ck_assert_ptr_nonnull(buf);
     ck_assert_ptr_nonnull(strstr(buf, "= 1e-06 + 0.0001*max|score|)"));
     /* the header states both sides of the tie rule (it gave only the candidate's) */
     ck_assert_ptr_nonnull(strstr(buf, "the golden pick it replaces scores <= k-th + tol"));

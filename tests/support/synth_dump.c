@@ -15,6 +15,7 @@
 
 #include "dsv4/dsv4.h"
 #include "dsv4/dsv4_dump.h"
+#include "dsv4/dsv4_verify.h"
 
 void synth_spec_init(synth_spec *s)
 {
@@ -468,4 +469,20 @@ int synth_copy_perturbed(const char *src, const char *dst, int layer, double rel
     dsv4_dump_writer_abort(w);
     dsv4_dump_free(d);
     return rc;
+}
+
+char *synth_text_report(const dsv4_verify_result *r)
+{
+    char *buf = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&buf, &n);
+    if (!f) return NULL;
+    int rc = dsv4_verify_write_text(r, f, 0);
+    if (fclose(f) || rc) {
+        free(buf);
+        return NULL;
+    }
+    printf("%s", buf);
+    fflush(stdout); /* a failed check ends the forked case before stdio's buffers are written */
+    return buf;
 }

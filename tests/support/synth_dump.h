@@ -57,5 +57,9 @@ int synth_copy_dataset(const char *path, const char *src, const char *dst);
 int synth_copy_perturbed(const char *src, const char *dst, int layer, double rel, uint64_t seed);
 /* The config.json text synth_write embeds for spec s (malloc'd). */
 char *synth_config_json(const synth_spec *s);
+/* The text report of r (dsv4_verify_write_text, not verbose) as a malloc'd string, also printed to stdout: a
+ * forked Check case that fails right after shows what it read. NULL when it cannot be written. */
+struct dsv4_verify_result;
+char *synth_text_report(const struct dsv4_verify_result *r);
 
 #endif
