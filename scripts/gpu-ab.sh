@@ -34,9 +34,9 @@ set -o pipefail
     { echo "gpu-ab: copying the tree to $tree failed" >&2; exit 2; }
 base_files=$(cd "$root/ab-base" && find . -type f ! -name .ab-added | sed 's|^\./||')
 [ -n "$base_files" ] || { echo "gpu-ab: ab-base/ holds no file: the base would be the change itself" >&2; exit 2; }
-for f in $base_files; do
+while read -r f; do # one path a line: a path with a space stays whole
     [ -f "$tree/$f" ] || echo "gpu-ab: note: ab-base/$f has no counterpart in the tree (a misspelt path, or a file the change removed)" >&2
-done
+done <<<"$base_files"
 cp -r "$root/ab-base/." "$tree/" || { echo "gpu-ab: putting ab-base/ over $tree failed" >&2; exit 2; }
 rm -f "$tree/.ab-added"
 if [ -f "$root/ab-base/.ab-added" ]; then
