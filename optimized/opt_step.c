@@ -1,5 +1,6 @@
 /* opt_step.c - one decode step of the optimized path for the batch (model-spec §12.2 order), its CUDA graphs,
- * and the probes of the dump sequence.
+ * the probes of the dump sequence, and the launches the step shares with dsv4 bench's per-kernel timing
+ * (opt_launch_*, used by opt_bench.c).
  *
  * Invariants that fail quietly:
  * - Order inside a layer as the reference: mHC pre; q, window kv (written to the ring BEFORE the attention);
