@@ -68,21 +68,6 @@ static const dsv4_config *dump_cfg(const dsv4_dump *d)
     return cfg;
 }
 
-static char *read_text(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    ck_assert_msg(f != NULL, "cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    ck_assert(s != NULL);
-    ck_assert_msg(fread(s, 1, (size_t)n, f) == (size_t)n, "short read of %s", path);
-    s[n] = 0;
-    fclose(f);
-    return s;
-}
-
 /* A whole dataset, f32 or i32 as stored (checked), with its info. */
 static void *read_all(const dsv4_dump *d, const char *name, dsv4_dtype want, dsv4_dataset_info *info)
 {
@@ -160,7 +145,7 @@ START_TEST(test_root_attributes)
 
     /* config_json is the set's config.json verbatim */
     char *cfg_path = golden_path(g->set, "config.json");
-    char *text = read_text(cfg_path);
+    char *text = dsv4_test_read_file(cfg_path, NULL);
     ck_assert_msg(!strcmp(text, dsv4_dump_attr(d, "config_json")), "%s: config_json is not %s verbatim", path,
                   cfg_path);
     free(text);

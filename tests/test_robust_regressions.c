@@ -18,21 +18,6 @@
 #include "dsv4_test.h"
 #include "st_writer.h"
 
-static char *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    ck_assert_ptr_nonnull(f);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    ck_assert_int_eq(fread(buf, 1, (size_t)n, f), (size_t)n);
-    fclose(f);
-    buf[n] = 0;
-    *len = (size_t)n;
-    return buf;
-}
-
 static void put(const char *dir, const char *name, const char *data, size_t len)
 {
     char path[4200];
@@ -68,7 +53,7 @@ static int each_input(const char *target, void (*fn)(const char *path))
 static void run_config(const char *path)
 {
     size_t len;
-    char *text = slurp(path, &len);
+    char *text = dsv4_test_read_file(path, &len);
     dsv4_config cfg;
     if (dsv4_config_parse(text, path, &cfg) == 0) {
         dsv4_expected_tensor *t;
@@ -83,7 +68,7 @@ static void run_config(const char *path)
 static void run_safetensors(const char *path)
 {
     size_t len;
-    char *bytes = slurp(path, &len);
+    char *bytes = dsv4_test_read_file(path, &len);
     char *dir = dsv4_test_mkdtemp("regress");
     put(dir, "config.json", dsv4_stw_tiny_config(), strlen(dsv4_stw_tiny_config()));
     put(dir, "model.safetensors", bytes, len);
@@ -96,7 +81,7 @@ static void run_safetensors(const char *path)
 static void run_index(const char *path)
 {
     size_t len;
-    char *bytes = slurp(path, &len);
+    char *bytes = dsv4_test_read_file(path, &len);
     char *dir = dsv4_test_mkdtemp("regress");
     dsv4_stw_model_opts o = {DSV4_STW_OFFICIAL_F32, NULL, NULL, 2};
     ck_assert_int_eq(dsv4_stw_make_model(dir, dsv4_stw_tiny_config(), &o), 0);

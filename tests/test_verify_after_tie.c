@@ -143,15 +143,7 @@ START_TEST(html_map_does_not_paint_a_pass_as_failing)
     snprintf(html, sizeof html, "%s/map.html", g_dir);
     ck_assert_int_eq(dsv4_verify_write_html(r, html), 0);
     dsv4_verify_result_free(r);
-    FILE *f = fopen(html, "r");
-    ck_assert_ptr_nonnull(f);
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)len + 1);
-    ck_assert_uint_eq(fread(buf, 1, (size_t)len, f), (size_t)len);
-    buf[len] = 0;
-    fclose(f);
+    char *buf = dsv4_test_read_file(html, NULL);
     const char *map = strstr(buf, "Worst gate ratio");
     ck_assert_ptr_nonnull(map);
     int red = 0;

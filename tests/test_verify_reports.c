@@ -41,20 +41,6 @@ static void write_pair(void)
     ck_assert_int_eq(synth_write(g_cand, &s, 1), 0);
 }
 
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    ck_assert_msg(f != NULL, "cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    ck_assert_int_eq(fread(b, 1, (size_t)n, f), (size_t)n);
-    b[n] = 0;
-    fclose(f);
-    return b;
-}
-
 START_TEST(json_holds_the_numbers)
 {
     write_pair();
@@ -189,7 +175,7 @@ START_TEST(html_escapes_probe_names)
     char cmd[16000];
     snprintf(cmd, sizeof cmd, "'%s' verify '%s' '%s' --html '%s' --quiet", dsv4_test_bin(), g_golden, g_cand, g_html);
     ck_assert_int_eq(dsv4_test_run(cmd, NULL), 1);
-    char *html = slurp(g_html);
+    char *html = dsv4_test_read_file(g_html, NULL);
     ck_assert_ptr_nonnull(strstr(html, "q&amp;k&lt;2&gt;"));
     ck_assert_ptr_null(strstr(html, "q&k<2>"));
     const char *bad = check_tags(html);
@@ -249,7 +235,7 @@ START_TEST(reports_keep_text_that_is_not_utf8)
     }
     ck_assert_int_eq(found, 1);
     json_decref(root);
-    char *html = slurp(g_html);
+    char *html = dsv4_test_read_file(g_html, NULL);
     ck_assert_msg(valid_utf8(html), "the HTML is not valid UTF-8");
     ck_assert_ptr_nonnull(strstr(html, "caf\xef\xbf\xbd tool"));
     free(html);
@@ -262,7 +248,7 @@ START_TEST(html_is_well_formed_and_renders)
     char cmd[16000];
     snprintf(cmd, sizeof cmd, "'%s' verify '%s' '%s' --html '%s' --quiet", dsv4_test_bin(), g_golden, g_cand, g_html);
     ck_assert_int_eq(dsv4_test_run(cmd, NULL), 1);
-    char *html = slurp(g_html);
+    char *html = dsv4_test_read_file(g_html, NULL);
     const char *bad = check_tags(html);
     ck_assert_msg(bad == NULL, "HTML: %s", bad);
     ck_assert_ptr_nonnull(strstr(html, "<svg"));
@@ -328,7 +314,7 @@ START_TEST(reports_of_a_failed_comparison)
     ck_assert_str_eq(json_string_value(json_object_get(root, "verdict")), "error");
     ck_assert_ptr_nonnull(strstr(json_string_value(json_object_get(root, "error")), "different weights"));
     json_decref(root);
-    char *html = slurp(g_html);
+    char *html = dsv4_test_read_file(g_html, NULL);
     ck_assert_ptr_null(check_tags(html));
     ck_assert_ptr_nonnull(strstr(html, "COULD NOT COMPARE"));
     free(html);

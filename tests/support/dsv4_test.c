@@ -28,6 +28,23 @@ const char *dsv4_test_bin(void)
     return bin ? bin : "dsv4";
 }
 
+char *dsv4_test_read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    ck_assert_msg(f != NULL, "cannot open %s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    ck_assert_msg(n >= 0, "cannot size %s", path);
+    char *buf = malloc((size_t)n + 1);
+    ck_assert(buf != NULL);
+    ck_assert_msg(fread(buf, 1, (size_t)n, f) == (size_t)n, "short read of %s", path);
+    fclose(f);
+    buf[n] = 0;
+    if (len) *len = (size_t)n;
+    return buf;
+}
+
 char *dsv4_test_mkdtemp(const char *tag)
 {
     const char *tmp = getenv("TMPDIR");

@@ -20,6 +20,9 @@ const char *dsv4_test_bin(void);
 /* A fresh empty directory under $TMPDIR (or /tmp), unique per call; removed by dsv4_test_rmtree. */
 char *dsv4_test_mkdtemp(const char *tag);
 void dsv4_test_rmtree(char *dir); /* frees dir */
+/* The whole file at path, NUL-terminated, malloc'd; its length (without the NUL) in *len when len != NULL. A file
+ * that cannot be opened or is read short fails the test, naming the path. */
+char *dsv4_test_read_file(const char *path, size_t *len);
 /* Run a shell command, capture stdout+stderr into a malloc'd string; returns the exit status. */
 int dsv4_test_run(const char *cmd, char **output);
 /* Seconds on the monotonic clock, for timing a test's steps. */
