@@ -16,6 +16,9 @@
 #include "opt_common.cuh"
 
 enum { MHC_MAX_N = 4, MHC_MAX_MIX = 24, MHC_CHUNK = 512, MHC_THREADS = 256, MHC_WARPS = MHC_THREADS / 32 };
+/* a partial block's elements per thread in one chunk */
+enum { MHC_PER_THREAD = MHC_CHUNK / MHC_THREADS };
+static_assert(MHC_CHUNK % MHC_THREADS == 0, "a chunk is whole rounds of the block");
 /* the finish kernel keeps a token's collapsed row in registers when D <= MHC_THREADS * MHC_ROW_REGS */
 enum { MHC_ROW_REGS = 16 };
 /* the finish kernel stages a token's cast-free partials in shared memory when there are at most this many
@@ -99,18 +102,35 @@ __global__ void __launch_bounds__(MHC_THREADS) mhc_partial_kernel(const uint16_t
 #pragma unroll
         for (int r = 0; r <= NMIX; r++) acc[t][r] = 0.0f;
     const int i0 = chunk * MHC_CHUNK, i1 = min(nD, i0 + MHC_CHUNK);
-    for (int i = i0 + threadIdx.x; i < i1; i += MHC_THREADS) {
-        float v[TOK];
+    /* DEPTH elements' loads first, from valid (clamped) addresses, then their adds in the order of the plain loop
+     * (elements ascending, then outputs). One token: both elements of a thread at once, one L2 latency where there
+     * were two (partial block 2.2 -> 1.5 us, session 15). More tokens: one element at a time, as the registers the
+     * deeper prefetch takes (226 at 4 tokens) halve the blocks per SM, which cost more than it saved. */
+    constexpr int DEPTH = TOK == 1 ? MHC_PER_THREAD : 1;
+#pragma unroll 1
+    for (int s0 = 0; s0 < MHC_PER_THREAD; s0 += DEPTH) {
+        float xs[DEPTH][TOK], fs[DEPTH][NMIX];
 #pragma unroll
-        for (int t = 0; t < TOK; t++) {
-            v[t] = t < n_tok ? dsv4_bf16_bits_to_f32(X[(size_t)(c0 + t) * nD + i]) : 0.0f;
-            acc[t][NMIX] += v[t] * v[t];
+        for (int s = 0; s < DEPTH; s++) {
+            const int i = min(i0 + (int)threadIdx.x + (s0 + s) * MHC_THREADS, nD - 1);
+#pragma unroll
+            for (int t = 0; t < TOK; t++) xs[s][t] = dsv4_bf16_bits_to_f32(X[(size_t)(c0 + min(t, n_tok - 1)) * nD + i]);
+#pragma unroll
+            for (int r = 0; r < NMIX; r++) fs[s][r] = __ldg(fn + (size_t)r * nD + i);
         }
 #pragma unroll
-        for (int r = 0; r < NMIX; r++) {
-            const float f = __ldg(fn + (size_t)r * nD + i);
+        for (int s = 0; s < DEPTH; s++) {
+            if (i0 + (int)threadIdx.x + (s0 + s) * MHC_THREADS >= i1) break;
+            float v[TOK];
 #pragma unroll
-            for (int t = 0; t < TOK; t++) acc[t][r] += f * v[t];
+            for (int t = 0; t < TOK; t++) {
+                v[t] = t < n_tok ? xs[s][t] : 0.0f;
+                acc[t][NMIX] += v[t] * v[t];
+            }
+#pragma unroll
+            for (int r = 0; r < NMIX; r++)
+#pragma unroll
+                for (int t = 0; t < TOK; t++) acc[t][r] += fs[s][r] * v[t];
         }
     }
 #pragma unroll
@@ -144,12 +164,15 @@ __global__ void __launch_bounds__(MHC_THREADS) mhc_finish_kernel(dsv4_mhc_pre_pa
     const bool in_regs = !mix_in && D <= MHC_THREADS * MHC_ROW_REGS;
     float xv[MHC_ROW_REGS][MHC_MAX_N], nw[MHC_ROW_REGS];
     if (in_regs) {
+        /* Every load from a valid (clamped) address, not predicated: with `d < D && j < n ? load : 0` ptxas loaded
+         * into one scratch register and converted it before the next load, 32 L2 round trips in a row (18,400
+         * cycles at C = 1, session 15). The collapse skips d >= D and j >= n. */
 #pragma unroll
         for (int k = 0; k < MHC_ROW_REGS; k++) {
             const int d = threadIdx.x + k * MHC_THREADS;
 #pragma unroll
             for (int j = 0; j < MHC_MAX_N; j++)
-                xv[k][j] = d < D && j < n ? dsv4_bf16_bits_to_f32(x[(size_t)j * D + d]) : 0.0f;
+                xv[k][j] = dsv4_bf16_bits_to_f32(x[(size_t)min(j, n - 1) * D + min(d, D - 1)]);
             nw[k] = d < D && p.norm_w ? p.norm_w[d] : 0.0f;
         }
     }
