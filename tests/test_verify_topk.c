@@ -314,6 +314,15 @@ START_TEST(logits_by_hand)
     dsv4_verify_logits(g6, c6, 6, 0, 0, &row);
     ck_assert_double_eq_tol(row.v[DSV4_METRIC_TOP5], 0.8, 1e-12);
     ck_assert_double_eq(row.v[DSV4_METRIC_ARGMAX], 0);
+    /* fewer than 5 finite logits: the overlap is out of the picks there are */
+    const float g3[6] = {3, 2, 1, -INFINITY, -INFINITY, -INFINITY}, c3[6] = {3, 2, -INFINITY, 1, -INFINITY, -INFINITY};
+    dsv4_verify_logits(g3, g3, 6, 0, 0, &row);
+    ck_assert_double_eq(row.v[DSV4_METRIC_TOP5], 1);
+    dsv4_verify_logits(g3, c3, 6, 0, 0, &row); /* 2 of the 3 picks shared */
+    ck_assert_double_eq_tol(row.v[DSV4_METRIC_TOP5], 2.0 / 3.0, 1e-12);
+    const float c1[6] = {3, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    dsv4_verify_logits(g3, c1, 6, 0, 0, &row); /* the candidate kept 1 finite logit of the golden's 3 */
+    ck_assert_double_eq_tol(row.v[DSV4_METRIC_TOP5], 1.0 / 3.0, 1e-12);
     /* a large vocabulary in double: identical rows give KL 0 exactly */
     float *big = malloc(129280 * sizeof *big);
     for (int i = 0; i < 129280; i++) big[i] = (float)sin(i * 0.37) * 8;

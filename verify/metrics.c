@@ -336,7 +336,9 @@ void dsv4_verify_logits(const float *g, const float *c, int64_t V, double tie_ab
     for (int i = 0; i < ng; i++)
         for (int j = 0; j < nc; j++)
             if (tg[i] == tc[j]) common++;
-    row->v[DSV4_METRIC_TOP5] = common / 5.0;
+    /* out of the picks there are: a row with 3 finite logits whose 3 match is 1, not 0.6; a side that lost
+     * finite logits is measured against the other's count */
+    row->v[DSV4_METRIC_TOP5] = common / (double)(ng > nc ? ng : nc);
     if (row->v[DSV4_METRIC_NONFINITE] > 0) return; /* KL of a broken row is meaningless */
     double mg = g[tg[0]], mc = c[tc[0]], sg = 0, sc = 0;
     for (int64_t i = 0; i < V; i++) {
