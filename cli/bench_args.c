@@ -53,6 +53,8 @@ static void bench_usage(FILE *f)
             "                      the kernel timings are rank 0's. With N > 1 (or --nccl-time) every context adds\n"
             "                      --reps eager steps timed with CUDA events around each all-reduce\n"
             "  --nccl-time         the collective timing at N = 1 too (needs --gpus N)\n\n"
+            "--batch, --context, --variants, --scaling and --scaling-batch may each be given once (a second list\n"
+            "would replace the first); another option given twice takes its last value.\n"
             "Progress goes to stderr, the tables to stdout. Exit status: 0 ok, 1 a run failed, 2 bad usage, no CUDA\n"
             "(a build without it, or no device), a plan that does not fit the GPU's free memory, or the --json file\n"
             "could not be written (checked before the GPU work, and at the end).\n");
@@ -145,6 +147,7 @@ static int parse_args(int argc, char **argv, bench_args *a)
     a->n_sbatch = -1;
     dsv4_opt_weights weights = DSV4_OPT_WEIGHTS_AUTO; /* as given; resolved with --quantize after the loop */
     int quantize = 0;
+    dsv4_cli_seen lists = {{0}, 0};
     for (int i = 1; i < argc; i++) {
         const char *k = argv[i], *v = dsv4_cli_value(argc, argv, i);
         int takes = 1;
@@ -160,6 +163,12 @@ static int parse_args(int argc, char **argv, bench_args *a)
             return -1;
         } else if (!v) {
             fprintf(stderr, "dsv4 bench: %s needs a value\n", k);
+            return -1;
+        } else if ((!strcmp(k, "--batch") || !strcmp(k, "--context") || !strcmp(k, "--variants") ||
+                    !strcmp(k, "--scaling") || !strcmp(k, "--scaling-batch")) &&
+                   dsv4_cli_list_again(&lists, k)) {
+            fprintf(stderr, "dsv4 bench: %s given twice: the second would replace the first, not add to it; give "
+                            "it once\n", k);
             return -1;
         } else if (!strcmp(k, "--layers")) {
             a->layers = 0;

@@ -17,4 +17,14 @@ const char *dsv4_cli_value(int argc, char **argv, int i);
  * output that replaces its final name when complete is never one of the command's inputs. */
 int dsv4_cli_same_file(const char *a, const char *b);
 
+/* The options of a command line that select a list (run/verify --probes, --layers, --positions, bench --batch,
+ * --context, ...). A second one would replace the first, where a user may well mean both: the commands refuse
+ * it. Other options repeated take their last value (a wrapper's default can be overridden). */
+typedef struct dsv4_cli_seen {
+    const char *opt[16];
+    int n;
+} dsv4_cli_seen;
+/* 1 when `opt` was recorded in `seen` before; else records it and returns 0. */
+int dsv4_cli_list_again(dsv4_cli_seen *seen, const char *opt);
+
 #endif

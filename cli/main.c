@@ -31,6 +31,14 @@ int dsv4_cli_same_file(const char *a, const char *b)
     return a && b && !stat(a, &sa) && !stat(b, &sb) && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
+int dsv4_cli_list_again(dsv4_cli_seen *seen, const char *opt)
+{
+    for (int i = 0; i < seen->n; i++)
+        if (!strcmp(seen->opt[i], opt)) return 1;
+    if (seen->n < (int)(sizeof seen->opt / sizeof seen->opt[0])) seen->opt[seen->n++] = opt;
+    return 0;
+}
+
 static void print_usage(FILE *f)
 {
     fprintf(f, "dsv4 %s - DeepSeek-V4-Flash decoders (fp32 reference, optimized CUDA) and a layer-wise verifier\n\n"

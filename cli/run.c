@@ -98,7 +98,9 @@ static void run_usage(FILE *f)
             "'prefill_len' records K), so dumps of one prompt line up. A progress line (tokens/s, ETA) goes to\n"
             "stderr on runs longer than a few seconds, and one for the weights_digest that --dump and --follow\n"
             "need (SHA-256 of every weight byte: minutes for a full checkpoint; DSV4_PROGRESS_AFTER_S=0 shows\n"
-            "both at once). Exit status: 0 ok, 1 the run failed, 2 bad usage or unreadable input.\n");
+            "both at once). --probes and --dump-positions may each be given once (a second would replace the\n"
+            "first); another option given twice takes its last value. Exit status: 0 ok, 1 the run failed, 2 bad\n"
+            "usage or unreadable input.\n");
 }
 
 static double now_s(void)
@@ -251,6 +253,7 @@ static int parse_args(int argc, char **argv, run_args *a)
     dsv4_opt_options_default(&a->opt);
     dsv4_ref_options_default(&a->ref);
     a->max_context = 0;
+    dsv4_cli_seen lists = {{0}, 0};
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i];
         const char *v = dsv4_cli_value(argc, argv, i);
@@ -261,6 +264,9 @@ static int parse_args(int argc, char **argv, run_args *a)
         i++;                                                                                                     \
     } while (0)
         if (!strcmp(o, "--help") || !strcmp(o, "-h")) return 1;
+        else if ((!strcmp(o, "--probes") || !strcmp(o, "--dump-positions")) && dsv4_cli_list_again(&lists, o))
+            return dsv4_error(DSV4_ERR_USAGE, "%s given twice: the second would replace the first, not add to it; "
+                                              "give it once", o);
         else if (!strcmp(o, "--model")) TAKE(model);
         else if (!strcmp(o, "--path")) TAKE(path);
         else if (!strcmp(o, "--tokens-from")) TAKE(tokens_from);

@@ -46,6 +46,8 @@ static void usage(FILE *f)
                "progress: a comparison that runs longer than 3 s ($DSV4_PROGRESS_AFTER_S, 'inf' = never) shows\n"
                "\"read X of Y MiB (Z%%), R MiB/s, ETA S s\" on stderr (in place on a terminal, a line every ~5 s\n"
                "otherwise): the bytes the comparison reads of the total it will read, filters applied.\n\n"
+               "--probes, --layers and --positions may each be given once (a second would replace the first);\n"
+               "another option given twice takes its last value.\n\n"
                "exit status: 0 within tolerance, 1 diverged, 2 could not compare (unreadable file, wrong schema,\n"
                "different weights_digest, different prompts, no common positions or probes, a profile that leaves\n"
                "a probe gated by nothing) or bad usage.\n");
@@ -118,6 +120,7 @@ int dsv4_cmd_verify(int argc, char **argv)
     const char *paths[2] = {NULL, NULL}, *json = NULL, *html = NULL;
     const char **tol = calloc((size_t)argc + 1, sizeof *tol);
     int npaths = 0, color = isatty(STDOUT_FILENO), quiet = 0;
+    dsv4_cli_seen lists = {{0}, 0};
     if (!tol) return 2;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -146,6 +149,12 @@ int dsv4_cmd_verify(int argc, char **argv)
         } else if (!strcmp(a, "--html")) {
             NEED_VALUE();
             html = argv[++i];
+        } else if ((!strcmp(a, "--probes") || !strcmp(a, "--layers") || !strcmp(a, "--positions")) &&
+                   dsv4_cli_list_again(&lists, a)) {
+            fprintf(stderr, "dsv4 verify: %s given twice: the second would replace the first, not add to it; give it "
+                            "once\n", a);
+            free(tol);
+            return 2;
         } else if (!strcmp(a, "--probes")) {
             NEED_VALUE();
             o.probes = argv[++i];

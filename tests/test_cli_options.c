@@ -16,6 +16,8 @@
  *   comma; --quantize fp8 with --weights bf16 (the later of the two won); an unknown option last on the line
  *   (once "needs a value"); a --json that cannot be written (a missing folder, a directory) is refused up front,
  *   leaving nothing.
+ * - every command: a list option given twice (run/verify --probes, verify --layers/--positions, run
+ *   --dump-positions, bench --batch/--context/--variants/--scaling/--scaling-batch): the second replaced the first.
  * The bench cases that must parse end on a bad --context (checked last, before the GPU), so that a build with a
  * GPU never starts a benchmark here.
  */
@@ -330,6 +332,48 @@ START_TEST(a_forgotten_value_is_not_the_next_option)
 }
 END_TEST
 
+/* A list option given twice: the second replaced the first, where `--probes a --probes b` may well mean both */
+START_TEST(a_list_option_given_twice_is_refused)
+{
+    char args[9000], g[4200];
+    snprintf(g, sizeof g, "%sgolden/tiny/forced.h5", dsv4_test_source_path(""));
+    static const char *const verify_twice[][2] = {
+        {"--probes logits --probes attn_out", "--probes given twice"},
+        {"--layers 0-1 --layers 3", "--layers given twice"},
+        {"--positions 2- --quiet --positions -1", "--positions given twice"},
+    };
+    for (size_t i = 0; i < sizeof verify_twice / sizeof verify_twice[0]; i++) {
+        snprintf(args, sizeof args, "verify %s %s %s", g, g, verify_twice[i][0]);
+        expect_cli(2, args, NEED(verify_twice[i][1]), NEED("PASS"));
+    }
+    /* one of each is fine, and other options repeated keep taking the last value */
+    snprintf(args, sizeof args, "verify %s %s --probes attn_out --layers 0-1 --positions 2- --quiet --quiet", g, g);
+    expect_cli(0, args, NULL, NEED("given twice"));
+    const char *pre;
+    char *dir = prompt_dir(&pre);
+    snprintf(args, sizeof args, "%s --probes logits --probes attn_out --dump %s/d.h5", pre, dir);
+    expect_cli(2, args, NEED("--probes given twice"), NULL);
+    snprintf(args, sizeof args, "%s --dump-positions 0 --dump-positions 1 --dump %s/d.h5", pre, dir);
+    expect_cli(2, args, NEED("--dump-positions given twice"), NULL);
+    struct stat st;
+    snprintf(args, sizeof args, "%s/d.h5", dir);
+    ck_assert_int_eq(stat(args, &st), -1); /* refused before the run */
+    dsv4_test_rmtree(dir);
+    static const char *const bench_twice[] = {"--batch 1 --batch 16", "--context 4096 --context 8192",
+                                              "--variants all-on --variants mhc", "--scaling none --scaling 1024",
+                                              "--scaling-batch 1 --scaling-batch 2"};
+    for (size_t i = 0; i < sizeof bench_twice / sizeof bench_twice[0]; i++) {
+        snprintf(args, sizeof args, "bench %s", bench_twice[i]);
+        char want[64];
+        snprintf(want, sizeof want, "%.*s given twice", (int)strcspn(bench_twice[i], " "), bench_twice[i]);
+        expect_cli(2, args, NEED(want), NEED("no CUDA"));
+    }
+    /* a repeated scalar still parses (last wins): the run gets to the bad --context checked last */
+    expect_cli(2, "bench --reps 5 --reps 6 --context 100", NEED("--context 100: want a multiple of 128"),
+               NEED("given twice"));
+}
+END_TEST
+
 /* ------------------------------------------------------------------------------------ dsv4 bench */
 START_TEST(bench_refuses_bad_numbers)
 {
@@ -414,6 +458,7 @@ int main(void)
     tcase_add_test(tc, run_without_a_gpu_says_so);
     tcase_add_test(tc, run_notes_positions_past_max_position_embeddings);
     tcase_add_test(tc, a_forgotten_value_is_not_the_next_option);
+    tcase_add_test(tc, a_list_option_given_twice_is_refused);
     tcase_add_test(tc, bench_refuses_bad_numbers);
     tcase_add_test(tc, bench_refuses_a_json_it_cannot_write);
     suite_add_tcase(s, tc);
