@@ -10,7 +10,8 @@
 #   device call: command "DSV4_COMMIT=<hash> bash bench/run_on_device.sh ubench [--quick]", carry [".debs"]
 #   (each bench time-boxed to UBENCH_EACH_S, default 150 s; BENCH_BUDGET_S default 420 s in this mode; exit 1
 #   when a bench fails or one of its spot checks does)
-# Knobs (environment): BENCH_ARGS (extra `dsv4 bench` options), PEER_BATCH (default 1,64), PEER_CONTEXT
+# Knobs (environment): BENCH_ARGS (extra `dsv4 bench` options, for both runs: not --variants or --scaling, which
+# the fp8 run sets, as dsv4 bench refuses a list option given twice), PEER_BATCH (default 1,64), PEER_CONTEXT
 # (default 4096), PEER_RESERVE_S (seconds kept for the peer and the report, default 75), SKIP_PEER (non-empty:
 # no peer run, e.g. when an earlier call measured it), SKIP_FP8 (non-empty: no `--weights fp8` run; else it gets
 # FP8_BENCH_S seconds, default 60, all optimizations on, no scaling or baseline runs).
