@@ -104,7 +104,7 @@ __global__ void __launch_bounds__(MHC_THREADS) mhc_partial_kernel(const uint16_t
     const int i0 = chunk * MHC_CHUNK, i1 = min(nD, i0 + MHC_CHUNK);
     /* DEPTH elements' loads first, from valid (clamped) addresses, then their adds in the order of the plain loop
      * (elements ascending, then outputs). One token: both elements of a thread at once, one L2 latency where there
-     * were two (partial block 2.2 -> 1.5 us, session 15). More tokens: one element at a time, as the registers the
+     * were two (partial block 2.2 -> 1.4-1.5 us, session 15). More tokens: one element at a time, as the registers the
      * deeper prefetch takes (226 at 4 tokens) halve the blocks per SM, which cost more than it saved. */
     constexpr int DEPTH = TOK == 1 ? MHC_PER_THREAD : 1;
 #pragma unroll 1
@@ -114,7 +114,8 @@ __global__ void __launch_bounds__(MHC_THREADS) mhc_partial_kernel(const uint16_t
         for (int s = 0; s < DEPTH; s++) {
             const int i = min(i0 + (int)threadIdx.x + (s0 + s) * MHC_THREADS, nD - 1);
 #pragma unroll
-            for (int t = 0; t < TOK; t++) xs[s][t] = dsv4_bf16_bits_to_f32(X[(size_t)(c0 + min(t, n_tok - 1)) * nD + i]);
+            for (int t = 0; t < TOK; t++) /* a token past the batch reads the last one's value; unused */
+                xs[s][t] = dsv4_bf16_bits_to_f32(X[(size_t)(c0 + min(t, n_tok - 1)) * nD + i]);
 #pragma unroll
             for (int r = 0; r < NMIX; r++) fs[s][r] = __ldg(fn + (size_t)r * nD + i);
         }
