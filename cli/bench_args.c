@@ -167,8 +167,7 @@ static int parse_args(int argc, char **argv, bench_args *a)
         } else if ((!strcmp(k, "--batch") || !strcmp(k, "--context") || !strcmp(k, "--variants") ||
                     !strcmp(k, "--scaling") || !strcmp(k, "--scaling-batch")) &&
                    dsv4_cli_list_again(&lists, k)) {
-            fprintf(stderr, "dsv4 bench: %s given twice: the second would replace the first, not add to it; give "
-                            "it once\n", k);
+            fprintf(stderr, "dsv4 bench: %s\n", dsv4_last_error());
             return -1;
         } else if (!strcmp(k, "--layers")) {
             a->layers = 0;

@@ -24,7 +24,8 @@ typedef struct dsv4_cli_seen {
     const char *opt[16];
     int n;
 } dsv4_cli_seen;
-/* 1 when `opt` was recorded in `seen` before; else records it and returns 0. */
+/* 1 when `opt` was recorded in `seen` before (the message, naming it, is dsv4_last_error()); else records it and
+ * returns 0. */
 int dsv4_cli_list_again(dsv4_cli_seen *seen, const char *opt);
 
 #endif

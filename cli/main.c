@@ -34,7 +34,11 @@ int dsv4_cli_same_file(const char *a, const char *b)
 int dsv4_cli_list_again(dsv4_cli_seen *seen, const char *opt)
 {
     for (int i = 0; i < seen->n; i++)
-        if (!strcmp(seen->opt[i], opt)) return 1;
+        if (!strcmp(seen->opt[i], opt)) {
+            dsv4_error(DSV4_ERR_USAGE,
+                       "%s given twice: the second would replace the first, not add to it; give it once", opt);
+            return 1;
+        }
     if (seen->n < (int)(sizeof seen->opt / sizeof seen->opt[0])) seen->opt[seen->n++] = opt;
     return 0;
 }

@@ -265,8 +265,7 @@ static int parse_args(int argc, char **argv, run_args *a)
     } while (0)
         if (!strcmp(o, "--help") || !strcmp(o, "-h")) return 1;
         else if ((!strcmp(o, "--probes") || !strcmp(o, "--dump-positions")) && dsv4_cli_list_again(&lists, o))
-            return dsv4_error(DSV4_ERR_USAGE, "%s given twice: the second would replace the first, not add to it; "
-                                              "give it once", o);
+            return DSV4_ERR_USAGE; /* the message is recorded */
         else if (!strcmp(o, "--model")) TAKE(model);
         else if (!strcmp(o, "--path")) TAKE(path);
         else if (!strcmp(o, "--tokens-from")) TAKE(tokens_from);

@@ -151,8 +151,7 @@ int dsv4_cmd_verify(int argc, char **argv)
             html = argv[++i];
         } else if ((!strcmp(a, "--probes") || !strcmp(a, "--layers") || !strcmp(a, "--positions")) &&
                    dsv4_cli_list_again(&lists, a)) {
-            fprintf(stderr, "dsv4 verify: %s given twice: the second would replace the first, not add to it; give it "
-                            "once\n", a);
+            fprintf(stderr, "dsv4 verify: %s\n", dsv4_last_error());
             free(tol);
             return 2;
         } else if (!strcmp(a, "--probes")) {
