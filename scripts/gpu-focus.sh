@@ -52,6 +52,10 @@
 #            nothing else uses the GPU
 #   suite    every GPU ctest but the slow CPU-vs-GPU Flash reference check (as gpu-check-all.sh, no sanitizers),
 #            time-boxed to SUITE_S seconds (default 440); ctest's log into $OUT/suite.log
+#   san-topk512  the golden/topk512 runs that the other sanitizer steps leave out, all in parallel, each
+#            time-boxed to SAN_BOX_S (420) s: memcheck of every test case with a topk512 part, whole
+#            (DSV4_TEST_MAX_STEPS=0), and scripts/gpu-sanitize-tail.sh (whole `dsv4 run` jobs under memcheck, the
+#            last launches of each under racecheck); into $OUT/san-topk512.txt
 #   san-n1   why test_n1_dumps' jobs do not finish when the sanitizer follows them (the step's comment); into
 #            $OUT/san-n1.tgz
 #   dumps    `dsv4 run --path opt` dumps at the defaults of tiny (alone and as copy 2 of a staggered batch of 3),
@@ -67,7 +71,7 @@
 set -u
 # every step name is checked before the build: a misspelt one was found only when reached, after the build and
 # the steps before it had used the call's device time
-known_steps="flips kv8 kv8b wo-a auto-kv8 san-model ubench suite san-rest san-n1 dumps kvdumps study ctest tests nccl
+known_steps="flips kv8 kv8b wo-a auto-kv8 san-model ubench suite san-rest san-topk512 san-n1 dumps kvdumps study ctest tests nccl
     ncu-fp4 ncu-mhc ncu-fp8 ncu-fp4-c64 ref bench-q bench-fp8 fp8 split"
 for step in "$@"; do
     found=0
@@ -198,6 +202,23 @@ run_step() {
         echo "== sanitizers done at ${SECONDS}s"
         cat /tmp/san-rest/*.txt | tee "$out/san-rest.txt"
         tar czf "$out/san-rest-logs.tgz" -C /tmp/san-rest . 2>/dev/null
+        ;;
+    san-topk512)
+        local d=/tmp/san-topk512 box=${SAN_BOX_S:-420}
+        rm -rf "$d" && mkdir -p "$d" # a warm machine keeps /tmp: no report of an earlier call
+        for t in test_opt_model:test_deterministic_default test_opt_follow_run:test_follow_own_dump_topk512 \
+            test_opt_follow_run:test_follow_one_changed_topk_row test_opt_nccl:test_n1_bitwise_plain_topk512 \
+            test_opt_nccl:test_emulated_n2_topk512 test_opt_nccl:test_n1_dumps; do
+            extra=
+            case $t in test_opt_nccl:*) extra="--report-api-errors no" ;; esac
+            (OUT=$d TOOLS=memcheck DSV4_TEST_MAX_STEPS=0 SANITIZER_ARGS=$extra bash "$root/scripts/gpu-sanitize.sh" \
+                "$box" "$t" >"$d/memcheck-${t/:/-}.txt" 2>&1) &
+        done
+        (OUT=$d bash "$root/scripts/gpu-sanitize-tail.sh" "$box" >"$d/tail.txt" 2>&1) &
+        wait
+        echo "== sanitizers done at ${SECONDS}s"
+        cat "$d"/memcheck-*.txt "$d/tail.txt" | tee "$out/san-topk512.txt"
+        tar czf "$out/san-topk512-logs.tgz" -C "$d" --exclude='*.h5' . 2>/dev/null
         ;;
     san-n1)
         # why test_n1_dumps' child jobs do not finish when the sanitizer follows them from the test (the way
