@@ -54,8 +54,8 @@
 #            time-boxed to SUITE_S seconds (default 440); ctest's log into $OUT/suite.log
 #   san-topk512  the golden/topk512 runs that the other sanitizer steps leave out, all in parallel, each
 #            time-boxed to SAN_BOX_S (420) s: memcheck of every test case with a topk512 part, whole
-#            (DSV4_TEST_MAX_STEPS=0), and scripts/gpu-sanitize-tail.sh (whole `dsv4 run` jobs under memcheck, the
-#            last launches of each under racecheck); into $OUT/san-topk512.txt
+#            (DSV4_TEST_MAX_STEPS=0), and scripts/gpu-sanitize-topk512.sh (whole `dsv4 run` jobs; SAN_TOPK_JOBS
+#            picks its JOBS); into $OUT/san-topk512.txt. SAN_TOPK_CASES="" leaves the test cases out
 #   san-n1   why test_n1_dumps' jobs do not finish when the sanitizer follows them (the step's comment); into
 #            $OUT/san-n1.tgz
 #   dumps    `dsv4 run --path opt` dumps at the defaults of tiny (alone and as copy 2 of a staggered batch of 3),
@@ -206,18 +206,19 @@ run_step() {
     san-topk512)
         local d=/tmp/san-topk512 box=${SAN_BOX_S:-420}
         rm -rf "$d" && mkdir -p "$d" # a warm machine keeps /tmp: no report of an earlier call
-        for t in test_opt_model:test_deterministic_default test_opt_follow_run:test_follow_own_dump_topk512 \
-            test_opt_follow_run:test_follow_one_changed_topk_row test_opt_nccl:test_n1_bitwise_plain_topk512 \
-            test_opt_nccl:test_emulated_n2_topk512 test_opt_nccl:test_n1_dumps; do
+        local all_cases="test_opt_model:test_deterministic_default test_opt_follow_run:test_follow_own_dump_topk512
+            test_opt_follow_run:test_follow_one_changed_topk_row test_opt_nccl:test_n1_bitwise_plain_topk512
+            test_opt_nccl:test_emulated_n2_topk512 test_opt_nccl:test_n1_dumps"
+        for t in ${SAN_TOPK_CASES-$all_cases}; do
             extra=
             case $t in test_opt_nccl:*) extra="--report-api-errors no" ;; esac
             (OUT=$d TOOLS=memcheck DSV4_TEST_MAX_STEPS=0 SANITIZER_ARGS=$extra bash "$root/scripts/gpu-sanitize.sh" \
                 "$box" "$t" >"$d/memcheck-${t/:/-}.txt" 2>&1) &
         done
-        (OUT=$d bash "$root/scripts/gpu-sanitize-tail.sh" "$box" >"$d/tail.txt" 2>&1) &
+        (OUT=$d JOBS=${SAN_TOPK_JOBS:-} bash "$root/scripts/gpu-sanitize-topk512.sh" "$box" >"$d/runs.txt" 2>&1) &
         wait
         echo "== sanitizers done at ${SECONDS}s"
-        cat "$d"/memcheck-*.txt "$d/tail.txt" | tee "$out/san-topk512.txt"
+        cat "$d"/memcheck-*.txt "$d/runs.txt" 2>/dev/null | tee "$out/san-topk512.txt"
         tar czf "$out/san-topk512-logs.tgz" -C "$d" --exclude='*.h5' . 2>/dev/null
         ;;
     san-n1)

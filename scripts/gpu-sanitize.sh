@@ -9,7 +9,7 @@
 # test_opt_follow_run, test_opt_nccl and test_opt_kernels are each a case of their own), so a slow binary can be
 # split over parallel runs; a case that runs no check is reported as an error, not as clean.
 # Every run has DSV4_TEST_MAX_STEPS=25 (override by setting it): the model-level tests step at most 25 positions of
-# a golden prompt in-process and leave out their golden/topk512 cases (tests/support/dsv4_test.h).
+# a golden prompt in-process and leave out their golden/topk512 cases (tests/support/dsv4_test.h); 0 runs them whole.
 # SANITIZER_ARGS adds options to compute-sanitizer (the NCCL tests: "--report-api-errors no", see docs/robustness.md).
 # The cases in child_job_cases (below) run bare, their child jobs each under the tool.
 # Exit status 1 if any run reported errors, 2 when there is no test binary to run (no build-gpu/ yet).
