@@ -131,6 +131,28 @@ START_TEST(test_duplicate_keys)
 }
 END_TEST
 
+/* One malformed header entry beside valid ones: each shape of entry gets its own message naming the tensor. */
+START_TEST(test_malformed_header_entry)
+{
+    static const struct {
+        const char *entry, *says;
+    } cases[] = {
+        {"5", "header entry is not an object"},
+        {"{\"shape\":[8],\"data_offsets\":[0,16]}", "missing or non-string \"dtype\""},
+        {"{\"dtype\":8,\"shape\":[8],\"data_offsets\":[0,16]}", "missing or non-string \"dtype\""},
+        {"{\"dtype\":\"BF16\",\"data_offsets\":[0,16]}", "missing or non-array \"shape\""},
+        {"{\"dtype\":\"BF16\",\"shape\":[1,1,1,2,4],\"data_offsets\":[0,16]}", "5 dims (at most 4 supported)"},
+        {"{\"dtype\":\"BF16\",\"shape\":[8],\"data_offsets\":[0]}", "\"data_offsets\" must be [begin, end]"},
+        {"{\"dtype\":\"BF16\",\"shape\":[8],\"data_offsets\":[0,\"16\"]}", "\"data_offsets\" must be [begin, end]"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        dsv4_stw *w = small_set();
+        ck_assert_int_eq(dsv4_stw_add_raw_entry(w, "layers.0.bad", cases[i].entry), 0);
+        expect_open_error(folder(w, NULL), DSV4_ERR_FORMAT, "model.safetensors", "layers.0.bad", cases[i].says);
+    }
+}
+END_TEST
+
 START_TEST(test_offsets_out_of_range)
 {
     dsv4_stw *w = small_set();
@@ -534,6 +556,7 @@ int main(void)
     tcase_add_test(tc, test_header_not_json);
     tcase_add_test(tc, test_header_not_object);
     tcase_add_test(tc, test_duplicate_keys);
+    tcase_add_test(tc, test_malformed_header_entry);
     tcase_add_test(tc, test_offsets_out_of_range);
     tcase_add_test(tc, test_negative_offsets);
     tcase_add_test(tc, test_overlapping_offsets);
