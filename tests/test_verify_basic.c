@@ -367,6 +367,51 @@ START_TEST(extra_probe_dtype_differs_is_named)
 }
 END_TEST
 
+/* Another tool's extra i32 probe (not topk_idx or router_ids) is compared exactly: equal passes, one changed
+ * element is a divergence at that probe and position, counted as one differing element. */
+START_TEST(extra_int_probe_is_exact)
+{
+    synth_spec s;
+    synth_spec_init(&s);
+    ck_assert_int_eq(synth_write(tmp_path("golden.h5"), &s, 0), 0);
+    ck_assert_int_eq(synth_write(tmp_path("cand.h5"), &s, 1), 0);
+    for (int f = 0; f < 2; f++)
+        ck_assert_int_eq(synth_copy_dataset(tmp_path(f ? "cand.h5" : "golden.h5"), "layers/2/router_ids",
+                                            "layers/2/extra_ids"),
+                         0);
+    dsv4_verify_result *r = NULL;
+    ck_assert_int_eq(dsv4_verify_run(tmp_path("golden.h5"), tmp_path("cand.h5"), NULL, &r), 0);
+    ck_assert_msg(r->status == DSV4_VERIFY_PASS, "status %d: %s", r->status, r->first.detail);
+    int rows = 0;
+    for (int i = 0; i < r->n_probes; i++)
+        if (!strcmp(r->probes[i].dataset, "layers/2/extra_ids")) {
+            ck_assert_int_eq(r->probes[i].kind, DSV4_VERIFY_KIND_INT);
+            rows = r->probes[i].n_rows;
+        }
+    ck_assert_int_eq(rows, 40);
+    dsv4_verify_result_free(r);
+    /* row 30 is position 30 (every position stored) */
+    ck_assert_int_eq(synth_set_element(tmp_path("cand.h5"), "layers/2/extra_ids", 30, 1, 1234), 0);
+    ck_assert_int_eq(dsv4_verify_run(tmp_path("golden.h5"), tmp_path("cand.h5"), NULL, &r), 0);
+    ck_assert_int_eq(r->status, DSV4_VERIFY_DIVERGED);
+    ck_assert_str_eq(r->first.dataset, "layers/2/extra_ids");
+    ck_assert_int_eq(r->first.position, 30);
+    ck_assert_int_eq(r->first.metric, DSV4_METRIC_MISMATCH);
+    ck_assert_msg(strstr(r->first.detail, "1 differing elements"), "%s", r->first.detail);
+    dsv4_verify_result_free(r);
+    /* the command says so; a mismatch gate of the entry that applies (default) is kept, and gates switched off
+     * stay off */
+    char *out = NULL;
+    ck_assert_int_eq(cli("", &out), 1);
+    ck_assert_msg(strstr(out, "first divergence: position 30, layer 2 (hca/moe), extra_ids"), "%s", out);
+    free(out);
+    ck_assert_int_eq(cli("--tol default=mismatch:1", &out), 0);
+    free(out);
+    ck_assert_int_eq(cli("--tol default=rel_l2:off", &out), 0);
+    free(out);
+}
+END_TEST
+
 START_TEST(parted_tokens_are_reported)
 {
     synth_spec s;
@@ -429,6 +474,7 @@ int main(void)
     tcase_add_test(tc, finite_score_past_the_narrower_row_is_reported);
     tcase_add_test(tc, long_dataset_names);
     tcase_add_test(tc, extra_probe_dtype_differs_is_named);
+    tcase_add_test(tc, extra_int_probe_is_exact);
     tcase_add_test(tc, parted_tokens_are_reported);
     tcase_add_test(tc, help_and_bad_usage);
     suite_add_tcase(s, tc);

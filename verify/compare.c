@@ -142,6 +142,18 @@ static dsv4_verify_kind probe_kind(const char *probe, int layer, const dsv4_data
     return DSV4_VERIFY_KIND_DENSE;
 }
 
+/* An integer probe of another tool is compared exactly when the entry that applies to it (usually "default",
+ * whose rel_l2 no integer row has) sets no mismatch gate: else no gate would apply and any change would pass.
+ * Gates switched off (none at all) stay off: that is a choice. */
+static void extra_int_probe_exact(dsv4_verify_probe *p)
+{
+    if (p->kind != DSV4_VERIFY_KIND_INT || dsv4_verify_probe_known(p->probe) || p->n_gates == 0) return;
+    for (int g = 0; g < p->n_gates; g++)
+        if (p->gates[g].metric == DSV4_METRIC_MISMATCH) return;
+    p->gates[0] = (dsv4_verify_gate){.metric = DSV4_METRIC_MISMATCH, .tol = 0};
+    p->n_gates = 1;
+}
+
 /* The union of both files' datasets, filtered, in model order. */
 static int build_probes(dsv4_cmp_ctx *x)
 {
@@ -187,6 +199,7 @@ static int build_probes(dsv4_cmp_ctx *x)
             if ((rc = dsv4_verify_profile_lookup(x->prof, p->dataset, p->probe, p->gates, &p->n_gates, &p->tie_abs,
                                                  &p->tie_rel)))
                 return rc;
+            extra_int_probe_exact(p);
             memcpy(p->after_gates, p->gates, sizeof p->gates);
             p->after_tie_abs = p->tie_abs;
             p->after_tie_rel = p->tie_rel;
