@@ -1,7 +1,7 @@
 /* test_dump_corrupt.c - bad dumps get a clear error naming the file (and dataset), never a crash or HDF5 noise.
  *
- * Each corruption is its own test: wrong schema, missing schema, a missing required attribute, /tokens not
- * prompt_len + n_decode long, positions out of order or out of range, ids stored as floats, a bad mode,
+ * Each corruption is its own test: wrong schema, missing schema, a missing required attribute, an attribute of
+ * the wrong type, prompt_len / n_decode out of range, /tokens not prompt_len + n_decode long, positions out of order or out of range, ids stored as floats, a bad mode,
  * datasets of the wrong shape or dtype for the config, a file that is not HDF5, a truncated file, and a
  * damaged compressed chunk. A valid dump is written with the writer, then broken with the raw HDF5 API.
  * HDF5 must stay quiet: stderr is captured around each open and must be empty.
@@ -181,6 +181,35 @@ START_TEST(test_integer_attribute_stored_as_string)
     set_fixed_str_attr(f, "prompt_len", "10");
     H5Fclose(f);
     expect_open_error(path, DSV4_ERR_FORMAT, "prompt_len", "integer");
+    test_dump_assert_no_open_handles();
+    dsv4_test_rmtree(dir);
+}
+END_TEST
+
+START_TEST(test_string_attribute_stored_as_integer)
+{
+    SETUP("corrupt-strint");
+    hid_t f = open_rw(path);
+    set_int_attr(f, "weights_digest", 7);
+    H5Fclose(f);
+    expect_open_error(path, DSV4_ERR_FORMAT, "root attribute 'weights_digest' is not a string", NULL);
+    test_dump_assert_no_open_handles();
+    dsv4_test_rmtree(dir);
+}
+END_TEST
+
+/* prompt_len / n_decode negative, or summing past INT_MAX: refused before /tokens is sized by them */
+START_TEST(test_prompt_len_or_n_decode_out_of_range)
+{
+    SETUP("corrupt-lens");
+    static const long long bad[][2] = {{-1, 6}, {10, -6}, {10, 2147483647LL}};
+    for (int i = 0; i < 3; i++) {
+        hid_t f = open_rw(path);
+        set_int_attr(f, "prompt_len", bad[i][0]);
+        set_int_attr(f, "n_decode", bad[i][1]);
+        H5Fclose(f);
+        expect_open_error(path, DSV4_ERR_FORMAT, "out of range", "n_decode");
+    }
     test_dump_assert_no_open_handles();
     dsv4_test_rmtree(dir);
 }
@@ -417,6 +446,8 @@ static Suite *dump_corrupt_suite(void)
     tcase_add_test(tc, test_missing_schema_attribute);
     tcase_add_test(tc, test_missing_required_attribute);
     tcase_add_test(tc, test_integer_attribute_stored_as_string);
+    tcase_add_test(tc, test_string_attribute_stored_as_integer);
+    tcase_add_test(tc, test_prompt_len_or_n_decode_out_of_range);
     tcase_add_test(tc, test_bad_mode);
     tcase_add_test(tc, test_tokens_length_mismatch);
     tcase_add_test(tc, test_tokens_stored_as_float);
