@@ -18,6 +18,8 @@
  *   leaving nothing.
  * - every command: a list option given twice (run/verify --probes, verify --layers/--positions, run
  *   --dump-positions, bench --batch/--context/--variants/--scaling/--scaling-batch): the second replaced the first.
+ * - the top level: `dsv4` alone and an unknown command print the usage (every command) and exit 2; --help, -h and
+ *   help print it on stdout and exit 0; --version; each command's --help on stdout, exit 0.
  * The bench cases that must parse end on a bad --context (checked last, before the GPU), so that a build with a
  * GPU never starts a benchmark here.
  */
@@ -28,6 +30,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "dsv4/dsv4.h"
 #include "dsv4_test.h"
 
 /* `dsv4 ARGS`: exit status want, output holding each of needles and none of absent (NULL-terminated lists). */
@@ -74,6 +77,41 @@ static int count_entries(const char *dir)
     closedir(d);
     return n;
 }
+
+/* ------------------------------------------------------------------------------------ the top level */
+/* `dsv4 ARGS` with stderr dropped: its exit status, and its stdout holding each needle */
+static void expect_stdout(int want, const char *args, const char *const *needles)
+{
+    char cmd[8192], *out = NULL;
+    snprintf(cmd, sizeof cmd, "%s %s 2>/dev/null", dsv4_test_bin(), args);
+    int st = dsv4_test_run(cmd, &out);
+    ck_assert_msg(st == want, "%s: exit %d, want %d\n%s", cmd, st, want, out ? out : "");
+    for (int i = 0; needles[i]; i++)
+        ck_assert_msg(out && strstr(out, needles[i]), "%s: stdout lacks '%s'\n%s", cmd, needles[i], out ? out : "");
+    free(out);
+}
+
+START_TEST(usage_help_and_version)
+{
+    const char *const *every = NEED("usage: dsv4 <command>", "  inspect ", "  run ", "  verify ", "  bench ");
+    expect_cli(2, "", every, NULL);
+    expect_cli(2, "frobnicate", NEED("dsv4: unknown command 'frobnicate'", "usage: dsv4 <command>"), NULL);
+    char cmd[4200], *out = NULL; /* the usage of a bad call goes to stderr, none of it to stdout */
+    snprintf(cmd, sizeof cmd, "%s 2>/dev/null", dsv4_test_bin());
+    ck_assert_int_eq(dsv4_test_run(cmd, &out), 2);
+    ck_assert_msg(!out || !*out, "%s: stdout holds\n%s", cmd, out);
+    free(out);
+    for (int i = 0; i < 3; i++) expect_stdout(0, (const char *[]){"--help", "-h", "help"}[i], every);
+    expect_stdout(0, "--version", NEED("dsv4 " DSV4_VERSION "\n"));
+    static const char *const cmds[] = {"inspect", "run", "verify", "bench"};
+    for (int i = 0; i < 4; i++) {
+        char args[64], usage[64];
+        snprintf(args, sizeof args, "%s --help", cmds[i]);
+        snprintf(usage, sizeof usage, "usage: dsv4 %s ", cmds[i]);
+        expect_stdout(0, args, NEED(usage));
+    }
+}
+END_TEST
 
 /* ------------------------------------------------------------------------------------ dsv4 run */
 START_TEST(run_refuses_opt_options_on_ref_paths)
@@ -449,6 +487,7 @@ int main(void)
 {
     Suite *s = suite_create("cli_options");
     TCase *tc = tcase_create("core");
+    tcase_add_test(tc, usage_help_and_version);
     tcase_add_test(tc, run_refuses_opt_options_on_ref_paths);
     tcase_add_test(tc, run_refuses_empty_and_out_of_range_numbers);
     tcase_add_test(tc, run_refuses_caches_too_small_up_front);
