@@ -211,7 +211,11 @@ int dsv4_cmd_verify(int argc, char **argv)
 #undef NEED_VALUE
     }
     if (npaths != 2) {
-        usage(stderr);
+        /* nothing given: the usage; one dump: say which is missing rather than bury it under the whole text */
+        if (npaths == 0) usage(stderr);
+        else
+            fprintf(stderr, "dsv4 verify: '%s' is the golden dump; give the candidate dump too (see dsv4 verify "
+                            "--help)\n", paths[0]);
         free(tol);
         return 2;
     }

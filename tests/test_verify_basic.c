@@ -447,8 +447,23 @@ START_TEST(help_and_bad_usage)
     ck_assert_int_eq(dsv4_test_run(cmd, &out), 0);
     ck_assert_ptr_nonnull(strstr(out, "--allow-different-weights"));
     free(out);
-    snprintf(cmd, sizeof cmd, "'%s' verify only-one.h5", dsv4_test_bin());
-    ck_assert_int_eq(dsv4_test_run(cmd, NULL), 2);
+    snprintf(cmd, sizeof cmd, "'%s' verify only-one.h5 2>&1", dsv4_test_bin());
+    ck_assert_int_eq(dsv4_test_run(cmd, &out), 2);
+    ck_assert_msg(strstr(out, "'only-one.h5' is the golden dump; give the candidate dump too"), "%s", out);
+    free(out);
+    snprintf(cmd, sizeof cmd, "'%s' verify 2>&1", dsv4_test_bin());
+    ck_assert_int_eq(dsv4_test_run(cmd, &out), 2);
+    ck_assert_msg(strstr(out, "usage: dsv4 verify GOLDEN.h5 CANDIDATE.h5"), "%s", out);
+    free(out);
+    snprintf(cmd, sizeof cmd, "'%s' verify a.h5 b.h5 c.h5 2>&1", dsv4_test_bin());
+    ck_assert_int_eq(dsv4_test_run(cmd, &out), 2);
+    ck_assert_msg(strstr(out, "one golden and one candidate dump, got a third argument 'c.h5'"), "%s", out);
+    free(out);
+    /* a report over a device node: renaming the finished report onto it would replace the node */
+    snprintf(cmd, sizeof cmd, "'%s' verify a.h5 b.h5 --json /dev/null 2>&1", dsv4_test_bin());
+    ck_assert_int_eq(dsv4_test_run(cmd, &out), 2);
+    ck_assert_msg(strstr(out, "--json /dev/null: exists and is not a regular file"), "%s", out);
+    free(out);
     snprintf(cmd, sizeof cmd, "'%s' verify a.h5 b.h5 --layers 5-2", dsv4_test_bin());
     ck_assert_int_eq(dsv4_test_run(cmd, NULL), 2);
     snprintf(cmd, sizeof cmd, "'%s' verify a.h5 b.h5 --bogus", dsv4_test_bin());
