@@ -33,14 +33,21 @@ _Static_assert(DSV4_OPT_WEIGHTS_FP8 == 2 && DSV4_OPT_QUANTIZE_FP8 == 1, "weights
 const char *dsv4_opt_weights_name(dsv4_opt_weights v) { return (unsigned)v < 3 ? weights_names[v] : "?"; }
 const char *dsv4_opt_quantize_name(dsv4_opt_quantize v) { return (unsigned)v < 2 ? quantize_names[v] : "?"; }
 
-static int pick(const char *const names[2], const char *name, const char *value, int *out)
+/* value's index among the n names, or a usage error listing them all */
+static int pick_of(const char *const *names, int n, const char *name, const char *value, int *out)
 {
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < n; i++)
         if (!strcmp(value, names[i])) {
             *out = i;
             return 0;
         }
+    if (n == 3)
+        return dsv4_error(DSV4_ERR_USAGE, "--%s '%s': want %s, %s or %s", name, value, names[0], names[1], names[2]);
     return dsv4_error(DSV4_ERR_USAGE, "--%s '%s': want %s or %s", name, value, names[0], names[1]);
+}
+static int pick(const char *const names[2], const char *name, const char *value, int *out)
+{
+    return pick_of(names, 2, name, value, out);
 }
 
 int dsv4_opt_options_set(dsv4_opt_options *o, const char *name, const char *value)
@@ -57,8 +64,7 @@ int dsv4_opt_options_set(dsv4_opt_options *o, const char *name, const char *valu
     } else if (!strcmp(name, "kv")) {
         if (!(rc = pick(kv_names, name, value, &v))) o->kv = (dsv4_opt_kv)v;
     } else if (!strcmp(name, "weights")) {
-        if (!strcmp(value, "auto")) rc = 0, o->weights = DSV4_OPT_WEIGHTS_AUTO;
-        else if (!(rc = pick(weights_names + 1, name, value, &v))) o->weights = (dsv4_opt_weights)(v + 1);
+        if (!(rc = pick_of(weights_names, 3, name, value, &v))) o->weights = (dsv4_opt_weights)v;
     } else if (!strcmp(name, "quantize")) {
         if (!(rc = pick(quantize_names, name, value, &v))) o->quantize = (dsv4_opt_quantize)v;
     } else {

@@ -441,6 +441,12 @@ START_TEST(bench_refuses_bad_numbers)
         {"--bogus", "unknown option '--bogus'"},
         {"--no-baselin", "unknown option '--no-baselin'"},
         {"--reps", "--reps needs a value"},
+        {"--kv fp16", "--kv 'fp16': want bf16 or fp8"},
+        {"--weights fp4", "--weights 'fp4': want auto, bf16 or fp8"},
+        {"--quantize int4", "--quantize 'int4': want none or fp8"},
+        {"--scaling 1,", "--scaling '1,'"},
+        {"--nccl-time", "--nccl-time needs --gpus N"},
+        {"--warmup 100 --reps 100", "--warmup 100 + --reps 100: want at most 128 steps"},
     };
     char args[512];
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {

@@ -69,7 +69,11 @@ START_TEST(test_set_takes_each_switch_by_name)
     ck_assert_str_eq(dsv4_opt_weights_name(o.weights), "fp8");
     ck_assert_int_eq(dsv4_opt_options_set(&o, "weights", "auto"), 0);
     ck_assert_str_eq(dsv4_opt_weights_name(o.weights), "auto");
+    ck_assert_int_eq(dsv4_opt_options_set(&o, "weights", "bf16"), 0);
+    ck_assert_str_eq(dsv4_opt_weights_name(o.weights), "bf16");
     ck_assert_int_eq(dsv4_opt_options_set(&o, "weights", "fp4"), DSV4_ERR_USAGE);
+    /* every value it takes, auto too (the message once said "want bf16 or fp8") */
+    ck_assert_msg(strstr(dsv4_last_error(), "--weights 'fp4': want auto, bf16 or fp8"), "%s", dsv4_last_error());
     ck_assert_int_eq(dsv4_opt_options_set(&o, "attention", "mma"), DSV4_ERR_USAGE);
     ck_assert_msg(strstr(dsv4_last_error(), "unknown switch 'attention'"), "%s", dsv4_last_error());
 }
