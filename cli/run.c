@@ -129,7 +129,7 @@ static int read_token_file(const char *path, int32_t **out, int *n)
         errno = 0;
         long v = strtol(word, &end, 10);
         if (*end || errno || v < 0 || v > INT32_MAX) {
-            rc = dsv4_error(DSV4_ERR_FORMAT, "%s: token %d: '%s' is not a token id", path, len, word);
+            rc = dsv4_error(DSV4_ERR_FORMAT, "%s: '%s' at position %d is not a token id", path, word, len);
             break;
         }
         if (len == cap) {

@@ -10,7 +10,9 @@
  *   --follow dump of other weights (once followed silently); a --prompt-tokens folder (once "no token ids") and
  *   a token past the vocabulary (once refused by the path without naming the file); a --dump naming the run's
  *   --tokens-from or --follow dump (once replaced by the new dump); --path opt with no GPU (once a failed
- *   cudaSetDevice with its source line).
+ *   cudaSetDevice with its source line); each other usage error named (a bad --path or --graph, --gpus off the
+ *   optimized path, neither or both token sources, a descending --dump-positions range, --decode past the
+ *   forced tokens, --forced with a prompt file, a word of a prompt file that is not a token id).
  * - bench: numbers with trailing junk or none at all (atoi took "5abc" as 5 and "abc" as 0), a negative --seed
  *   (strtoull wrapped it), a K suffix that takes a list value past 2^20 (checked before the suffix), a trailing
  *   comma; --quantize fp8 with --weights bf16 (the later of the two won); an unknown option last on the line
@@ -254,6 +256,47 @@ START_TEST(run_names_the_prompt_file_and_its_problem)
                  dsv4_test_source_path(""), path, paths[p]);
         expect_cli(2, args, NEED(path, "token 300 at position 2", "vocabulary of 256"), NEED("CUDA"));
     }
+    f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("5,6\n7 x9 8\n", f);
+    fclose(f);
+    snprintf(args, sizeof args, "run --model %sgolden/tiny --prompt-tokens %s", dsv4_test_source_path(""), path);
+    expect_cli(2, args, NEED(path, "'x9' at position 3 is not a token id"), NULL);
+    dsv4_test_rmtree(dir);
+}
+END_TEST
+
+/* The rest of run's usage errors, each named (exit 2) before any model work: a bad --path, --gpus off the
+ * optimized path, neither or both token sources, an unknown option, a bad --graph value, a descending
+ * --dump-positions range, --decode past a dump's forced tokens, --forced decoding of a prompt file. */
+START_TEST(run_names_each_usage_error)
+{
+    const char *pre;
+    char *dir = prompt_dir(&pre);
+    char g[4200];
+    snprintf(g, sizeof g, "%sgolden/tiny", dsv4_test_source_path(""));
+    const struct {
+        const char *args, *says;
+    } bad[] = {
+        {"--path gpu --tokens-from %s/forced.h5", "--path 'gpu': want ref-cpu, ref-gpu or opt"},
+        {"--gpus 2 --tokens-from %s/forced.h5", "--gpus is for --path opt"},
+        {"--decode 1", "give exactly one of --tokens-from and --prompt-tokens"},
+        {"--frob --tokens-from %s/forced.h5", "unknown option '--frob'"},
+        {"--path opt --graph maybe --tokens-from %s/forced.h5", "--graph: want on or off"},
+        {"--tokens-from %s/forced.h5 --dump-positions 5-2", "--dump-positions: 5-2 is not an ascending range in [0, 64)"},
+        {"--tokens-from %s/forced.h5 --decode 1000", "--decode 1000: the dump has only 43 forced tokens after the prompt"},
+    };
+    char args[20000], opt[9000];
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(opt, sizeof opt, bad[i].args, g);
+        snprintf(args, sizeof args, "run --model %s %s --dump %s/o.h5", g, opt, dir);
+        expect_cli(2, args, NEED(bad[i].says), NEED("CUDA"));
+    }
+    snprintf(args, sizeof args, "%s --tokens-from %s/forced.h5 --dump %s/o.h5", pre, g, dir);
+    expect_cli(2, args, NEED("give exactly one of --tokens-from and --prompt-tokens"), NULL);
+    snprintf(args, sizeof args, "%s --forced --decode 2 --dump %s/o.h5", pre, dir);
+    expect_cli(2, args, NEED("--forced decoding needs --tokens-from"), NULL);
+    ck_assert_int_eq(count_entries(dir), 1); /* t.txt: no dump was started */
     dsv4_test_rmtree(dir);
 }
 END_TEST
@@ -499,6 +542,7 @@ int main(void)
     tcase_add_test(tc, run_refuses_caches_too_small_up_front);
     tcase_add_test(tc, run_follow_refuses_other_weights);
     tcase_add_test(tc, run_names_the_prompt_file_and_its_problem);
+    tcase_add_test(tc, run_names_each_usage_error);
     tcase_add_test(tc, run_refuses_a_dump_over_its_inputs);
     tcase_add_test(tc, run_without_a_gpu_says_so);
     tcase_add_test(tc, run_notes_positions_past_max_position_embeddings);
