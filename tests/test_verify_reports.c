@@ -368,6 +368,48 @@ START_TEST(text_table_cells_never_run_together)
 }
 END_TEST
 
+/* A column whose cells are of different gated metrics (one mHC probe gated by cosine, the others by rel_l2)
+ * is headed "mixed" with a line saying why, not by the first cell's metric; a cosine cell near 1 shows 1 - cos
+ * (the table's "1.0000" hid 1 - cos = 6e-7 against a gate of 1e-5). */
+START_TEST(text_table_says_when_a_column_mixes_metrics)
+{
+    char g[4300], c[4300];
+    snprintf(g, sizeof g, "%s/mixed-g.h5", g_dir);
+    snprintf(c, sizeof c, "%s/mixed-c.h5", g_dir);
+    synth_spec s;
+    synth_spec_init(&s);
+    s.noise = 1e-3;
+    s.noise_layer = 2;
+    s.noise_position = 30;
+    ck_assert_int_eq(synth_write(g, &s, 0), 0);
+    ck_assert_int_eq(synth_write(c, &s, 1), 0);
+    char cmd[9000], *out = NULL;
+    snprintf(cmd, sizeof cmd,
+             "'%s' verify --no-color '%s' '%s' --tol attn_hc_pre=cosine:0.9999999 --tol attn_hc_pre=rel_l2:off "
+             "--tol attn_out=cosine:0.99999 --tol attn_out=rel_l2:off",
+             dsv4_test_bin(), g, c);
+    ck_assert_int_eq(dsv4_test_run(cmd, &out), 1);
+    printf("%s", out);
+    const char *t = strstr(out, "per layer:");
+    ck_assert_ptr_nonnull(t);
+    const char *row2 = strstr(t, "\n1   "), *units = strchr(strchr(t, '\n') + 1, '\n') + 1;
+    ck_assert_ptr_nonnull(row2);
+    /* the units line: hc mixed, attn_out cosine */
+    ck_assert_msg(!strncmp(units + 13, "mixed ", 6), "hc's unit: '%.20s'", units + 13);
+    ck_assert_msg(strstr(units, "cosine") && strstr(units, "cosine") < row2, "%.200s", units);
+    ck_assert_msg(strstr(out, "mixed: the column's cells are of different gated metrics"), "%s", out);
+    /* layer 2's attn_out: within its cosine gate, shown as 1 - cos */
+    const char *l2 = strstr(t, "\n2   ");
+    ck_assert_ptr_nonnull(l2);
+    char line[400];
+    snprintf(line, sizeof line, "%.*s", (int)(strchr(l2 + 1, '\n') - l2), l2 + 1);
+    ck_assert_msg(strstr(line, " 1-") && !strstr(line, "1.0000"), "layer 2: %s", line);
+    free(out);
+    remove(g);
+    remove(c);
+}
+END_TEST
+
 START_TEST(topk_table_names_a_layer_with_its_own_tie_tolerance)
 {
     /* the header states the first top-k layer's tie tolerance; layer 3 with its own said nothing of it */
@@ -458,6 +500,7 @@ int main(void)
     tcase_add_test(tc, html_is_well_formed_and_renders);
     tcase_add_test(tc, reports_of_a_failed_comparison);
     tcase_add_test(tc, text_table_cells_never_run_together);
+    tcase_add_test(tc, text_table_says_when_a_column_mixes_metrics);
     tcase_add_test(tc, topk_table_names_a_layer_with_its_own_tie_tolerance);
     tcase_add_test(tc, reports_that_cannot_be_written_are_refused_first);
     suite_add_tcase(s, tc);

@@ -433,6 +433,18 @@ const char *dsv4_verify_fmt(dsv4_verify_metric m, double v, char *buf, size_t n)
     return buf;
 }
 
+/* v != 0 as "1.6e-3" */
+static void fmt_short_sci(double v, const char *prefix, char *buf, size_t n)
+{
+    int e = (int)floor(log10(fabs(v)));
+    double mant = v / pow(10, e);
+    if (fabs(mant) >= 9.95) {
+        mant /= 10;
+        e++;
+    }
+    snprintf(buf, n, "%s%.1fe%d", prefix, mant, e);
+}
+
 const char *dsv4_verify_fmt_short(dsv4_verify_metric m, double v, char *buf, size_t n)
 {
     if (isnan(v))
@@ -441,19 +453,14 @@ const char *dsv4_verify_fmt_short(dsv4_verify_metric m, double v, char *buf, siz
         snprintf(buf, n, v > 0 ? "inf" : "-inf");
     else if (metric_is_count(m))
         snprintf(buf, n, "%.0f", v);
+    else if (m == DSV4_METRIC_COSINE && v > 0.9999 && v < 1) /* "1.0000" would hide 1 - cos = 1.4e-7 */
+        fmt_short_sci(1.0 - v, "1-", buf, n);
     else if (dsv4_verify_metric_is_min(m))
         snprintf(buf, n, "%.4f", v);
     else if (v == 0)
         snprintf(buf, n, "0");
-    else {
-        int e = (int)floor(log10(fabs(v)));
-        double mant = v / pow(10, e);
-        if (fabs(mant) >= 9.95) {
-            mant /= 10;
-            e++;
-        }
-        snprintf(buf, n, "%.1fe%d", mant, e);
-    }
+    else
+        fmt_short_sci(v, "", buf, n);
     return buf;
 }
 

@@ -70,21 +70,27 @@ static void print_table(FILE *f, const dsv4_verify_result *r, int color)
     if (!nl) return;
     int width[DSV4_VERIFY_MAX_COLUMNS];
     dsv4_verify_metric metric[DSV4_VERIFY_MAX_COLUMNS];
+    int mixed[DSV4_VERIFY_MAX_COLUMNS], any_mixed = 0;
     for (int j = 0; j < nl; j++) {
         metric[j] = DSV4_METRIC_REL_L2;
+        mixed[j] = 0;
         int found = 0, widest = 0; /* a cell wider than the column ("struct!" in a narrow one) widens it */
         for (int l = 0; l < r->n_layers; l++) {
             dsv4_verify_cell c;
             char txt[32];
             dsv4_verify_cell_at(r, l, labels[j], &c);
+            /* the cells of a column may be of different metrics (the 6 mHC probes, or a layer's own --tol): then
+             * no one metric heads it */
+            if (c.probe >= 0 && found && c.metric != metric[j]) mixed[j] = any_mixed = 1;
             if (c.probe >= 0 && !found) metric[j] = c.metric, found = 1;
             cell_text(&c, txt, sizeof txt);
             if ((int)strlen(txt) > widest) widest = (int)strlen(txt);
         }
-        width[j] = narrow_metric(metric[j]) ? 6 : 8;
+        const char *head = mixed[j] ? "mixed" : metric_abbrev(metric[j]);
+        width[j] = narrow_metric(metric[j]) && !mixed[j] ? 6 : 8;
         if (widest + 1 > width[j]) width[j] = widest + 1;
         if ((int)strlen(labels[j]) + 1 > width[j]) width[j] = (int)strlen(labels[j]) + 1;
-        if ((int)strlen(metric_abbrev(metric[j])) + 1 > width[j]) width[j] = (int)strlen(metric_abbrev(metric[j])) + 1;
+        if ((int)strlen(head) + 1 > width[j]) width[j] = (int)strlen(head) + 1;
     }
     fprintf(
         f,
@@ -93,7 +99,7 @@ static void print_table(FILE *f, const dsv4_verify_result *r, int color)
     fprintf(f, "%-3s %-9s", "L", "type");
     for (int j = 0; j < nl; j++) fprintf(f, "%-*s", width[j], labels[j]);
     fprintf(f, "\n%-13s", "");
-    for (int j = 0; j < nl; j++) fprintf(f, "%-*s", width[j], metric_abbrev(metric[j]));
+    for (int j = 0; j < nl; j++) fprintf(f, "%-*s", width[j], mixed[j] ? "mixed" : metric_abbrev(metric[j]));
     fprintf(f, "\n");
     for (int l = 0; l < r->n_layers; l++) {
         char t[32];
@@ -131,6 +137,9 @@ static void print_table(FILE *f, const dsv4_verify_result *r, int color)
         first = 0;
     }
     if (!first) fprintf(f, "\n");
+    if (any_mixed)
+        fprintf(f, "mixed: the column's cells are of different gated metrics (probes or layers gated differently); "
+                   "--json has each probe's\n");
 }
 
 static void print_topk(FILE *f, const dsv4_verify_result *r, int color)
