@@ -440,6 +440,16 @@ START_TEST(parted_tokens_are_reported)
 }
 END_TEST
 
+/* `dsv4 verify ARGS`: exit status 2 and the output (stderr with stdout) holding needle */
+static void expect_usage_error(const char *args, const char *needle)
+{
+    char cmd[4400], *out = NULL;
+    snprintf(cmd, sizeof cmd, "'%s' verify %s 2>&1", dsv4_test_bin(), args);
+    ck_assert_int_eq(dsv4_test_run(cmd, &out), 2);
+    ck_assert_msg(out && strstr(out, needle), "%s: output lacks '%s':\n%s", cmd, needle, out ? out : "");
+    free(out);
+}
+
 START_TEST(help_and_bad_usage)
 {
     char cmd[4400], *out = NULL;
@@ -447,27 +457,13 @@ START_TEST(help_and_bad_usage)
     ck_assert_int_eq(dsv4_test_run(cmd, &out), 0);
     ck_assert_ptr_nonnull(strstr(out, "--allow-different-weights"));
     free(out);
-    snprintf(cmd, sizeof cmd, "'%s' verify only-one.h5 2>&1", dsv4_test_bin());
-    ck_assert_int_eq(dsv4_test_run(cmd, &out), 2);
-    ck_assert_msg(strstr(out, "'only-one.h5' is the golden dump; give the candidate dump too"), "%s", out);
-    free(out);
-    snprintf(cmd, sizeof cmd, "'%s' verify 2>&1", dsv4_test_bin());
-    ck_assert_int_eq(dsv4_test_run(cmd, &out), 2);
-    ck_assert_msg(strstr(out, "usage: dsv4 verify GOLDEN.h5 CANDIDATE.h5"), "%s", out);
-    free(out);
-    snprintf(cmd, sizeof cmd, "'%s' verify a.h5 b.h5 c.h5 2>&1", dsv4_test_bin());
-    ck_assert_int_eq(dsv4_test_run(cmd, &out), 2);
-    ck_assert_msg(strstr(out, "one golden and one candidate dump, got a third argument 'c.h5'"), "%s", out);
-    free(out);
+    expect_usage_error("only-one.h5", "'only-one.h5' is the golden dump; give the candidate dump too");
+    expect_usage_error("", "usage: dsv4 verify GOLDEN.h5 CANDIDATE.h5");
+    expect_usage_error("a.h5 b.h5 c.h5", "one golden and one candidate dump, got a third argument 'c.h5'");
     /* a report over a device node: renaming the finished report onto it would replace the node */
-    snprintf(cmd, sizeof cmd, "'%s' verify a.h5 b.h5 --json /dev/null 2>&1", dsv4_test_bin());
-    ck_assert_int_eq(dsv4_test_run(cmd, &out), 2);
-    ck_assert_msg(strstr(out, "--json /dev/null: exists and is not a regular file"), "%s", out);
-    free(out);
-    snprintf(cmd, sizeof cmd, "'%s' verify a.h5 b.h5 --layers 5-2", dsv4_test_bin());
-    ck_assert_int_eq(dsv4_test_run(cmd, NULL), 2);
-    snprintf(cmd, sizeof cmd, "'%s' verify a.h5 b.h5 --bogus", dsv4_test_bin());
-    ck_assert_int_eq(dsv4_test_run(cmd, NULL), 2);
+    expect_usage_error("a.h5 b.h5 --json /dev/null", "--json /dev/null: exists and is not a regular file");
+    expect_usage_error("a.h5 b.h5 --layers 5-2", "--layers '5-2': expected A-B");
+    expect_usage_error("a.h5 b.h5 --bogus", "unknown option '--bogus'");
 }
 END_TEST
 
