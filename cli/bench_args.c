@@ -158,6 +158,10 @@ static int parse_args(int argc, char **argv, bench_args *a)
             a->baseline = 0, takes = 0;
         } else if (!strcmp(k, "--nccl-time")) {
             a->nccl_time = 1, takes = 0;
+        } else if (k[0] != '-') {
+            fprintf(stderr, "dsv4 bench: unexpected argument '%s': dsv4 bench takes options only (--help lists "
+                            "them)\n", k);
+            return -1;
         } else if (!takes_value(k)) { /* before the value check: a misspelt flag last was "needs a value" */
             fprintf(stderr, "dsv4 bench: unknown option '%s' (--help lists them)\n", k);
             return -1;

@@ -313,7 +313,10 @@ static int parse_args(int argc, char **argv, run_args *a)
             int rc = parse_count(o, v, 0, 100000000, !strcmp(o, "--decode") ? &a->decode : &a->decode_from);
             if (rc) return rc;
             i++;
-        } else return dsv4_error(DSV4_ERR_USAGE, "unknown option '%s' (see dsv4 run --help)", o);
+        } else if (o[0] != '-')
+            return dsv4_error(DSV4_ERR_USAGE, "unexpected argument '%s': dsv4 run takes options only (the model is "
+                              "--model DIR; see dsv4 run --help)", o);
+        else return dsv4_error(DSV4_ERR_USAGE, "unknown option '%s' (see dsv4 run --help)", o);
 #undef TAKE
     }
     if (!a->model) return dsv4_error(DSV4_ERR_USAGE, "--model DIR is required (see dsv4 run --help)");

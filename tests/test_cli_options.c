@@ -12,7 +12,8 @@
  *   --tokens-from or --follow dump (once replaced by the new dump); --path opt with no GPU (once a failed
  *   cudaSetDevice with its source line); each other usage error named (a bad --path or --graph, --gpus off the
  *   optimized path, neither or both token sources, a descending --dump-positions range, --decode past the
- *   forced tokens, --forced with a prompt file, a word of a prompt file that is not a token id).
+ *   forced tokens, --forced with a prompt file, a word of a prompt file that is not a token id, a stray
+ *   argument (once "unknown option").
  * - bench: numbers with trailing junk or none at all (atoi took "5abc" as 5 and "abc" as 0), a negative --seed
  *   (strtoull wrapped it), a K suffix that takes a list value past 2^20 (checked before the suffix), a trailing
  *   comma; --quantize fp8 with --weights bf16 (the later of the two won); an unknown option last on the line
@@ -282,6 +283,7 @@ START_TEST(run_names_each_usage_error)
         {"--gpus 2 --tokens-from %s/forced.h5", "--gpus is for --path opt"},
         {"--decode 1", "give exactly one of --tokens-from and --prompt-tokens"},
         {"--frob --tokens-from %s/forced.h5", "unknown option '--frob'"},
+        {"--tokens-from %s/forced.h5 stray", "unexpected argument 'stray': dsv4 run takes options only"},
         {"--path opt --graph maybe --tokens-from %s/forced.h5", "--graph: want on or off"},
         {"--tokens-from %s/forced.h5 --dump-positions 5-2", "--dump-positions: 5-2 is not an ascending range in [0, 64)"},
         {"--tokens-from %s/forced.h5 --decode 1000", "--decode 1000: the dump has only 43 forced tokens after the prompt"},
@@ -484,6 +486,7 @@ START_TEST(bench_refuses_bad_numbers)
         {"--bogus", "unknown option '--bogus'"},
         {"--no-baselin", "unknown option '--no-baselin'"},
         {"--reps", "--reps needs a value"},
+        {"64", "unexpected argument '64': dsv4 bench takes options only"},
         {"--kv fp16", "--kv 'fp16': want bf16 or fp8"},
         {"--weights fp4", "--weights 'fp4': want auto, bf16 or fp8"},
         {"--quantize int4", "--quantize 'int4': want none or fp8"},
