@@ -13,6 +13,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -260,7 +261,14 @@ int dsv4_dump_writer_open(const char *path, const dsv4_dump_meta *meta, const ds
         w->file = H5Fcreate(w->tmp_path, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
     if (fapl >= 0) H5Pclose(fapl);
     if (w->file < 0) {
-        int rc = dsv4_error(DSV4_ERR_IO, "%s: cannot create %s: %s", path, w->tmp_path, dsv4_h5_errmsg(msg, sizeof msg));
+        /* the system's reason (a missing folder, no permission) reads better than HDF5's "unable to open file:
+         * name = ..., errno = 2, ..., o_flags = 242"; HDF5's stays for what the system does not explain */
+        char why[300];
+        snprintf(why, sizeof why, "%s", dsv4_h5_errmsg(msg, sizeof msg));
+        int fd = open(w->tmp_path, O_WRONLY | O_CREAT | O_EXCL, 0644);
+        if (fd < 0) snprintf(why, sizeof why, "%s", strerror(errno));
+        else close(fd), unlink(w->tmp_path);
+        int rc = dsv4_error(DSV4_ERR_IO, "%s: cannot create %s: %s", path, w->tmp_path, why);
         dsv4_dump_writer_destroy(w);
         return rc;
     }

@@ -299,6 +299,12 @@ START_TEST(run_names_each_usage_error)
     snprintf(args, sizeof args, "%s --forced --decode 2 --dump %s/o.h5", pre, dir);
     expect_cli(2, args, NEED("--forced decoding needs --tokens-from"), NULL);
     ck_assert_int_eq(count_entries(dir), 1); /* t.txt: no dump was started */
+    /* a dump that cannot be made there, said in the system's words (HDF5's "unable to open file: name = ...,
+     * errno = 2, ..., o_flags = 242" before), and one over a device node */
+    snprintf(args, sizeof args, "run --model %s --tokens-from %s/forced.h5 --dump %s/no-such-folder/o.h5", g, g, dir);
+    expect_cli(2, args, NEED("no-such-folder/o.h5.tmp.", ": No such file or directory"), NEED("o_flags"));
+    snprintf(args, sizeof args, "run --model %s --tokens-from %s/forced.h5 --dump /dev/null", g, g);
+    expect_cli(2, args, NEED("/dev/null: exists and is not a regular file; the dump would replace it"), NULL);
     dsv4_test_rmtree(dir);
 }
 END_TEST
