@@ -47,7 +47,7 @@ static void run_usage(FILE *f)
             "  --path P               ref-cpu (fp32 CPU reference, default), ref-gpu (fp32 GPU reference) or opt\n"
             "                         (optimized CUDA path, bf16 or fp8 weights; the prompt runs as one-token steps)\n"
             "  --tokens-from G.h5     take /tokens, prompt_len, n_decode, mode and /positions from a dump\n"
-            "  --prompt-tokens FILE   prompt token ids, whitespace separated (decoding is greedy)\n"
+            "  --prompt-tokens FILE   prompt token ids, separated by whitespace or commas (decoding is greedy)\n"
             "  --decode N             decode steps after the prompt (default: the dump's n_decode, else 0)\n"
             "  --greedy               feed each step the argmax of the previous logits (ties: lowest id)\n"
             "  --forced               feed the dump's own tokens (default for a forced dump)\n"
