@@ -71,6 +71,7 @@ static void print_table(FILE *f, const dsv4_verify_result *r, int color)
     int width[DSV4_VERIFY_MAX_COLUMNS];
     dsv4_verify_metric metric[DSV4_VERIFY_MAX_COLUMNS];
     int mixed[DSV4_VERIFY_MAX_COLUMNS], any_mixed = 0;
+    const char *head[DSV4_VERIFY_MAX_COLUMNS]; /* the second header line: the metric, or "mixed" */
     for (int j = 0; j < nl; j++) {
         metric[j] = DSV4_METRIC_REL_L2;
         mixed[j] = 0;
@@ -86,11 +87,11 @@ static void print_table(FILE *f, const dsv4_verify_result *r, int color)
             cell_text(&c, txt, sizeof txt);
             if ((int)strlen(txt) > widest) widest = (int)strlen(txt);
         }
-        const char *head = mixed[j] ? "mixed" : metric_abbrev(metric[j]);
+        head[j] = mixed[j] ? "mixed" : metric_abbrev(metric[j]);
         width[j] = narrow_metric(metric[j]) && !mixed[j] ? 6 : 8;
         if (widest + 1 > width[j]) width[j] = widest + 1;
         if ((int)strlen(labels[j]) + 1 > width[j]) width[j] = (int)strlen(labels[j]) + 1;
-        if ((int)strlen(head) + 1 > width[j]) width[j] = (int)strlen(head) + 1;
+        if ((int)strlen(head[j]) + 1 > width[j]) width[j] = (int)strlen(head[j]) + 1;
     }
     fprintf(
         f,
@@ -99,7 +100,7 @@ static void print_table(FILE *f, const dsv4_verify_result *r, int color)
     fprintf(f, "%-3s %-9s", "L", "type");
     for (int j = 0; j < nl; j++) fprintf(f, "%-*s", width[j], labels[j]);
     fprintf(f, "\n%-13s", "");
-    for (int j = 0; j < nl; j++) fprintf(f, "%-*s", width[j], mixed[j] ? "mixed" : metric_abbrev(metric[j]));
+    for (int j = 0; j < nl; j++) fprintf(f, "%-*s", width[j], head[j]);
     fprintf(f, "\n");
     for (int l = 0; l < r->n_layers; l++) {
         char t[32];
