@@ -53,6 +53,15 @@ static void expect_cli(int want, const char *args, const char *const *needles, c
 
 #define NEED(...) ((const char *const[]){__VA_ARGS__, NULL})
 
+/* path (re)written to hold text: a prompt file */
+static void write_text(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    ck_assert_msg(f != NULL, "%s: cannot write", path);
+    fputs(text, f);
+    ck_assert_msg(fclose(f) == 0, "%s: write failed", path);
+}
+
 /* A folder holding t.txt, a prompt of 3 token ids; *prefix receives "run --model golden/tiny --prompt-tokens
  * DIR/t.txt" (static). */
 static char *prompt_dir(const char **prefix)
@@ -61,10 +70,7 @@ static char *prompt_dir(const char **prefix)
     char *dir = dsv4_test_mkdtemp("cli-options");
     char path[4200];
     snprintf(path, sizeof path, "%s/t.txt", dir);
-    FILE *f = fopen(path, "w");
-    ck_assert_ptr_nonnull(f);
-    fputs("5 6 7\n", f);
-    fclose(f);
+    write_text(path, "5 6 7\n");
     snprintf(buf, sizeof buf, "run --model %sgolden/tiny --prompt-tokens %s", dsv4_test_source_path(""), path);
     *prefix = buf;
     return dir;
@@ -247,20 +253,14 @@ START_TEST(run_names_the_prompt_file_and_its_problem)
     snprintf(args, sizeof args, "run --model %sgolden/tiny --prompt-tokens %s", dsv4_test_source_path(""), dir);
     expect_cli(2, args, NEED(dir, "is a directory"), NEED("no token ids"));
     snprintf(path, sizeof path, "%s/big.txt", dir);
-    FILE *f = fopen(path, "w");
-    ck_assert_ptr_nonnull(f);
-    fputs("5 6 300\n", f);
-    fclose(f);
+    write_text(path, "5 6 300\n");
     static const char *const paths[] = {"ref-cpu", "ref-gpu", "opt"};
     for (int p = 0; p < 3; p++) { /* before any path is set up (a CPU-only build would say it has no CUDA) */
         snprintf(args, sizeof args, "run --model %sgolden/tiny --prompt-tokens %s --path %s",
                  dsv4_test_source_path(""), path, paths[p]);
         expect_cli(2, args, NEED(path, "token 300 at position 2", "vocabulary of 256"), NEED("CUDA"));
     }
-    f = fopen(path, "w");
-    ck_assert_ptr_nonnull(f);
-    fputs("5,6\n7 x9 8\n", f);
-    fclose(f);
+    write_text(path, "5,6\n7 x9 8\n");
     snprintf(args, sizeof args, "run --model %sgolden/tiny --prompt-tokens %s", dsv4_test_source_path(""), path);
     expect_cli(2, args, NEED(path, "'x9' at position 3 is not a token id"), NULL);
     dsv4_test_rmtree(dir);
