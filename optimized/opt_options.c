@@ -1,6 +1,7 @@
 /* opt_options.c - the optimized path's options: defaults, the switches' names, parsing one switch and the range
  * checks of dsv4_opt_options (dsv4_opt.h). Host-only C, the same file in the CUDA build and in the build without
  * CUDA (where the command line still parses the switches), so the two cannot drift apart. */
+#include <stdio.h>
 #include <string.h>
 
 #include "dsv4/dsv4_opt.h"
@@ -41,9 +42,11 @@ static int pick_of(const char *const *names, int n, const char *name, const char
             *out = i;
             return 0;
         }
-    if (n == 3)
-        return dsv4_error(DSV4_ERR_USAGE, "--%s '%s': want %s, %s or %s", name, value, names[0], names[1], names[2]);
-    return dsv4_error(DSV4_ERR_USAGE, "--%s '%s': want %s or %s", name, value, names[0], names[1]);
+    char want[128] = ""; /* "a, b or c" */
+    for (int i = 0, len = 0; i < n && len < (int)sizeof want; i++)
+        len += snprintf(want + len, sizeof want - (size_t)len, "%s%s", i == 0 ? "" : i == n - 1 ? " or " : ", ",
+                        names[i]);
+    return dsv4_error(DSV4_ERR_USAGE, "--%s '%s': want %s", name, value, want);
 }
 static int pick(const char *const names[2], const char *name, const char *value, int *out)
 {
