@@ -56,6 +56,13 @@
 #            time-boxed to SAN_BOX_S (420) s: memcheck of every test case with a topk512 part, whole
 #            (DSV4_TEST_MAX_STEPS=0), and scripts/gpu-sanitize-topk512.sh (whole `dsv4 run` jobs; SAN_TOPK_JOBS
 #            picks its JOBS); into $OUT/san-topk512.txt. SAN_TOPK_CASES="" leaves the test cases out
+#   san-long  tests/gpu/test_opt_long_state.c (golden/topk512's top-512 ranking in 16 steps from a random
+#            state at position 2,304): its cases once without a tool (the sanitizers start only if that passes),
+#            then each case under memcheck and under racecheck, all at once, each time-boxed to SAN_BOX_S (400) s;
+#            into $OUT/san-long.txt
+#   race-repro  scripts/racecheck_cublas_repro.cu (cuBLAS bf16 GEMMs like the optimized path's) built and run
+#            bare, under racecheck whole, with --launch-skip, --launch-count and --kernel-name, and under memcheck
+#            with --launch-skip; each time-boxed to 150 s; into $OUT/race-repro.txt
 #   san-n1   why test_n1_dumps' jobs do not finish when the sanitizer follows them (the step's comment); into
 #            $OUT/san-n1.tgz
 #   dumps    `dsv4 run --path opt` dumps at the defaults of tiny (alone and as copy 2 of a staggered batch of 3),
@@ -71,7 +78,7 @@
 set -u
 # every step name is checked before the build: a misspelt one was found only when reached, after the build and
 # the steps before it had used the call's device time
-known_steps="flips kv8 kv8b wo-a auto-kv8 san-model ubench suite san-rest san-topk512 san-n1 dumps kvdumps study ctest tests nccl
+known_steps="san-long race-repro flips kv8 kv8b wo-a auto-kv8 san-model ubench suite san-rest san-topk512 san-n1 dumps kvdumps study ctest tests nccl
     ncu-fp4 ncu-mhc ncu-fp8 ncu-fp4-c64 ref bench-q bench-fp8 fp8 split"
 for step in "$@"; do
     found=0
@@ -220,6 +227,50 @@ run_step() {
         echo "== sanitizers done at ${SECONDS}s"
         cat "$d"/memcheck-*.txt "$d/runs.txt" 2>/dev/null | tee "$out/san-topk512.txt"
         tar czf "$out/san-topk512-logs.tgz" -C "$d" --exclude='*.h5' . 2>/dev/null
+        ;;
+    san-long)
+        local d=/tmp/san-long box=${SAN_BOX_S:-400}
+        rm -rf "$d" && mkdir -p "$d" # a warm machine keeps /tmp: no report of an earlier call
+        (cd "$b" && DSV4_SOURCE_DIR="$root" DSV4_BINARY_DIR="$b" DSV4_BIN="$b/dsv4" CK_FORK=no timeout 200 \
+            ./test_opt_long_state) >"$d/bare.log" 2>&1
+        local bare=$?
+        echo "== test_opt_long_state without a tool: rc $bare at ${SECONDS}s" | tee "$out/san-long.txt"
+        grep -E "bitwise equal|Failure|Assertion|%:" "$d/bare.log" | cut -c1-240 | tee -a "$out/san-long.txt"
+        if [ $bare = 0 ]; then
+            for t in $(grep -oE '^ +test_state_[a-z0-9_]+,' "$root/tests/gpu/test_opt_long_state.c" | tr -d ' ,'); do
+                extra=
+                case $t in *nccl*) extra="--report-api-errors no" ;; esac # NCCL probes its own kernel images
+                for tool in memcheck racecheck; do
+                    (OUT=$d TOOLS=$tool SANITIZER_ARGS=$extra bash "$root/scripts/gpu-sanitize.sh" "$box" \
+                        "test_opt_long_state:$t" >"$d/$tool-$t.txt" 2>&1) &
+                done
+            done
+            wait
+            echo "== sanitizers done at ${SECONDS}s"
+            cat "$d"/memcheck-*.txt "$d"/racecheck-*.txt | tee -a "$out/san-long.txt"
+        fi
+        tar czf "$out/san-long-logs.tgz" -C "$d" . 2>/dev/null
+        ;;
+    race-repro)
+        local d=/tmp/race-repro
+        rm -rf "$d" && mkdir -p "$d"
+        nvcc -O2 -arch=sm_90 -o "$d/race" "$root/scripts/racecheck_cublas_repro.cu" -lcublas >"$d/build.log" 2>&1 ||
+            { echo "race-repro: build failed"; tail -n 5 "$d/build.log"; return; }
+        local i=0
+        for mode in "bare" "racecheck" "racecheck --launch-skip 40" "racecheck --launch-count 40" \
+            "racecheck --kernel-name kns=block_sum" "racecheck --kernel-name-exclude kns=block_sum" \
+            "memcheck --launch-skip 40"; do
+            i=$((i + 1))
+            if [ "$mode" = bare ]; then
+                timeout 150 "$d/race" >"$d/$i.log" 2>&1
+            else
+                # shellcheck disable=SC2086
+                timeout 150 compute-sanitizer --tool $mode --error-exitcode 99 "$d/race" >"$d/$i.log" 2>&1
+            fi
+            echo "race-repro [$mode]: rc $? | $(grep -E 'racecheck_cublas_repro:|SUMMARY|Internal|status|rror' \
+                "$d/$i.log" | head -n 3 | tr '\n' '|' | cut -c1-300)"
+        done | tee "$out/race-repro.txt"
+        tar czf "$out/race-repro-logs.tgz" -C "$d" --exclude=race . 2>/dev/null
         ;;
     san-n1)
         # why test_n1_dumps' child jobs do not finish when the sanitizer follows them from the test (the way

@@ -4,7 +4,9 @@
 # topk512 is 2,312 positions and its top-512 ranking starts only past 2,048 (512 compressed entries of ratio 4),
 # so the 25-position runs of gpu-sanitize-model.sh never reach it; memcheck of a whole run takes ~200-400 s.
 # Racecheck cannot be run on it: whole, it would take ~2 h (~3 s a position), and checking only the last launches
-# (--launch-skip) or only some kernels (--kernel-name) fails on the H200 (docs/robustness.md, session 16).
+# (--launch-skip) or only some kernels (--kernel-name) fails on the H200: the tool faults on cuBLAS's bf16 kernels
+# when it leaves them unchecked (scripts/racecheck_cublas_repro.cu). tests/gpu/test_opt_long_state.c runs the
+# decode at k = 512 in 16 steps instead, under both tools (gpu-focus.sh san-long; docs/robustness.md).
 #   default   the defaults (the decode step as a CUDA graph)
 #   naive     every naive variant at once (--attn simt --indexer fp32 --mhc roundtrip --index-context max)
 #   kv8       the FP8 KV cache
