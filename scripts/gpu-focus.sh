@@ -59,7 +59,9 @@
 #   san-long  tests/gpu/test_opt_long_state.c (golden/topk512's top-512 ranking in 16 steps from a random
 #            state at position 2,304): its cases once without a tool (the sanitizers start only if that passes),
 #            then each case under memcheck and under racecheck, all at once, each time-boxed to SAN_BOX_S (400) s;
-#            into $OUT/san-long.txt
+#            racecheck prints every race, and a line per case counts the races' accesses outside cuBLAS's own
+#            kernels (nvjet_*: the Flash-width GEMMs' races are cuBLAS's, docs/robustness.md); into
+#            $OUT/san-long.txt
 #   race-repro  scripts/racecheck_cublas_repro.cu (cuBLAS bf16 GEMMs like the optimized path's) built and run
 #            bare, under racecheck whole, with --launch-skip, --launch-count and --kernel-name, and under memcheck
 #            with --launch-skip; each time-boxed to 150 s; into $OUT/race-repro.txt
@@ -240,14 +242,25 @@ run_step() {
             for t in $(grep -oE '^ +test_state_[a-z0-9_]+,' "$root/tests/gpu/test_opt_long_state.c" | tr -d ' ,'); do
                 extra=
                 case $t in *nccl*) extra="--report-api-errors no" ;; esac # NCCL probes its own kernel images
+                # racecheck prints every race (--print-limit 0): the Flash-width cases have cuBLAS's own
                 for tool in memcheck racecheck; do
-                    (OUT=$d TOOLS=$tool SANITIZER_ARGS=$extra bash "$root/scripts/gpu-sanitize.sh" "$box" \
+                    args=$extra
+                    [ $tool = racecheck ] && args="$extra --print-limit 0"
+                    (OUT=$d TOOLS=$tool SANITIZER_ARGS=$args bash "$root/scripts/gpu-sanitize.sh" "$box" \
                         "test_opt_long_state:$t" >"$d/$tool-$t.txt" 2>&1) &
                 done
             done
             wait
             echo "== sanitizers done at ${SECONDS}s"
             cat "$d"/memcheck-*.txt "$d"/racecheck-*.txt | tee -a "$out/san-long.txt"
+            # whose kernels the races are in: cuBLAS's sm_90 GEMMs are named nvjet_*, ours are not
+            for log in "$d"/sanitize-racecheck-*.log; do
+                local all ours
+                all=$(grep -c "Race reported between" "$log")
+                ours=$(grep -E "Race reported between|^=+ +and " "$log" | grep -oE "access at [A-Za-z_0-9]+" |
+                    grep -vc "access at nvjet_")
+                echo "races in $(basename "$log" .log): $all reports, accesses outside cuBLAS's nvjet kernels: $ours"
+            done | tee -a "$out/san-long.txt"
         fi
         tar czf "$out/san-long-logs.tgz" -C "$d" . 2>/dev/null
         ;;
