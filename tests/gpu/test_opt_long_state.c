@@ -39,6 +39,7 @@ typedef struct source {
     dsv4_model *m;          /* golden/topk512, or NULL for the Flash-width random model: */
     dsv4_config cfg;        /* its config (the weights drawn from seed 3) */
     const char *config_json;
+    char digest[65];        /* the weights' SHA-256, or a note that they are drawn (no files to digest) */
     int start, steps, max_context;
     int32_t *tok;           /* [start + steps]: the forced tokens (only start.. are stepped) */
 } source;
@@ -51,6 +52,7 @@ static void source_open(source *src, int flash)
         src->m = dsv4_test_open_golden("topk512");
         src->cfg = *dsv4_model_config(src->m);
         src->config_json = dsv4_model_config_json(src->m);
+        ck_assert_msg(dsv4_model_weights_digest(src->m, src->digest) == 0, "%s", dsv4_last_error());
         src->start = 2304, src->steps = dsv4_test_steps(8), src->max_context = 2560;
         int T;
         src->tok = dsv4_test_golden_tokens("topk512", &T);
@@ -59,6 +61,7 @@ static void source_open(source *src, int flash)
     }
     src->name = "flash";
     src->config_json = dsv4_flash_model_config();
+    snprintf(src->digest, sizeof src->digest, "random weights, seed 3");
     ck_assert_msg(dsv4_config_parse(src->config_json, "flash_model.h", &src->cfg) == 0, "%s", dsv4_last_error());
     src->start = 2560, src->steps = dsv4_test_steps(4), src->max_context = 4096;
     const int T = src->start + src->steps;
@@ -76,13 +79,13 @@ static void source_close(source *src)
     free(src->tok);
 }
 
-/* One run: a fresh optimized model with options o (n_gpus 2 emulated on one GPU when emulate_n2), the random
- * state at src->start from seed 5, src->steps forced steps, every probe of sequence DUMP_SEQ into a dump at path. */
-static void run_once(const source *src, const dsv4_opt_options *o, int emulate_n2, const char *path)
+/* One run: a fresh optimized model with options o (n_gpus > 1 emulated on the one GPU), the random state at
+ * src->start from seed 5, src->steps forced steps, every probe of sequence DUMP_SEQ into a dump at path. */
+static void run_once(const source *src, const dsv4_opt_options *o, const char *path)
 {
     const dsv4_config *cfg = &src->cfg;
     const int T = src->start + src->steps;
-    if (emulate_n2) {
+    if (o->n_gpus > 1) {
         setenv("DSV4_NCCL_EMULATE_ONE_GPU", "1", 1);
         setenv("DSV4_NCCL_REPLICA_CHECK", "1", 1); /* the ranks' streams agree bitwise at every step */
     }
@@ -92,13 +95,11 @@ static void run_once(const source *src, const dsv4_opt_options *o, int emulate_n
     unsetenv("DSV4_NCCL_REPLICA_CHECK");
     ck_assert_msg(rc == 0, "%s", dsv4_last_error());
     ck_assert_msg(dsv4_opt_random_state(h, src->start, 5) == 0, "%s", dsv4_last_error());
-    char digest[65] = "random weights, seed 3"; /* the random model has no files to digest */
-    if (src->m) ck_assert_msg(dsv4_model_weights_digest(src->m, digest) == 0, "%s", dsv4_last_error());
     int32_t pos[16];
     ck_assert_int_le(src->steps, 16);
     for (int i = 0; i < src->steps; i++) pos[i] = src->start + i;
     dsv4_dump_meta meta = {.producer = dsv4_opt_producer(h), .config_json = src->config_json,
-                           .weights_digest = digest, .prompt_len = src->start, .n_decode = src->steps,
+                           .weights_digest = src->digest, .prompt_len = src->start, .n_decode = src->steps,
                            .mode = "forced"};
     dsv4_dump_writer *w = NULL;
     dsv4_probe_sink *sink = NULL;
@@ -187,7 +188,7 @@ static void check_topk_rows(const char *path, const source *src, const char *wha
     dsv4_dump_free(d);
 }
 
-static void run_variant(int flash, const char *what, void (*set)(dsv4_opt_options *), int emulate_n2)
+static void run_variant(int flash, const char *what, void (*set)(dsv4_opt_options *))
 {
     source src;
     source_open(&src, flash);
@@ -200,8 +201,8 @@ static void run_variant(int flash, const char *what, void (*set)(dsv4_opt_option
     snprintf(a, sizeof a, "%s/a.h5", dir);
     snprintf(b, sizeof b, "%s/b.h5", dir);
     const double t0 = dsv4_test_now_s();
-    run_once(&src, &o, emulate_n2, a);
-    run_once(&src, &o, emulate_n2, b);
+    run_once(&src, &o, a);
+    run_once(&src, &o, b);
     dsv4_test_assert_dumps_equal(a, b, what);
     check_topk_rows(a, &src, what);
     printf("%s %s: two runs of %d steps from position %d bitwise equal, top-%d rows exact (%.1f s)\n", src.name,
@@ -220,21 +221,21 @@ static void set_eager(dsv4_opt_options *o) { o->cuda_graph = 0; }
 static void set_nccl(dsv4_opt_options *o) { o->n_gpus = 1; }
 static void set_nccl_n2(dsv4_opt_options *o) { o->n_gpus = 2; }
 
-START_TEST(test_state_defaults) { run_variant(0, "defaults (graph)", NULL, 0); }
+START_TEST(test_state_defaults) { run_variant(0, "defaults (graph)", NULL); }
 END_TEST
-START_TEST(test_state_eager) { run_variant(0, "defaults, eager", set_eager, 0); }
+START_TEST(test_state_eager) { run_variant(0, "defaults, eager", set_eager); }
 END_TEST
-START_TEST(test_state_naive) { run_variant(0, "all naive variants", set_naive, 0); }
+START_TEST(test_state_naive) { run_variant(0, "all naive variants", set_naive); }
 END_TEST
-START_TEST(test_state_kv8) { run_variant(0, "--kv fp8", set_kv8, 0); }
+START_TEST(test_state_kv8) { run_variant(0, "--kv fp8", set_kv8); }
 END_TEST
-START_TEST(test_state_nccl_n1) { run_variant(0, "--gpus 1", set_nccl, 0); }
+START_TEST(test_state_nccl_n1) { run_variant(0, "--gpus 1", set_nccl); }
 END_TEST
-START_TEST(test_state_nccl_n2emu) { run_variant(0, "--gpus 2 emulated on one GPU", set_nccl_n2, 1); }
+START_TEST(test_state_nccl_n2emu) { run_variant(0, "--gpus 2 emulated on one GPU", set_nccl_n2); }
 END_TEST
-START_TEST(test_state_flash_defaults) { run_variant(1, "defaults (graph)", NULL, 0); }
+START_TEST(test_state_flash_defaults) { run_variant(1, "defaults (graph)", NULL); }
 END_TEST
-START_TEST(test_state_flash_naive) { run_variant(1, "all naive variants", set_naive, 0); }
+START_TEST(test_state_flash_naive) { run_variant(1, "all naive variants", set_naive); }
 END_TEST
 
 int main(void)
