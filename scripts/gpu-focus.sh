@@ -56,8 +56,8 @@
 #            time-boxed to SAN_BOX_S (420) s: memcheck of every test case with a topk512 part, whole
 #            (DSV4_TEST_MAX_STEPS=0), and scripts/gpu-sanitize-topk512.sh (whole `dsv4 run` jobs; SAN_TOPK_JOBS
 #            picks its JOBS); into $OUT/san-topk512.txt. SAN_TOPK_CASES="" leaves the test cases out
-#   san-long  tests/gpu/test_opt_long_state.c (golden/topk512's top-512 ranking in 16 steps from a random
-#            state at position 2,304): its cases once without a tool (the sanitizers start only if that passes),
+#   san-long  tests/gpu/test_opt_long_state.c (the top-512 ranking of golden/topk512 and of the Flash-width
+#            model in a few steps from a random state past position 2,048): its cases once without a tool (the sanitizers start only if that passes),
 #            then each case under memcheck and under racecheck, all at once, each time-boxed to SAN_BOX_S (400) s;
 #            racecheck prints every race, and a line per case counts the races' accesses outside cuBLAS's own
 #            kernels (nvjet_*: the Flash-width GEMMs' races are cuBLAS's, docs/robustness.md); into
@@ -97,6 +97,13 @@ b=$root/build-gpu
 cmake -S "$root" -B "$b" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CUDA_ARCHITECTURES=90 >"$out/build.log" 2>&1 &&
     cmake --build "$b" -j"$(nproc)" >>"$out/build.log" 2>&1 || { tail -n 30 "$out/build.log"; exit 1; }
 echo "== built at ${SECONDS}s"
+# The Check cases of tests/gpu/BINARY.c as BINARY:case (one per line of its tests[] table)
+cases() { grep -oE '^ +test_[a-z0-9_]+,' "$root/tests/gpu/$1.c" | tr -d ' ,' | sed "s/^/$1:/"; }
+# compute-sanitizer's extra options for a BINARY:case: the NCCL cases run with --report-api-errors no (NCCL
+# probes its own kernel images, docs/robustness.md)
+nccl_tool_args() {
+    case $1 in test_opt_nccl:* | test_opt_long_state:test_state_nccl_*) echo "--report-api-errors no" ;; esac
+}
 run_step() {
     local step=$1
     case $step in
@@ -185,7 +192,6 @@ run_step() {
         gzip -c "$b/Testing/Temporary/LastTest.log" >"$out/suite-LastTest.log.gz"
         ;;
     san-rest)
-        cases() { grep -oE '^ +test_[a-z0-9_]+,' "$root/tests/gpu/$1.c" | tr -d ' ,' | sed "s/^/$1:/"; }
         rm -rf /tmp/san-rest && mkdir -p /tmp/san-rest # a warm machine keeps /tmp: no report of an earlier call
         todo=${SAN_ONLY:-}
         if [ -z "$todo" ]; then
@@ -201,8 +207,7 @@ run_step() {
             tool=${j%%:*} t=${j#*:} lim=$((${SAN_END_S:-540} - SECONDS))
             [ $lim -gt "${SAN_BOX_S:-470}" ] && lim=${SAN_BOX_S:-470}
             if [ $lim -lt 60 ]; then echo "$tool $t: not started (no time left)" >"/tmp/san-rest/$tool-${t/:/-}.txt"; continue; fi
-            extra=
-            case $t in test_opt_nccl:*) extra="--report-api-errors no" ;; esac
+            extra=$(nccl_tool_args "$t")
             (OUT=/tmp/san-rest TOOLS=$tool SANITIZER_ARGS=$extra bash "$root/scripts/gpu-sanitize.sh" $lim "$t" \
                 >"/tmp/san-rest/$tool-${t/:/-}.txt" 2>&1) &
             [ $alone = 1 ] && wait
@@ -219,8 +224,7 @@ run_step() {
             test_opt_follow_run:test_follow_one_changed_topk_row test_opt_nccl:test_n1_bitwise_plain_topk512
             test_opt_nccl:test_emulated_n2_topk512 test_opt_nccl:test_n1_dumps"
         for t in ${SAN_TOPK_CASES-$all_cases}; do
-            extra=
-            case $t in test_opt_nccl:*) extra="--report-api-errors no" ;; esac
+            extra=$(nccl_tool_args "$t")
             (OUT=$d TOOLS=memcheck DSV4_TEST_MAX_STEPS=0 SANITIZER_ARGS=$extra bash "$root/scripts/gpu-sanitize.sh" \
                 "$box" "$t" >"$d/memcheck-${t/:/-}.txt" 2>&1) &
         done
@@ -239,15 +243,14 @@ run_step() {
         echo "== test_opt_long_state without a tool: rc $bare at ${SECONDS}s" | tee "$out/san-long.txt"
         grep -E "bitwise equal|Failure|Assertion|%:" "$d/bare.log" | cut -c1-240 | tee -a "$out/san-long.txt"
         if [ $bare = 0 ]; then
-            for t in $(grep -oE '^ +test_state_[a-z0-9_]+,' "$root/tests/gpu/test_opt_long_state.c" | tr -d ' ,'); do
-                extra=
-                case $t in *nccl*) extra="--report-api-errors no" ;; esac # NCCL probes its own kernel images
+            for t in $(cases test_opt_long_state); do
+                extra=$(nccl_tool_args "$t")
                 # racecheck prints every race (--print-limit 0): the Flash-width cases have cuBLAS's own
                 for tool in memcheck racecheck; do
                     args=$extra
                     [ $tool = racecheck ] && args="$extra --print-limit 0"
-                    (OUT=$d TOOLS=$tool SANITIZER_ARGS=$args bash "$root/scripts/gpu-sanitize.sh" "$box" \
-                        "test_opt_long_state:$t" >"$d/$tool-$t.txt" 2>&1) &
+                    (OUT=$d TOOLS=$tool SANITIZER_ARGS=$args bash "$root/scripts/gpu-sanitize.sh" "$box" "$t" \
+                        >"$d/$tool-${t#*:}.txt" 2>&1) &
                 done
             done
             wait
