@@ -57,8 +57,9 @@
 #            (DSV4_TEST_MAX_STEPS=0), and scripts/gpu-sanitize-topk512.sh (whole `dsv4 run` jobs; SAN_TOPK_JOBS
 #            picks its JOBS); into $OUT/san-topk512.txt. SAN_TOPK_CASES="" leaves the test cases out
 #   san-long  tests/gpu/test_opt_long_state.c (the top-512 ranking of golden/topk512 and of the Flash-width
-#            model in a few steps from a random state past position 2,048): its cases once without a tool (the sanitizers start only if that passes),
-#            then each case under memcheck and under racecheck, all at once, each time-boxed to SAN_BOX_S (400) s;
+#            model in a few steps from a random state past position 2,048): its cases once without a tool (the
+#            sanitizers start only if that passes), then each case under memcheck and under racecheck, all at
+#            once, each time-boxed to SAN_BOX_S (400) s;
 #            racecheck prints every race, and a line per case counts the races' accesses outside cuBLAS's own
 #            kernels (nvjet_*: the Flash-width GEMMs' races are cuBLAS's, docs/robustness.md); into
 #            $OUT/san-long.txt
