@@ -116,7 +116,8 @@ int main(int argc, char **argv)
     for (int s = 0; s < S; s++)
         for (int o = 0; o < n_out; o++) {
             double acc = 0;
-            for (int i = 0; i < n_in; i++) acc += (double)bf16_value(hw[(size_t)o * n_in + i]) * bf16_value(hx[(size_t)s * n_in + i]);
+            for (int i = 0; i < n_in; i++)
+                acc += (double)bf16_value(hw[(size_t)o * n_in + i]) * bf16_value(hx[(size_t)s * n_in + i]);
             const double e = fabs(acc - hy[(size_t)s * n_out + o]);
             if (e > worst) worst = e;
         }
