@@ -69,6 +69,15 @@ static void random_bf16(unsigned short *h, size_t n, unsigned *seed)
     }
 }
 
+/* a device copy of bytes at h */
+static void *device_copy(const void *h, size_t bytes)
+{
+    void *d;
+    CK(cudaMalloc(&d, bytes));
+    CK(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
+    return d;
+}
+
 /* worst |y - W x| over y [S, n_out] (f32, on the host) against a double GEMM of bf16 W [n_out, n_in], x [S, n_in] */
 static double worst_error(const float *y, const unsigned short *w, const unsigned short *x, int n_out, int n_in,
                           int S)
@@ -105,13 +114,9 @@ static int flash_gemms(cublasHandle_t h, cudaStream_t st, int iters)
         float *hy = (float *)malloc((size_t)S * n_out * 4);
         random_bf16(hw, nw, &seed);
         random_bf16(hx, nx, &seed);
-        void *dw, *dx, *dyf, *dyb;
-        CK(cudaMalloc(&dw, nw * 2));
-        CK(cudaMalloc(&dx, nx * 2));
+        void *dw = device_copy(hw, nw * 2), *dx = device_copy(hx, nx * 2), *dyf, *dyb;
         CK(cudaMalloc(&dyf, (size_t)S * n_out * 4));
         CK(cudaMalloc(&dyb, (size_t)S * n_out * 2));
-        CK(cudaMemcpy(dw, hw, nw * 2, cudaMemcpyHostToDevice));
-        CK(cudaMemcpy(dx, hx, nx * 2, cudaMemcpyHostToDevice));
         for (int it = 0; it < iters; it++) {
             CB(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n_out, S, n_in, &one, dw, CUDA_R_16BF, n_in, dx,
                             CUDA_R_16BF, n_in, &zero, dyf, CUDA_R_32F, n_out, CUBLAS_COMPUTE_32F,
@@ -137,12 +142,8 @@ static int flash_gemms(cublasHandle_t h, cudaStream_t st, int iters)
     unsigned short *hw = (unsigned short *)malloc(nw * 2), *hx = (unsigned short *)malloc(nx * 2);
     random_bf16(hw, nw, &seed);
     random_bf16(hx, nx, &seed);
-    void *dw, *dx, *dy;
-    CK(cudaMalloc(&dw, nw * 2));
-    CK(cudaMalloc(&dx, nx * 2));
+    void *dw = device_copy(hw, nw * 2), *dx = device_copy(hx, nx * 2), *dy;
     CK(cudaMalloc(&dy, (size_t)S * G * rows * 2));
-    CK(cudaMemcpy(dw, hw, nw * 2, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(dx, hx, nx * 2, cudaMemcpyHostToDevice));
     for (int it = 0; it < iters; it++)
         CB(cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, rows, S, g_in, &one, dw, CUDA_R_16BF, g_in,
                                       (long long)rows * g_in, dx, CUDA_R_16BF, G * g_in, g_in, &zero, dy,
@@ -169,15 +170,11 @@ static int tiny_gemms(cublasHandle_t h, cudaStream_t st, int iters)
     unsigned seed = 12345;
     random_bf16(hw, nw, &seed);
     random_bf16(hx, nx, &seed);
-    void *dw, *dx, *dyf, *dyb, *dyg, *dsum;
-    CK(cudaMalloc(&dw, nw * 2));
-    CK(cudaMalloc(&dx, nx * 2));
+    void *dw = device_copy(hw, nw * 2), *dx = device_copy(hx, nx * 2), *dyf, *dyb, *dyg, *dsum;
     CK(cudaMalloc(&dyf, (size_t)S * n_out * 4));
     CK(cudaMalloc(&dyb, (size_t)S * n_out * 2));
     CK(cudaMalloc(&dyg, (size_t)S * n_out * 2));
     CK(cudaMalloc(&dsum, (size_t)S * n_out / 256 * 4));
-    CK(cudaMemcpy(dw, hw, nw * 2, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(dx, hx, nx * 2, cudaMemcpyHostToDevice));
     const float one = 1.0f, zero = 0.0f;
     const int rows = n_out / G; /* a grouped GEMM like wo_a's: G groups of `rows` outputs over n_in / G inputs */
     const int small[][2] = {{64, 32}, {256, 32}, {32, 64}};
