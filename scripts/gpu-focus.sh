@@ -66,8 +66,8 @@
 #   race-repro  scripts/racecheck_cublas_repro.cu (cuBLAS bf16 GEMMs like the optimized path's) built and run
 #            bare, under racecheck whole, with --launch-skip, --launch-count and --kernel-name, and under memcheck
 #            with --launch-skip; then (unless RACE_FLASH=0) its Flash-width GEMMs bare, under racecheck, synccheck
-#            and racecheck with the version's asynchronous-copy and barrier options, with the kernels named in
-#            the race reports; each time-boxed to 150 s; into $OUT/race-repro.txt
+#            and racecheck --racecheck-memcpy-async no, with the kernels named in the race reports; each
+#            time-boxed to 150 s; into $OUT/race-repro.txt
 #   san-n1   why test_n1_dumps' jobs do not finish when the sanitizer follows them (the step's comment); into
 #            $OUT/san-n1.tgz
 #   dumps    `dsv4 run --path opt` dumps at the defaults of tiny (alone and as copy 2 of a staggered batch of 3),
@@ -276,20 +276,15 @@ run_step() {
         nvcc -O2 -arch=sm_90 -o "$d/race" "$root/scripts/racecheck_cublas_repro.cu" -lcublas >"$d/build.log" 2>&1 ||
             { echo "race-repro: build failed"; tail -n 5 "$d/build.log"; return; }
         compute-sanitizer --version | tail -n 1 | tee "$out/race-repro.txt"
-        # the racecheck options this version has (for the flash modes below)
+        # the racecheck options this version has
         compute-sanitizer --help | grep -E -- "--racecheck-" | tee -a "$out/race-repro.txt"
         local i=0 modes=("bare" "racecheck" "racecheck --launch-skip 40" "racecheck --launch-count 40"
             "racecheck --kernel-name kns=block_sum" "racecheck --kernel-name-exclude kns=block_sum"
             "memcheck --launch-skip 40")
         # the Flash-width GEMMs alone (RACE_FLASH=0 leaves them out): are cuBLAS's nvjet kernels reported with no
-        # kernel of ours in the process? Then with racecheck's options about asynchronous copies and barriers
-        if [ "${RACE_FLASH:-1}" = 1 ]; then
-            modes+=("bare|flash" "racecheck --print-limit 0|flash" "synccheck|flash")
-            compute-sanitizer --help | grep -q -- "--racecheck-indirect-barrier-dependency" &&
-                modes+=("racecheck --print-limit 0 --racecheck-indirect-barrier-dependency yes|flash")
-            compute-sanitizer --help | grep -q -- "--racecheck-memcpy-async" &&
-                modes+=("racecheck --print-limit 0 --racecheck-memcpy-async no|flash")
-        fi
+        # kernel of ours in the process? Then without racecheck's checks of asynchronous copies
+        [ "${RACE_FLASH:-1}" = 1 ] && modes+=("bare|flash" "racecheck --print-limit 0|flash" "synccheck|flash"
+            "racecheck --print-limit 0 --racecheck-memcpy-async no|flash")
         for entry in "${modes[@]}"; do
             i=$((i + 1))
             local mode=${entry%%|*} prog_args=""
