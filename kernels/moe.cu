@@ -1,4 +1,4 @@
-/* moe.cu - MoE routing, grouped routed experts and the shared expert's SwiGLU (model-spec §10, §3).
+/* moe.cu - MoE routing, the routed experts with bf16 weights and the shared expert's SwiGLU (model-spec §10, §3).
  *
  * Quiet traps (as reference/ref_moe.c):
  * - The correction bias only SELECTS; the weights are the plain scores of the selected experts, normalised
@@ -6,13 +6,18 @@
  * - Top-k ties keep the lower expert id first (strictly-greater insertion, as dsv4_ref_topk); NaN ranks last.
  * - SwiGLU clamps the gate from above only and the up projection on both sides, routed AND shared.
  * - softplus uses torch's threshold (z > 20 -> z) (dsv4_sqrtsoftplus, shared with follow.cu's re-weighting).
- * Layout of the grouped kernels: one warp per output row; a warp's dot product is lane partials over bf16 pairs
- * then a butterfly (fixed order), so results are bitwise deterministic.
+ * Routed experts: dim and inter multiples of 16 (every DeepSeek-V4 shape) take the grouped kernels of
+ * grouped_experts.cuh with the bf16 format below (each touched expert's rows read once per chunk of 64 tokens,
+ * multiplied on mma.sync); other even shapes take moe_up_kernel / moe_down_kernel, one warp per output row of one
+ * (token, expert) pair, the weights re-read per pair. Both are bitwise deterministic (fixed summation orders);
+ * the grouped kernels skip expert ids outside [0, 1024), the per-pair ones need every id to be a held expert.
  */
 #include <math.h>
 
+#include "grouped_experts.cuh"
 #include "moe.cuh"
 #include "opt_common.cuh"
+#include "qweight_dev.cuh"
 
 enum { MOE_MAX_E = 1024, MOE_MAX_K = 16, MOE_WARPS = 8 };
 
@@ -75,6 +80,93 @@ __global__ void moe_route_kernel(dsv4_moe_route_params p)
     }
 }
 
+/* ------------------------------------------------------------------------------------------------ grouped, bf16 */
+enum { B16_SS = 32 /* columns per super-step: 4 lanes x 8 bf16 (one 16-byte load per row) */ };
+
+/* The bf16 weight format of the grouped kernels (grouped_experts.cuh). Lane (g, t) loads columns 8t..8t+7 of a
+ * super-step from its rows and from its token's activations; the mma's k slots 2t, 2t+1 / 2t+8, 2t+9 of step s
+ * take words 2s / 2s+1 of those loads, the same permutation of the columns on both operands, so the products are
+ * the plain bf16 x bf16 ones (exact in fp32) and only the fp32 accumulation order differs from a row dot. */
+struct bf16_format {
+    typedef dsv4_moe_experts_params Params;
+    /* super-steps per weight batch: 4 KB (up: 2 x 2 m-tiles) and 3 KB (down: 3 x 1) of weights per warp in flight;
+     * down at 4 spilled under its 128-register bound */
+    enum { UP_DEPTH = 2, DOWN_DEPTH = 3, UP_MIN_BLOCKS = 4, DOWN_MIN_BLOCKS = 2 };
+    template <int MT> struct Rows {
+        const uint16_t *w[MT][2]; /* rows g and g + 8 of each m-tile */
+    };
+    template <int MT, int DEPTH> struct Batch {
+        uint4 w[DEPTH][MT][2];
+    };
+    template <int MT> static __device__ void w13_row(Rows<MT> &rows, int m, int r, const Params &p, size_t row)
+    {
+        rows.w[m][r] = p.w13 + row * p.dim;
+    }
+    template <int MT> static __device__ void w2_row(Rows<MT> &rows, int m, int r, const Params &p, size_t row)
+    {
+        rows.w[m][r] = p.w2 + row * p.inter;
+    }
+    /* One warp: super-steps b .. b + DEPTH - 1 of its rows (zeros past K). */
+    template <int MT, int DEPTH>
+    static __device__ __forceinline__ void load_batch(Batch<MT, DEPTH> &nb, const Rows<MT> &rows, int K, int b)
+    {
+        const int t = threadIdx.x & 3;
+#pragma unroll
+        for (int d = 0; d < DEPTH; d++) {
+            const int col = (b + d) * B16_SS + 8 * t;
+#pragma unroll
+            for (int m = 0; m < MT; m++)
+#pragma unroll
+                for (int r = 0; r < 2; r++)
+                    nb.w[d][m][r] = col < K ? qw_ld_stream(rows.w[m][r] + col) : make_uint4(0, 0, 0, 0);
+        }
+    }
+    /* One warp: acc[m] += W_m[16 rows, 0..K) · x[8 tokens, 0..K)ᵀ. The next batch of weights AND activations is
+     * loaded while the current one is multiplied (X_AHEAD is the FP4 format's choice; here always ahead: a
+     * batch's activations are DEPTH registers of 4 words). */
+    template <int MT, int DEPTH, bool X_AHEAD>
+    static __device__ __forceinline__ void warp_tile(float acc[MT][4], const Rows<MT> &rows, const uint16_t *xrow,
+                                                     int K, Batch<MT, DEPTH> &nxt, bool preloaded)
+    {
+        const int t = threadIdx.x & 3, nss = (K + B16_SS - 1) / B16_SS;
+        auto load_x = [&](uint4 X[DEPTH], int b) {
+#pragma unroll
+            for (int d = 0; d < DEPTH; d++) {
+                const int col = (b + d) * B16_SS + 8 * t;
+                X[d] = xrow && col < K ? __ldg(reinterpret_cast<const uint4 *>(xrow + col)) : make_uint4(0, 0, 0, 0);
+            }
+        };
+        uint4 Xn[DEPTH];
+        if (!preloaded) load_batch<MT, DEPTH>(nxt, rows, K, 0);
+        load_x(Xn, 0);
+        for (int b = 0; b < nss; b += DEPTH) {
+            const Batch<MT, DEPTH> cur = nxt;
+            uint4 X[DEPTH];
+#pragma unroll
+            for (int d = 0; d < DEPTH; d++) X[d] = Xn[d];
+            if (b + DEPTH < nss) {
+                load_batch<MT, DEPTH>(nxt, rows, K, b + DEPTH);
+                load_x(Xn, b + DEPTH);
+            }
+#pragma unroll
+            for (int d = 0; d < DEPTH; d++) {
+                if (b + d >= nss) break;
+#pragma unroll
+                for (int s = 0; s < 2; s++) {
+                    const uint32_t bb[2] = {qw_word(X[d], 2 * s), qw_word(X[d], 2 * s + 1)};
+#pragma unroll
+                    for (int m = 0; m < MT; m++) {
+                        const uint32_t a[4] = {qw_word(cur.w[d][m][0], 2 * s), qw_word(cur.w[d][m][1], 2 * s),
+                                               qw_word(cur.w[d][m][0], 2 * s + 1), qw_word(cur.w[d][m][1], 2 * s + 1)};
+                        dsv4_mma_bf16_16816(acc[m], a, bb);
+                    }
+                }
+            }
+        }
+    }
+};
+
+/* ------------------------------------------------------------------------------------------------ per pair */
 /* Σ_i a[i]·x[i] over n (even) bf16 weights a and f32 x (shared memory), by one warp. */
 static __device__ __forceinline__ float moe_warp_dot(const uint16_t *__restrict__ a, const float *x, int n)
 {
@@ -166,6 +258,9 @@ int dsv4_opt_moe_experts(const dsv4_moe_experts_params *p)
     DSV4_CHECK(p->x && p->ids && p->weights && p->w13 && p->w2 && p->h && p->out, "moe_experts: NULL buffer");
     DSV4_CHECK(p->e_end == 0 || (p->e_begin >= 0 && p->e_end > p->e_begin), "moe_experts: expert range [%d, %d)",
                p->e_begin, p->e_end);
+    if (p->dim % 16 == 0 && p->inter % 16 == 0 && p->k <= GE_MAX_K && dsv4_aligned16(p->x) &&
+        dsv4_aligned16(p->w13) && dsv4_aligned16(p->w2) && dsv4_aligned16(p->h))
+        return ge_launch<bf16_format>("moe_experts", *p);
     const size_t up_smem = (size_t)p->dim * sizeof(float), down_smem = (size_t)p->k * p->inter * sizeof(float);
     if (up_smem > 48 * 1024 || down_smem > 96 * 1024)
         return dsv4_error(DSV4_ERR_UNSUPPORTED, "moe_experts: dim %d / k·inter %d too large for shared memory",

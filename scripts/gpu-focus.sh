@@ -74,6 +74,12 @@
 #            tiny-fp8 and topk512, and of tiny with --mhc roundtrip, into $OUT/dumps.tgz: run before and after a
 #            kernel change that must not change a bit, then compare the two with h5diff here. DUMPS_BIN=PATH
 #            dumps with another build's dsv4, into $OUT/$DUMPS_NAME.tgz
+#   experts  after a change of the grouped experts (kernels/grouped_experts.cuh, both weight formats): first,
+#            alone on the GPU, bench_moe --quick (bf16) and bench_qweight --quick (FP4) into $OUT/moe.txt and
+#            $OUT/qweight.txt and `dsv4 bench` bf16 all-on (5 layers, C = 1, 16, 64) into $OUT/bench-bf16.json;
+#            then test_kernel_qweight, test_opt_kernels, test_opt_nccl's expert-range cases, e2e_opt_gpu and
+#            e2e_opt_flash_gpu (with the naive variants), each time-boxed to EXPERTS_S (300) s, into
+#            $OUT/experts.log
 #   ncu-mhc  Nsight Compute on bench_mhc --quick's mHC pre kernels (partial, finish and the roundtrip's own):
 #            speed-of-light, warp state and launch statistics into $OUT/ncu-mhc.csv
 #   ncu-fp8  Nsight Compute on bench_qweight --quick's first 120 FP8 linear launches (every C and shape, matched by
@@ -83,7 +89,7 @@
 set -u
 # every step name is checked before the build: a misspelt one was found only when reached, after the build and
 # the steps before it had used the call's device time
-known_steps="san-long race-repro flips kv8 kv8b wo-a auto-kv8 san-model ubench suite san-rest san-topk512 san-n1 dumps kvdumps study ctest tests nccl
+known_steps="experts san-long race-repro flips kv8 kv8b wo-a auto-kv8 san-model ubench suite san-rest san-topk512 san-n1 dumps kvdumps study ctest tests nccl
     ncu-fp4 ncu-mhc ncu-fp8 ncu-fp4-c64 ref bench-q bench-fp8 fp8 split"
 for step in "$@"; do
     found=0
@@ -444,6 +450,30 @@ run_step() {
         (cd "$b" && timeout 200 ctest -R '^(test_ref_gpu_ops|e2e_ref_gpu)$' --output-on-failure) >"$out/ref.log" 2>&1
         echo "== ref rc $? at ${SECONDS}s"
         grep -E "Test +#|tests passed" "$out/ref.log"
+        ;;
+    experts)
+        timeout 120 "$b/bench_moe" --quick >"$out/moe.txt" 2>&1
+        echo "== bench_moe rc $? at ${SECONDS}s"
+        grep -E "^(ceilings|moe_experts|spot|FAIL)" "$out/moe.txt" | cut -c1-160
+        timeout 120 "$b/bench_qweight" --quick >"$out/qweight.txt" 2>&1
+        echo "== bench_qweight rc $? at ${SECONDS}s"
+        grep -E "^(fp4_experts|FAIL)" "$out/qweight.txt" | cut -c1-160
+        timeout 150 "$b/dsv4" bench --variants all-on --scaling none --no-baseline --layers 5 \
+            --json "$out/bench-bf16.json" >"$out/bench-bf16.log" 2>&1
+        echo "== dsv4 bench (bf16) rc $? at ${SECONDS}s"
+        grep -E "all-on" "$out/bench-bf16.log" | cut -c1-160 | head -n 8
+        for c in test_moe_expert_range test_fp4_expert_range; do
+            (cd "$b" && CK_RUN_CASE="$c" DSV4_SOURCE_DIR=$root DSV4_BIN=$b/dsv4 timeout 120 ./test_opt_nccl) >>"$out/experts.log" 2>&1
+            echo "== test_opt_nccl $c rc $?"
+        done
+        mkdir -p /tmp/dsv4-flash /tmp/e2e-experts
+        (cd "$b" && DSV4_FLASH_MODEL=/tmp/dsv4-flash DSV4_E2E_LOG=/tmp/e2e-experts timeout "${EXPERTS_S:-300}" \
+            ctest -R '^(test_kernel_qweight|test_opt_kernels|e2e_opt_gpu|e2e_opt_flash_gpu)$' -j 2 \
+            --output-on-failure) >>"$out/experts.log" 2>&1
+        echo "== experts tests rc $? at ${SECONDS}s"
+        grep -E "^(fp4_experts|moe_experts)" "$b/Testing/Temporary/LastTest.log" | cut -c1-220
+        grep -E "Test +#|tests passed|tests failed" "$out/experts.log"
+        grep -hE "^(e2e_opt[a-z0-9_]*:|== .*FAIL)" "$b/Testing/Temporary/LastTest.log" | head -n 60
         ;;
     bench-q)
         timeout 120 "$b/bench_qweight" --quick >"$out/qweight.txt" 2>&1

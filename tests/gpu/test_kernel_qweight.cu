@@ -1,6 +1,7 @@
-/* test_kernel_qweight.cu - kernels/fp8_linear.cu and kernels/fp4_experts.cu against CPU references that dequantise
- * with the shared loader's own functions (dsv4_e4m3_to_f32, dsv4_e2m1_to_f32, dsv4_e8m0_to_f32; model/dtype.c) and
- * multiply in double, on random codes (every finite e4m3 code, every e2m1 code), random scales (e8m0 bytes
+/* test_kernel_qweight.cu - kernels/fp8_linear.cu and the grouped experts (kernels/grouped_experts.cuh) in their FP4
+ * format (fp4_experts.cu) and their bf16 one (moe.cu; the same cases but the scale kinds) against CPU references
+ * that dequantise with the shared loader's own functions (dsv4_e4m3_to_f32, dsv4_e2m1_to_f32, dsv4_e8m0_to_f32;
+ * model/dtype.c) and multiply in double, on random codes (every finite e4m3 code, every e2m1 code), random scales (e8m0 bytes
  * 116..130, which includes scales above 2 that take the kernels' two-multiply path; f32 scales over 2^-12..2^-6),
  * random bf16 activations, fixed seeds, outputs NaN-poisoned first. Shapes: tails (n_out, n_in not multiples of
  * 128, n_in not a multiple of 16, strided x and y), S in {1, 3, 16, 64, 257}, C > 64 (two token chunks), experts
@@ -13,7 +14,8 @@
  * cancellation). The experts' h is bf16 by contract (as moe.cu), so it is gated at one bf16 rounding (2^-8 relative)
  * plus the 1e-5 · Σ|terms| accumulation term carried through the SwiGLU (|dh/dg|, |dh/du| <= 1.1·λ·weight), and the
  * down projection is then gated at 1e-5 against a reference built from the kernel's own h. Each gate is shown to
- * fail against a deliberately wrong reference: fp8 with the scale blocks transposed, fp4 with the nibbles swapped.
+ * fail against a deliberately wrong reference: fp8 with the scale blocks transposed, fp4 with the nibbles swapped,
+ * bf16 experts with neighbouring columns swapped.
  * Determinism: a second launch must give bitwise the same output.
  */
 #include <check.h>
@@ -27,6 +29,7 @@ extern "C" {
 #include "dsv4_test.h"
 }
 #include "dsv4/dsv4.h"
+#include "../../kernels/moe.cuh"
 #include "../../kernels/qweight.cuh"
 
 static uint64_t rs;
@@ -286,26 +289,49 @@ static float f4_deq(const uint8_t *w, const uint8_t *s, size_t row, int cols, in
     return e2m1_tab[hi ? b >> 4 : b & 0xf] * e8m0_tab[s[row * (cols / 32) + c / 32]];
 }
 
+/* One expert matrix of a case in either format: FP4 codes + e8m0 scales, or bf16. `bad` reads it wrongly for the
+ * weak-gate checks: nibbles swapped (FP4), neighbouring columns swapped (bf16). */
+typedef struct ex_matrix {
+    const uint8_t *codes, *scales; /* FP4 */
+    const uint16_t *bf16;          /* bf16 (codes NULL) */
+} ex_matrix;
+static double ex_weight(const ex_matrix *w, size_t row, int cols, int c, int bad)
+{
+    if (w->codes) return f4_deq(w->codes, w->scales, row, cols, c, bad);
+    return dsv4_bf16_to_f32(w->bf16[row * cols + (c ^ bad)]);
+}
+
 /* Does the call hold expert `id` (the kernel computes the pair), or must the pair be skipped? */
 static int f4_held(int id, int e_lo, int e_hi) { return id >= e_lo && id < e_hi && id < 1024; }
 
-START_TEST(test_fp4_experts)
+/* One case of the grouped experts (grouped_experts.cuh) with the FP4 format (dsv4_opt_fp4_experts) or the bf16 one
+ * (dsv4_opt_moe_experts, whose shapes here are all multiples of 16, so it takes the grouped kernels). */
+static void experts_case(const f4_case *k, int bf16, int case_no)
 {
-    const f4_case *k = &f4_cases[_i];
-    rs = 5000 + 31 * _i;
+    rs = 5000 + 31 * case_no + (bf16 ? 7919 : 0);
+    const char *fmt = bf16 ? "moe_experts (bf16)" : "fp4_experts";
     const int C = k->C, E = k->E, K = k->k, D = k->D, I = k->I;
     const float lim = 2.5f; /* small: the clamps act */
     /* the experts held: [e_lo, e_hi), expert e at index e - e_lo */
     const int ep = k->routing == F4_EXPERT_PARALLEL, e_lo = ep ? 3 : 0, e_hi = ep ? E - 2 : E;
-    const size_t n13 = (size_t)(e_hi - e_lo) * 2 * I * D / 2, n2 = (size_t)(e_hi - e_lo) * D * I / 2;
-    uint8_t *w13 = (uint8_t *)malloc(n13), *w2 = (uint8_t *)malloc(n2);
-    uint8_t *s13 = (uint8_t *)malloc(n13 / 16), *s2 = (uint8_t *)malloc(n2 / 16);
-    for (size_t i = 0; i < n13; i++) w13[i] = (uint8_t)rnd32();
-    for (size_t i = 0; i < n2; i++) w2[i] = (uint8_t)rnd32();
+    const size_t n13 = (size_t)(e_hi - e_lo) * 2 * I * D, n2 = (size_t)(e_hi - e_lo) * D * I; /* weights */
+    uint8_t *w13 = NULL, *w2 = NULL, *s13 = NULL, *s2 = NULL;
+    uint16_t *b13 = NULL, *b2 = NULL;
     int n_big = 0; /* scale bytes above 128 */
-    for (size_t i = 0; i < n13 / 16; i++) s13[i] = f4_scale_byte(k->scales), n_big += s13[i] > 128;
-    for (size_t i = 0; i < n2 / 16; i++) s2[i] = f4_scale_byte(k->scales), n_big += s2[i] > 128;
-    ck_assert_msg(k->scales == F4_SC_SMALL ? n_big == 0 : n_big > 0, "%s: %d scales > 2", k->name, n_big);
+    if (bf16) {
+        b13 = (uint16_t *)malloc(n13 * 2), b2 = (uint16_t *)malloc(n2 * 2);
+        for (size_t i = 0; i < n13; i++) b13[i] = rand_bf16(0.25);
+        for (size_t i = 0; i < n2; i++) b2[i] = rand_bf16(0.25);
+    } else {
+        w13 = (uint8_t *)malloc(n13 / 2), w2 = (uint8_t *)malloc(n2 / 2);
+        s13 = (uint8_t *)malloc(n13 / 32), s2 = (uint8_t *)malloc(n2 / 32);
+        for (size_t i = 0; i < n13 / 2; i++) w13[i] = (uint8_t)rnd32();
+        for (size_t i = 0; i < n2 / 2; i++) w2[i] = (uint8_t)rnd32();
+        for (size_t i = 0; i < n13 / 32; i++) s13[i] = f4_scale_byte(k->scales), n_big += s13[i] > 128;
+        for (size_t i = 0; i < n2 / 32; i++) s2[i] = f4_scale_byte(k->scales), n_big += s2[i] > 128;
+        ck_assert_msg(k->scales == F4_SC_SMALL ? n_big == 0 : n_big > 0, "%s: %d scales > 2", k->name, n_big);
+    }
+    const ex_matrix m13 = {w13, s13, b13}, m2 = {w2, s2, b2};
     uint16_t *x = (uint16_t *)malloc((size_t)C * D * 2);
     for (size_t i = 0; i < (size_t)C * D; i++) x[i] = rand_bf16(1.0);
     int32_t *ids = (int32_t *)malloc((size_t)C * K * 4);
@@ -327,33 +353,45 @@ START_TEST(test_fp4_experts)
         }
     for (size_t i = 0; i < (size_t)C * D; i++) sh[i] = (float)(urand() * 2 - 1);
 
+    /* both formats' parameters carry the same fields but the weights */
     dsv4_fp4_experts_params p;
+    dsv4_moe_experts_params pb;
     memset(&p, 0, sizeof p);
     p.n_tok = C, p.k = K, p.dim = D, p.inter = I, p.limit = lim;
     if (ep) p.e_begin = e_lo, p.e_end = e_hi;
     p.x = (const uint16_t *)to_dev(x, (size_t)C * D * 2);
     p.ids = (const int32_t *)to_dev(ids, (size_t)C * K * 4);
     p.weights = (const float *)to_dev(wt, (size_t)C * K * 4);
-    p.w13 = (const uint8_t *)to_dev(w13, n13), p.s13 = (const uint8_t *)to_dev(s13, n13 / 16);
-    p.w2 = (const uint8_t *)to_dev(w2, n2), p.s2 = (const uint8_t *)to_dev(s2, n2 / 16);
-    /* the kernel's bit layout; the references below read the checkpoint layout kept in w13 / w2 */
-    ck_assert_msg(dsv4_opt_fp4_repack((uint8_t *)p.w13, n13, 0) == 0, "%s", dsv4_last_error());
-    ck_assert_msg(dsv4_opt_fp4_repack((uint8_t *)p.w2, n2, 0) == 0, "%s", dsv4_last_error());
+    if (bf16) {
+        p.w13 = (const uint8_t *)to_dev(b13, n13 * 2), p.w2 = (const uint8_t *)to_dev(b2, n2 * 2);
+    } else {
+        p.w13 = (const uint8_t *)to_dev(w13, n13 / 2), p.s13 = (const uint8_t *)to_dev(s13, n13 / 32);
+        p.w2 = (const uint8_t *)to_dev(w2, n2 / 2), p.s2 = (const uint8_t *)to_dev(s2, n2 / 32);
+        /* the kernel's bit layout; the references below read the checkpoint layout kept in w13 / w2 */
+        ck_assert_msg(dsv4_opt_fp4_repack((uint8_t *)p.w13, n13 / 2, 0) == 0, "%s", dsv4_last_error());
+        ck_assert_msg(dsv4_opt_fp4_repack((uint8_t *)p.w2, n2 / 2, 0) == 0, "%s", dsv4_last_error());
+    }
     p.h = (uint16_t *)to_dev(NULL, (size_t)C * K * I * 2);
     p.shared = (const float *)to_dev(sh, (size_t)C * D * 4), p.shared_stride = D;
     p.out = (float *)to_dev(NULL, (size_t)C * D * 4);
-    ck_assert_msg(dsv4_opt_fp4_experts(&p) == 0, "%s", dsv4_last_error());
+    memset(&pb, 0, sizeof pb);
+    pb.n_tok = C, pb.k = K, pb.dim = D, pb.inter = I, pb.limit = lim, pb.e_begin = p.e_begin, pb.e_end = p.e_end;
+    pb.x = p.x, pb.ids = p.ids, pb.weights = p.weights, pb.h = p.h, pb.shared = p.shared, pb.out = p.out;
+    pb.w13 = (const uint16_t *)p.w13, pb.w2 = (const uint16_t *)p.w2, pb.shared_stride = D;
+    const int rc1 = bf16 ? dsv4_opt_moe_experts(&pb) : dsv4_opt_fp4_experts(&p);
+    ck_assert_msg(rc1 == 0, "%s", dsv4_last_error());
     const size_t nh = (size_t)C * K * I, no = (size_t)C * D;
     uint16_t *hk = (uint16_t *)malloc(nh * 2);
     float *out = (float *)malloc(no * 4), *out2 = (float *)malloc(no * 4), *hg = (float *)malloc(nh * 4);
     from_dev(hk, p.h, nh * 2);
     from_dev(out, p.out, no * 4);
     ck_assert(cudaMemset(p.out, 0xff, no * 4) == cudaSuccess);
-    ck_assert_msg(dsv4_opt_fp4_experts(&p) == 0, "%s", dsv4_last_error());
+    const int rc2 = bf16 ? dsv4_opt_moe_experts(&pb) : dsv4_opt_fp4_experts(&p);
+    ck_assert_msg(rc2 == 0, "%s", dsv4_last_error());
     from_dev(out2, p.out, no * 4);
-    ck_assert_msg(memcmp(out, out2, no * 4) == 0, "%s: two launches differ", k->name);
+    ck_assert_msg(memcmp(out, out2, no * 4) == 0, "%s %s: two launches differ", fmt, k->name);
 
-    /* up: h in double from the loader's dequantisation (and with swapped nibbles for the weak-gate check) */
+    /* up: h in double from the loader's dequantisation (and read wrongly for the weak-gate check) */
     double *href = (double *)malloc(nh * 8), *hbad = (double *)malloc(nh * 8), *hmag = (double *)malloc(nh * 8);
     for (int c = 0; c < C; c++)
         for (int j = 0; j < K; j++) {
@@ -370,7 +408,7 @@ START_TEST(test_fp4_experts)
                     const size_t rg = (size_t)e * 2 * I + m, ru = rg + I;
                     for (int i = 0; i < D; i++) {
                         const double xv = dsv4_bf16_to_f32(x[(size_t)c * D + i]);
-                        const double tg = f4_deq(w13, s13, rg, D, i, sw) * xv, tu = f4_deq(w13, s13, ru, D, i, sw) * xv;
+                        const double tg = ex_weight(&m13, rg, D, i, sw) * xv, tu = ex_weight(&m13, ru, D, i, sw) * xv;
                         g += tg, u += tu, ag += fabs(tg), au += fabs(tu);
                     }
                     g = fmin(g, lim), u = fmax(fmin(u, lim), -lim);
@@ -396,8 +434,8 @@ START_TEST(test_fp4_experts)
                 const size_t row = (size_t)e * D + r;
                 for (int m = 0; m < I; m++) {
                     const double hv = hg[((size_t)c * K + j) * I + m];
-                    const double t = f4_deq(w2, s2, row, I, m, 0) * hv;
-                    acc += t, mg += fabs(t), accb += f4_deq(w2, s2, row, I, m, 1) * hv;
+                    const double t = ex_weight(&m2, row, I, m, 0) * hv;
+                    acc += t, mg += fabs(t), accb += ex_weight(&m2, row, I, m, 1) * hv;
                 }
             }
             oref[(size_t)c * D + r] = acc + sh[(size_t)c * D + r];
@@ -405,26 +443,49 @@ START_TEST(test_fp4_experts)
             omag[(size_t)c * D + r] = mg + fabs(sh[(size_t)c * D + r]);
         }
     gate go = gate_eval(out, oref, omag, no), gob = gate_eval(out, obad, omag, no);
-    printf("fp4_experts %-36s C=%d E=%d k=%d D=%d I=%d, %d scales > 2: h rel L2 %.3g, max %.3g (units of 1e-5 + 1 bf16 ulp); "
-           "out rel L2 %.3g, max err/Σ|t| %.3g at (tok %zu, row %zu) got %.7g ref %.7g; swapped nibbles: h max %.3g, "
+    printf("%s %-36s C=%d E=%d k=%d D=%d I=%d, %d scales > 2: h rel L2 %.3g, max %.3g (units of 1e-5 + 1 bf16 ulp); "
+           "out rel L2 %.3g, max err/Σ|t| %.3g at (tok %zu, row %zu) got %.7g ref %.7g; read wrongly: h max %.3g, "
            "out rel L2 %.3g\n",
-           k->name, C, E, K, D, I, n_big, gh.rel_l2, gh.worst, go.rel_l2, go.worst, go.worst_i / D, go.worst_i % D,
-           out[go.worst_i], oref[go.worst_i], ghb.worst, gob.rel_l2);
+           fmt, k->name, C, E, K, D, I, n_big, gh.rel_l2, gh.worst, go.rel_l2, go.worst, go.worst_i / D,
+           go.worst_i % D, out[go.worst_i], oref[go.worst_i], ghb.worst, gob.rel_l2);
     ck_assert_msg(!gh.nonfinite && gh.worst <= 1e-5 && gh.rel_l2 <= 4e-3,
-                  "%s: h max %.3g (tol 1e-5 units), rel L2 %.3g (tol 4e-3), %d non-finite (first at %zu)", k->name,
-                  gh.worst, gh.rel_l2, gh.nonfinite, gh.worst_i);
-    ck_assert_msg(gate_pass(&go, 1e-5), "%s: out rel L2 %.3g, max %.3g (tol 1e-5), %d non-finite", k->name,
+                  "%s %s: h max %.3g (tol 1e-5 units), rel L2 %.3g (tol 4e-3), %d non-finite (first at %zu)", fmt,
+                  k->name, gh.worst, gh.rel_l2, gh.nonfinite, gh.worst_i);
+    ck_assert_msg(gate_pass(&go, 1e-5), "%s %s: out rel L2 %.3g, max %.3g (tol 1e-5), %d non-finite", fmt, k->name,
                   go.rel_l2, go.worst, go.nonfinite);
-    ck_assert_msg(ghb.worst > 1e-5, "%s: h gate too weak (swapped nibbles pass)", k->name);
-    ck_assert_msg(!gate_pass(&gob, 1e-5), "%s: out gate too weak (swapped nibbles pass)", k->name);
+    ck_assert_msg(ghb.worst > 1e-5, "%s %s: h gate too weak (the wrong reading passes)", fmt, k->name);
+    ck_assert_msg(!gate_pass(&gob, 1e-5), "%s %s: out gate too weak (the wrong reading passes)", fmt, k->name);
 
     cudaFree((void *)p.x), cudaFree((void *)p.ids), cudaFree((void *)p.weights), cudaFree((void *)p.w13);
     cudaFree((void *)p.s13), cudaFree((void *)p.w2), cudaFree((void *)p.s2), cudaFree(p.h);
     cudaFree((void *)p.shared), cudaFree(p.out);
-    free(w13), free(w2), free(s13), free(s2), free(x), free(ids), free(wt), free(sh), free(hk), free(out), free(out2);
-    free(hg), free(href), free(hbad), free(hmag), free(oref), free(obad), free(omag);
+    free(w13), free(w2), free(s13), free(s2), free(b13), free(b2), free(x), free(ids), free(wt), free(sh), free(hk);
+    free(out), free(out2), free(hg), free(href), free(hbad), free(hmag), free(oref), free(obad), free(omag);
+}
+
+START_TEST(test_fp4_experts)
+{
+    experts_case(&f4_cases[_i], 0, _i);
 }
 END_TEST
+
+/* The bf16 format on the cases whose scale kind does not matter to it (the first of each shape and routing). */
+START_TEST(test_bf16_experts)
+{
+    int n = -1, i = 0;
+    for (; i < N_F4; i++)
+        if (f4_cases[i].scales == F4_SC_MIXED && ++n == _i) break;
+    ck_assert_int_lt(i, N_F4);
+    experts_case(&f4_cases[i], 1, i);
+}
+END_TEST
+
+static int n_bf16_cases(void)
+{
+    int n = 0;
+    for (int i = 0; i < N_F4; i++) n += f4_cases[i].scales == F4_SC_MIXED;
+    return n;
+}
 
 START_TEST(test_fp4_rejects)
 {
@@ -461,6 +522,7 @@ int main(void)
     tcase_add_loop_test(tc, test_fp8_linear, 0, N_F8);
     tcase_add_test(tc, test_fp8_rejects);
     tcase_add_loop_test(tc, test_fp4_experts, 0, N_F4);
+    tcase_add_loop_test(tc, test_bf16_experts, 0, n_bf16_cases());
     tcase_add_test(tc, test_fp4_rejects);
     suite_add_tcase(s, tc);
     return dsv4_test_main(s);
