@@ -18,6 +18,10 @@
  * A weight format F supplies the multiplies; the kernels here only group. F has:
  *   Params (the struct of the format's entry point, with the fields of dsv4_moe_experts_params used here);
  *   UP_DEPTH, DOWN_DEPTH (weight super-steps per register batch), UP_MIN_BLOCKS, DOWN_MIN_BLOCKS (launch bounds);
+ *   UP_DEPTH_FEW, UP_MIN_BLOCKS_FEW: the up kernel's depth and bound for a grid the GPU holds in one wave at
+ *     UP_MIN_BLOCKS_FEW blocks per SM (C = 1 in Flash: 192 blocks), where fewer warps per SM need more bytes in
+ *     flight each; equal to UP_DEPTH / UP_MIN_BLOCKS where the format gains nothing from it. The depth only
+ *     groups the loads: the multiplies and their order are the same, so both variants give the same bits;
  *   Rows<MT>: where a warp's rows g and g + 8 of each of its MT m-tiles start, set by w13_row / w2_row from the
  *     row index in the held experts' stacked matrix ([E_held · 2I, D] and [E_held · D, I]);
  *   Batch<MT, DEPTH> and load_batch: the registers of one weight batch;
@@ -114,8 +118,8 @@ static __device__ __forceinline__ void ge_wait_prerequisites()
  * each of its slots (y, y + gridDim.y, ...) and that expert's pairs itself, in its own list, and writes h from its
  * own accumulators. (The earlier split of D over the warps, summed through shared memory by warp 0, stalled the
  * block on barriers for ~20% of its cycles: ncu, H200, C = 64, FP4.) */
-template <class F>
-__global__ void __launch_bounds__(GE_UP_WARPS * 32, F::UP_MIN_BLOCKS)
+template <class F, int DEPTH, int MIN_BLOCKS>
+__global__ void __launch_bounds__(GE_UP_WARPS * 32, MIN_BLOCKS)
     ge_up_kernel(const __grid_constant__ typename F::Params p)
 {
     __shared__ uint32_t bits[GE_MAX_E / 32];
@@ -152,8 +156,8 @@ __global__ void __launch_bounds__(GE_UP_WARPS * 32, F::UP_MIN_BLOCKS)
             const int idx = pass * 8 + g;
             const uint16_t *xrow = idx < cnt ? p.x + (size_t)((pair0 + list[idx]) / p.k) * D : NULL;
             float acc[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
-            typename F::template Batch<2, F::UP_DEPTH> batch;
-            F::template warp_tile<2, F::UP_DEPTH, false>(acc, rows, xrow, D, batch, false);
+            typename F::template Batch<2, DEPTH> batch;
+            F::template warp_tile<2, DEPTH, false>(acc, rows, xrow, D, batch, false);
 #pragma unroll
             for (int i = 0; i < 4; i++) { /* acc[m][i]: row g (+8 for i >= 2), token slot 2t + (i & 1) */
                 const int row = m0 + g + (i >= 2 ? 8 : 0), slot_i = pass * 8 + 2 * t + (i & 1);
@@ -243,7 +247,10 @@ static inline size_t ge_down_smem(int n_tok, int k)
 
 /* Checks what the grouping needs (the format checks its own shapes and buffers first: dim and inter multiples
  * of 16, 16-byte aligned rows) and launches up, then down with programmatic dependent launch: its set-up and
- * first weight loads overlap the up kernel's last blocks (H200, C = 64, FP4: 919-924 -> 915 us). */
+ * first weight loads overlap the up kernel's last blocks (H200, C = 64, FP4: 919-924 -> 915 us). The up kernel's
+ * variant follows the grid's size alone (the same for every launch of a shape, so graphs replay what eager runs
+ * ran); a grid of slot blocks counts blocks whose slots no expert fills, so it may take the default variant
+ * where the few-blocks one would fit. */
 template <class F> static int ge_launch(const char *name, const typename F::Params &p)
 {
     DSV4_CHECK(p.k >= 1 && p.k <= GE_MAX_K, "%s: k %d (1..%d)", name, p.k, (int)GE_MAX_K);
@@ -256,7 +263,17 @@ template <class F> static int ge_launch(const char *name, const typename F::Para
     const int max_pairs = (p.n_tok < GE_TOK ? p.n_tok : GE_TOK) * p.k;
     const int slot_blocks = max_pairs < GE_UP_SLOT_BLOCKS ? max_pairs : GE_UP_SLOT_BLOCKS;
     const dim3 gu(dsv4_ceil_div(p.inter, 16 * GE_UP_WARPS), slot_blocks, chunks);
-    ge_up_kernel<F><<<gu, GE_UP_WARPS * 32, 0, p.stream>>>(p);
+    bool few = false;
+    if (F::UP_DEPTH_FEW != F::UP_DEPTH) {
+        int dev = 0, sms = 0;
+        DSV4_CUDA_CHECK(cudaGetDevice(&dev));
+        DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+        few = (long long)gu.x * gu.y * gu.z <= (long long)F::UP_MIN_BLOCKS_FEW * sms;
+    }
+    if (few)
+        ge_up_kernel<F, F::UP_DEPTH_FEW, F::UP_MIN_BLOCKS_FEW><<<gu, GE_UP_WARPS * 32, 0, p.stream>>>(p);
+    else
+        ge_up_kernel<F, F::UP_DEPTH, F::UP_MIN_BLOCKS><<<gu, GE_UP_WARPS * 32, 0, p.stream>>>(p);
     DSV4_LAUNCH_CHECK("ge_up_kernel");
     const size_t smem = ge_down_smem(p.n_tok, p.k);
     if (smem > 48 * 1024)

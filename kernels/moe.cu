@@ -90,8 +90,13 @@ enum { B16_SS = 32 /* columns per super-step: 4 lanes x 8 bf16 (one 16-byte load
 struct bf16_format {
     typedef dsv4_moe_experts_params Params;
     /* super-steps per weight batch: 4 KB (up: 2 x 2 m-tiles) and 3 KB (down: 3 x 1) of weights per warp in flight;
-     * down at 4 spilled under its 128-register bound */
-    enum { UP_DEPTH = 2, DOWN_DEPTH = 3, UP_MIN_BLOCKS = 4, DOWN_MIN_BLOCKS = 2 };
+     * down at 4 spilled under its 128-register bound. A few-blocks up grid (C = 1 in Flash: 192 blocks of 4 warps,
+     * under 6 warps per SM) takes 8 KB a warp at 2 blocks per SM: H200, bench_moe C = 1 107.4 -> 95.4 us; the same
+     * depth at C = 16 / 64 gained nothing / lost 1.5%, and deeper down batches gained nothing at C = 1. */
+    enum {
+        UP_DEPTH = 2, DOWN_DEPTH = 3, UP_MIN_BLOCKS = 4, DOWN_MIN_BLOCKS = 2,
+        UP_DEPTH_FEW = 4, UP_MIN_BLOCKS_FEW = 2
+    };
     template <int MT> struct Rows {
         const uint16_t *w[MT][2]; /* rows g and g + 8 of each m-tile */
     };

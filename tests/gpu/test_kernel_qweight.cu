@@ -16,7 +16,8 @@
  * down projection is then gated at 1e-5 against a reference built from the kernel's own h. Each gate is shown to
  * fail against a deliberately wrong reference: fp8 with the scale blocks transposed, fp4 with the nibbles swapped,
  * bf16 experts with neighbouring columns swapped.
- * Determinism: a second launch must give bitwise the same output.
+ * Determinism: a second launch must give bitwise the same output, and the experts' last token alone the same h and
+ * out as in its batch (alone, a grid of few blocks: the up kernel's few-blocks variant, grouped_experts.cuh).
  */
 #include <check.h>
 #include <cuda_runtime_api.h>
@@ -272,6 +273,7 @@ static const f4_case f4_cases[] = {
     {"C=70: two chunks, >8 tokens/expert", 70, 8, 6, 64, 96},
     {"C=16 E=64 k=6", 16, 64, 6, 256, 128},
     {"Flash D/I, C=3", 3, 12, 6, 4096, 2048},
+    {"Flash D/I, C=1: the few-blocks up variant", 1, 12, 6, 4096, 2048},
     {"k=16, busy experts", 64, 20, 16, 64, 64},
     {"ids -1/1024/5000 and duplicates", 9, 8, 4, 64, 64, F4_TRAPS},
     {"expert parallel [3, E-2)", 12, 10, 3, 64, 96, F4_EXPERT_PARALLEL},
@@ -390,6 +392,31 @@ static void experts_case(const f4_case *k, int bf16, int case_no)
     ck_assert_msg(rc2 == 0, "%s", dsv4_last_error());
     from_dev(out2, p.out, no * 4);
     ck_assert_msg(memcmp(out, out2, no * 4) == 0, "%s %s: two launches differ", fmt, k->name);
+    /* batch invariance: the last token alone gives the same bits as in the batch. Alone it takes a grid of a few
+     * blocks, so where the batch's grid is large this crosses the up kernel's two variants (grouped_experts.cuh). */
+    if (C > 1) {
+        const size_t c1 = (size_t)C - 1;
+        dsv4_fp4_experts_params p1 = p;
+        p1.n_tok = 1, p1.x = p.x + c1 * D, p1.ids = p.ids + c1 * K, p1.weights = p.weights + c1 * K;
+        p1.shared = p.shared + c1 * D;
+        p1.h = (uint16_t *)to_dev(NULL, (size_t)K * I * 2), p1.out = (float *)to_dev(NULL, (size_t)D * 4);
+        dsv4_moe_experts_params pb1 = pb;
+        pb1.n_tok = 1, pb1.x = p1.x, pb1.ids = p1.ids, pb1.weights = p1.weights, pb1.shared = p1.shared;
+        pb1.h = p1.h, pb1.out = p1.out;
+        const int rc = bf16 ? dsv4_opt_moe_experts(&pb1) : dsv4_opt_fp4_experts(&p1);
+        ck_assert_msg(rc == 0, "%s", dsv4_last_error());
+        uint16_t *h1 = (uint16_t *)malloc((size_t)K * I * 2);
+        float *o1 = (float *)malloc((size_t)D * 4);
+        from_dev(h1, p1.h, (size_t)K * I * 2);
+        from_dev(o1, p1.out, (size_t)D * 4);
+        ck_assert_msg(memcmp(o1, out + c1 * D, (size_t)D * 4) == 0,
+                      "%s %s: token %zu alone: out differs from the batch's", fmt, k->name, c1);
+        for (int j = 0; j < K; j++)
+            if (f4_held(ids[c1 * K + j], e_lo, e_hi))
+                ck_assert_msg(memcmp(h1 + (size_t)j * I, hk + (c1 * K + j) * I, (size_t)I * 2) == 0,
+                              "%s %s: token %zu alone: h of pair %d differs from the batch's", fmt, k->name, c1, j);
+        cudaFree(p1.h), cudaFree(p1.out), free(h1), free(o1);
+    }
 
     /* up: h in double from the loader's dequantisation (and read wrongly for the weak-gate check) */
     double *href = (double *)malloc(nh * 8), *hbad = (double *)malloc(nh * 8), *hmag = (double *)malloc(nh * 8);
