@@ -155,7 +155,7 @@ static int dsv4_probe_row(dsv4_probe_sink *p, int layer, const char *name, int p
                           const void *buf, size_t n)
 {
     if (!p || !dsv4_probe_kept(p, name)) return 0;
-    const dsv4_probe_def *def;
+    const dsv4_probe_def *def = NULL;
     int rc = dsv4_probe_find(p, layer, name, 0, dtype, &def);
     if (rc) return rc;
     const char *path = dsv4_dump_writer_path(p->w);
@@ -210,7 +210,7 @@ int dsv4_probe_entries(dsv4_probe_sink *p, int layer, const char *name, const fl
                        int64_t row_len)
 {
     if (!p || !dsv4_probe_kept(p, name)) return 0;
-    const dsv4_probe_def *def;
+    const dsv4_probe_def *def = NULL;
     int rc = dsv4_probe_find(p, layer, name, 1, DSV4_DTYPE_F32, &def);
     if (rc) return rc;
     const char *path = dsv4_dump_writer_path(p->w);

@@ -84,7 +84,7 @@ static int get_int64(const cfg_ctx *c, json_t *obj, const char *key, int require
 
 static int get_int(const cfg_ctx *c, json_t *obj, const char *key, int required, int def, int *out)
 {
-    int64_t v;
+    int64_t v = 0;
     int rc = get_int64(c, obj, key, required, def, &v);
     if (rc) return rc;
     if (v < -2147483647 || v > 2147483647)
@@ -293,7 +293,7 @@ static int parse_schedule(const cfg_ctx *c, dsv4_config *cfg)
 static int parse_ropes(const cfg_ctx *c, dsv4_config *cfg)
 {
     json_t *root = c->root;
-    double rope_theta, compress_theta;
+    double rope_theta = 0, compress_theta = 0; /* set by the get_double calls below (gcc -O3 cannot tell) */
     int rc;
     if ((rc = get_double(c, root, "rope_theta", 10000.0, &rope_theta))) return rc;
     if ((rc = get_double(c, root, "compress_rope_theta", 160000.0, &compress_theta))) return rc;
