@@ -24,6 +24,11 @@
 #   study    the top-k flips of the following runs on tiny: the CPU reference of every position, then `dsv4 run
 #            --path opt --follow` with the defaults and each naive variant alone; dumps and verifier reports
 #            (text and JSON, against the reference) into $OUT/study/ for a look at the flips' score gaps
+#   recall   tests/e2e_opt_recall_gpu.sh (issue 6's strict-recall gate pooled over the golden prompt + 63 random
+#            prompts of tiny and tiny-fp8: the defaults, each naive variant, the CPU emulation), time-boxed to
+#            RECALL_S (360) s, into $OUT/recall.log and the per-prompt lines into $OUT/recall-*.txt
+#   e2e      tests/e2e_opt_gpu.sh (every golden set, every variant, following and free), time-boxed to E2E_S
+#            (300) s, into $OUT/e2e.log
 #   flips    scripts/flip_rate.sh on tiny (200 random prompts) and tiny-fp8 (100): how often the bf16 emulation and
 #            the optimized path's defaults and naive variants, each following the fp32 reference, differ in top-k
 #            picks from it, and how many prompts fail the e2e top-k gate; into $OUT/flips-*.txt
@@ -50,7 +55,8 @@
 #            of test_opt_nccl:test_n1_dumps runs alone (~370 s, host memory): give it a call of its own
 #   ubench   every micro-benchmark (bench/run_on_device.sh ubench --quick) into $OUT/ubench.md; first, while
 #            nothing else uses the GPU
-#   suite    every GPU ctest but the slow CPU-vs-GPU Flash reference check (as gpu-check-all.sh, no sanitizers),
+#   suite    every GPU ctest but the slow CPU-vs-GPU Flash reference check and the pooled recall gate (the
+#            recall step) (as gpu-check-all.sh, no sanitizers),
 #            time-boxed to SUITE_S seconds (default 440); ctest's log into $OUT/suite.log
 #   san-topk512  the golden/topk512 runs that the other sanitizer steps leave out, all in parallel, each
 #            time-boxed to SAN_BOX_S (420) s: memcheck of every test case with a topk512 part, whole
@@ -89,7 +95,7 @@
 set -u
 # every step name is checked before the build: a misspelt one was found only when reached, after the build and
 # the steps before it had used the call's device time
-known_steps="experts san-long race-repro flips kv8 kv8b wo-a auto-kv8 san-model ubench suite san-rest san-topk512 san-n1 dumps kvdumps study ctest tests nccl
+known_steps="recall e2e experts san-long race-repro flips kv8 kv8b wo-a auto-kv8 san-model ubench suite san-rest san-topk512 san-n1 dumps kvdumps study ctest tests nccl
     ncu-fp4 ncu-mhc ncu-fp8 ncu-fp4-c64 ref bench-q bench-fp8 fp8 split"
 for step in "$@"; do
     found=0
@@ -116,6 +122,21 @@ nccl_tool_args() {
 run_step() {
     local step=$1
     case $step in
+    recall)
+        rm -rf /tmp/e2e-recall
+        (cd "$b" && DSV4_E2E_LOG=/tmp/e2e-recall timeout "${RECALL_S:-360}" ctest -R '^e2e_opt_recall_gpu$' -V) \
+            >"$out/recall.log" 2>&1
+        echo "== recall rc $? at ${SECONDS}s"
+        grep -E "^[0-9]+: (== |config|[a-z0-9-]+ +L[0-9]|[a-z0-9-]+: |gate |e2e_opt_recall)" "$out/recall.log" | cut -d' ' -f2- |
+            cut -c1-160
+        for set in tiny tiny-fp8; do cp "/tmp/e2e-recall/$set/flips.txt" "$out/recall-$set.txt" 2>/dev/null; done
+        ;;
+    e2e)
+        (cd "$b" && DSV4_E2E_LOG=/tmp/e2e-opt timeout "${E2E_S:-300}" ctest -R '^e2e_opt_gpu$' -V) >"$out/e2e.log" 2>&1
+        echo "== e2e_opt_gpu rc $? at ${SECONDS}s"
+        grep -E "^[0-9]+: (== |   topk|   router|e2e_opt_gpu:)" "$out/e2e.log" | cut -d' ' -f2- | cut -c1-200 |
+            grep -v "reported only" | tail -n 120
+        ;;
     flips)
         for m in tiny:200 tiny-fp8:100; do
             DSV4_BIN=$b/dsv4 timeout 250 bash "$root/scripts/flip_rate.sh" --model "$root/golden/${m%%:*}" \
@@ -194,7 +215,7 @@ run_step() {
     suite)
         mkdir -p /tmp/dsv4-flash /tmp/e2e-suite
         (cd "$b" && DSV4_FLASH_MODEL=/tmp/dsv4-flash DSV4_FLASH_VARIANTS=0 DSV4_E2E_LOG=/tmp/e2e-suite timeout "${SUITE_S:-440}" \
-            ctest -L gpu -E test_ref_gpu_flash --output-on-failure) >"$out/suite.log" 2>&1
+            ctest -L gpu -E 'test_ref_gpu_flash|e2e_opt_recall_gpu' --output-on-failure) >"$out/suite.log" 2>&1
         echo "== suite rc $? at ${SECONDS}s"
         grep -E "Test +#|tests passed|tests failed" "$out/suite.log"
         grep -hE "^(e2e_opt[a-z0-9_]*:|== .*FAIL)" "$b/Testing/Temporary/LastTest.log" | head -n 60

@@ -6,11 +6,21 @@
 #                                    as a failure, gated or not (a crash is never chaos)
 #   verify NAME GATED GOLDEN CAND    `dsv4 verify --profile bf16`, the VERDICT, top-k, router, logits lines;
 #                                    GATED=1: counts to pass/fail, and beyond the verifier's exit status needs
-#                                    every probe of GOLDEN in CAND (none "only in golden") and the issue's numbers: per CSA layer strict top-k recall (mean) >= 0.99 and no strict
-#                                    miss (no top-k table at all fails too), router_ids agreement >= 99% (the golden experts the candidate also chose,
-#                                    over every row of every MoE layer; the rows with the same experts are printed
-#                                    too), logits argmax equal or tie-accepted >= 99% of positions. GATED=0:
-#                                    reported only.
+#                                    every probe of GOLDEN in CAND (none "only in golden") and the issue's
+#                                    numbers: per CSA layer no strict miss (tie-aware acceptance 100%; no top-k
+#                                    table at all fails too) and strict top-k recall (mean) >= 0.99 where the
+#                                    layer holds RECALL_MIN_PICKS picks or more (see below), router_ids
+#                                    agreement >= 99% (the golden experts the candidate also chose, over every
+#                                    row of every MoE layer; the rows with the same experts are printed too),
+#                                    logits argmax equal or tie-accepted >= 99% of positions. GATED=0: reported
+#                                    only.
+#   topk_of MODEL_DIR                sets TOPK_K, the model's index_topk, which verify needs for the line below
+# The recall gate is a mean over rows x index_topk picks, and allows 1% of them to differ. Where a layer holds
+# fewer than RECALL_MIN_PICKS (4,096: then 1% is at least 40 picks) one prompt cannot decide it: on golden/tiny
+# (index_topk 4, 64 rows: 256 picks, 1% = 2.6) the bf16 emulation, the design's own rounding, fails it on a
+# quarter of random prompts (docs/verify.md "The strict-recall gate"). Those layers' recall is printed, and gated
+# pooled over 64 prompts by tests/e2e_opt_recall_gpu.sh. TOPK_K unset: every layer's recall is gated here.
+RECALL_MIN_PICKS=4096
 
 # router agreement from the verifier's JSON: prints "ROWS DIFFERING RECALL_SUM" over every router_ids row compared
 # (a row's recall: the share of its golden experts the candidate also chose)
@@ -40,9 +50,12 @@ verify() {
         while read -r L rows rec _ _ acc strict _; do
             echo "   topk L$L: $rows rows, strict recall mean ${rec#*/} (min ${rec%/*}), tie-accepted picks $acc, strict misses $strict"
         done <<<"$topk"
-        local bad
-        bad=$(awk '{split($3, a, "/"); if (a[2] + 0 < 0.99 || $7 + 0 != 0) printf "L%s ", $1}' <<<"$topk")
+        local bad pooled
+        bad=$(awk -v k="${TOPK_K:-}" -v m=$RECALL_MIN_PICKS '{split($3, a, "/")
+                   if ($7 + 0 != 0 || (a[2] + 0 < 0.99 && (k == "" || $2 * k >= m))) printf "L%s ", $1}' <<<"$topk")
         [ -z "$bad" ] || { ok=0; why="$why; top-k recall < 0.99 or strict misses in $bad"; }
+        pooled=$(awk -v k="${TOPK_K:-}" -v m=$RECALL_MIN_PICKS 'k != "" && $2 * k < m {printf "L%s ", $1}' <<<"$topk")
+        [ -z "$pooled" ] || echo "   topk ${pooled% }: $TOPK_K picks per row, under $RECALL_MIN_PICKS per layer: recall gated pooled over prompts (e2e_opt_recall_gpu), strict misses here"
     else
         # every model these gates run on has CSA layers: no table means no topk_idx was compared (a candidate
         # without them is 'only in golden', which the verifier lists but does not fail)
@@ -83,6 +96,10 @@ verify() {
         reported=$((reported + 1))
         echo "== $name: $([ $ok = 1 ] && echo within || echo NOT within) the gates (reported only${why:+: ${why#; }})"
     fi
+}
+# topk_of MODEL_DIR: TOPK_K = the model's index_topk (empty when config.json has none: then every recall is gated)
+topk_of() {
+    TOPK_K=$(sed -n 's/.*"index_topk": *\([0-9]*\).*/\1/p' "$1/config.json" 2>/dev/null | head -n 1)
 }
 # run NAME MODEL PATH ARGS...: a dsv4 run into $T/NAME.h5; a run that fails is a failure whether gated or not
 run() {
