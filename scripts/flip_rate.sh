@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# flip_rate.sh - how often does a path's top-k differ from the fp32 reference's, over many random prompts? The
-# e2e gate (strict recall >= 0.99 per CSA layer) is measured on ONE prompt per golden set; on a model with a small
-# index_topk one near-tie flip moves the recall by 1/(k x rows), so whether that prompt passes can be chance. This
-# script measures the chance: for each of N random prompts it runs the fp32 CPU reference (every position dumped),
-# then each CONFIG following it (`--follow`, as tests/e2e_opt_gpu.sh gates), and `dsv4 verify --profile bf16`.
+# flip_rate.sh - how often does a path's top-k differ from the fp32 reference's, over many random prompts? On a
+# model with a small index_topk one near-tie flip moves one prompt's recall by 1/(k x rows), so whether that prompt
+# passes the strict-recall gate (>= 0.99 per CSA layer) can be chance; pooled over many prompts it is a measurement
+# (--gate; docs/verify.md "The strict-recall gate"). For each of N random prompts it runs the fp32 CPU reference
+# (every position dumped), then each CONFIG following it (`--follow`, as tests/e2e_opt_gpu.sh gates), and
+# `dsv4 verify --profile bf16`.
 #
 # usage: scripts/flip_rate.sh [options] NAME=ARGS...
 #   NAME=ARGS       a configuration: a label and the `dsv4 run` arguments after --model, e.g.
@@ -122,7 +123,7 @@ keep=1
 mkdir -p "$out/work"
 
 # one prompt: its reference, then each configuration following it; appends "NAME SEED LAYER ROWS_DIFF ACCEPTED
-# STRICT RECALL_MEAN ROWS" lines (or "NAME SEED FAILED") to its own file, merged at the end. SEED "golden": the
+# STRICT RECALL_MEAN ROWS VERIFY" lines (or "NAME SEED FAILED") to its own file, merged at the end. SEED "golden": the
 # model's forced.h5 tokens, every run taking that dump's prompt length as its prefill
 one_prompt() {
     local s=$1 w="$out/work/$1" x=$1 i toks=() src from_ref
