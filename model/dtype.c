@@ -169,57 +169,103 @@ int dsv4_tensor_check_scale(const dsv4_tensor *t)
 }
 
 /* ------------------------------------------------------------------------------- dequantisation */
-int dsv4_tensor_dequant_f32(const dsv4_tensor *t, float *dst, size_t numel)
+/* Rows and columns of a tensor as the dequantisers see it: the first dim by the rest (logical: FP4 unpacked). */
+static void row_shape(const dsv4_tensor *t, size_t *rows, size_t *cols)
 {
-    size_t want = dsv4_tensor_logical_numel(t);
-    if (numel != want)
-        return dsv4_error(DSV4_ERR_SHAPE, "%s: tensor %s has %zu elements, caller expects %zu", t->file, t->name,
-                          want, numel);
+    size_t numel = dsv4_tensor_logical_numel(t);
+    *rows = t->ndim >= 1 ? (size_t)t->shape[0] : 1;
+    *cols = *rows ? numel / *rows : 0;
+}
+
+/* Rows [row0, row0 + nrows) into dst [nrows, cols]. The per-byte codes come from tables filled by the scalar
+ * conversions above (the same f32 values, without a libm call per element); a block's scale is read once per
+ * block and multiplies every code of it, as the whole-tensor loop did element by element. */
+static int dequant_rows(const dsv4_tensor *t, size_t row0, size_t nrows, float *dst)
+{
+    size_t rows, cols;
+    row_shape(t, &rows, &cols);
+    (void)rows;
     const uint8_t *p = t->data;
+    size_t i0 = row0 * cols, n = nrows * cols;
     switch (t->dtype) {
     case DSV4_DTYPE_F32:
-        memcpy(dst, p, numel * 4);
+        memcpy(dst, p + 4 * i0, n * 4);
         return 0;
     case DSV4_DTYPE_F64:
-        for (size_t i = 0; i < numel; i++) {
+        for (size_t i = 0; i < n; i++) {
             double v;
-            memcpy(&v, p + 8 * i, 8);
+            memcpy(&v, p + 8 * (i0 + i), 8);
             dst[i] = (float)v;
         }
         return 0;
     case DSV4_DTYPE_BF16:
     case DSV4_DTYPE_F16:
-        for (size_t i = 0; i < numel; i++) {
-            uint16_t h = (uint16_t)(p[2 * i] | (p[2 * i + 1] << 8));
+        for (size_t i = 0; i < n; i++) {
+            const uint8_t *q = p + 2 * (i0 + i);
+            uint16_t h = (uint16_t)(q[0] | (q[1] << 8));
             dst[i] = t->dtype == DSV4_DTYPE_BF16 ? dsv4_bf16_to_f32(h) : dsv4_f16_to_f32(h);
         }
         return 0;
     case DSV4_DTYPE_F8_E8M0:
-        for (size_t i = 0; i < numel; i++) dst[i] = dsv4_e8m0_to_f32(p[i]);
+        for (size_t i = 0; i < n; i++) dst[i] = dsv4_e8m0_to_f32(p[i0 + i]);
         return 0;
     default: break;
     }
     int rc = dsv4_tensor_check_scale(t);
     if (rc) return rc;
     if (t->dtype == DSV4_DTYPE_F8_E4M3 && t->scale) {
-        size_t rows = (size_t)t->shape[0], cols = (size_t)t->shape[1], sc = (size_t)t->scale->shape[1];
-        for (size_t r = 0; r < rows; r++)
-            for (size_t c = 0; c < cols; c++)
-                dst[r * cols + c] = dsv4_e4m3_to_f32(p[r * cols + c]) * scale_at(t->scale, (r / 128) * sc + c / 128);
+        float code[256];
+        for (int b = 0; b < 256; b++) code[b] = dsv4_e4m3_to_f32((uint8_t)b);
+        size_t sc = (size_t)t->scale->shape[1];
+        for (size_t r = row0; r < row0 + nrows; r++) {
+            const uint8_t *src = p + r * cols;
+            float *d = dst + (r - row0) * cols;
+            for (size_t cb = 0; cb < sc; cb++) { /* one 128-column block of the row */
+                const float s = scale_at(t->scale, (r / 128) * sc + cb);
+                size_t c1 = (cb + 1) * 128 < cols ? (cb + 1) * 128 : cols;
+                for (size_t c = cb * 128; c < c1; c++) d[c] = code[src[c]] * s;
+            }
+        }
         return 0;
     }
     if (dsv4_tensor_is_fp4(t)) {
-        size_t rows = (size_t)t->shape[0], packed = (size_t)t->shape[1], cols = 2 * packed;
-        size_t sc = (size_t)t->scale->shape[1];
-        for (size_t r = 0; r < rows; r++)
+        float code[16];
+        for (int b = 0; b < 16; b++) code[b] = dsv4_e2m1_to_f32((uint8_t)b);
+        size_t packed = (size_t)t->shape[1], sc = (size_t)t->scale->shape[1];
+        for (size_t r = row0; r < row0 + nrows; r++) {
+            const uint8_t *src = p + r * packed;
+            float *d = dst + (r - row0) * cols;
             for (size_t j = 0; j < packed; j++) {
-                uint8_t b = p[r * packed + j];
-                size_t c = 2 * j;
-                dst[r * cols + c] = dsv4_e2m1_to_f32(b & 0xf) * scale_at(t->scale, r * sc + c / 32);
-                dst[r * cols + c + 1] = dsv4_e2m1_to_f32(b >> 4) * scale_at(t->scale, r * sc + (c + 1) / 32);
+                const uint8_t b = src[j];
+                const size_t c = 2 * j; /* c and c + 1 share the scale of columns c div 32 (c is even) */
+                const float s = scale_at(t->scale, r * sc + c / 32);
+                d[c] = code[b & 0xf] * s;
+                d[c + 1] = code[b >> 4] * s;
             }
+        }
         return 0;
     }
     return dsv4_error(DSV4_ERR_SHAPE, "%s: tensor %s is %s, not a float tensor (integer tensors: dsv4_model_read_i32)",
                       t->file, t->name, dsv4_dtype_name(t->dtype));
+}
+
+int dsv4_tensor_dequant_f32(const dsv4_tensor *t, float *dst, size_t numel)
+{
+    size_t want = dsv4_tensor_logical_numel(t);
+    if (numel != want)
+        return dsv4_error(DSV4_ERR_SHAPE, "%s: tensor %s has %zu elements, caller expects %zu", t->file, t->name,
+                          want, numel);
+    size_t rows, cols;
+    row_shape(t, &rows, &cols);
+    return dequant_rows(t, 0, cols ? rows : 0, dst);
+}
+
+int dsv4_tensor_dequant_rows_f32(const dsv4_tensor *t, int64_t row0, int64_t nrows, float *dst)
+{
+    size_t rows, cols;
+    row_shape(t, &rows, &cols);
+    if (t->ndim < 2 || row0 < 0 || nrows < 0 || (size_t)row0 > rows || (size_t)nrows > rows - (size_t)row0)
+        return dsv4_error(DSV4_ERR_SHAPE, "%s: tensor %s: rows [%lld, %lld) of a %d-dim tensor with %zu rows", t->file,
+                          t->name, (long long)row0, (long long)(row0 + nrows), t->ndim, rows);
+    return dequant_rows(t, (size_t)row0, (size_t)nrows, dst);
 }

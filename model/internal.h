@@ -68,6 +68,9 @@ const char *dsv4_naming_describe(unsigned naming);
 /* Dequantise a canonical tensor (with its scale, if any) into `numel` f32 values; numel must equal the
  * logical element count. Errors name the tensor. */
 int dsv4_tensor_dequant_f32(const dsv4_tensor *t, float *dst, size_t numel);
+/* Rows [row0, row0 + nrows) of a tensor of >= 2 dims (rows = the first dim) into dst [nrows, the rest], the same
+ * values as the whole-tensor dequantisation. DSV4_ERR_SHAPE naming the tensor for a range outside it. */
+int dsv4_tensor_dequant_rows_f32(const dsv4_tensor *t, int64_t row0, int64_t nrows, float *dst);
 /* Logical (dequantised) shape: FP4-packed I8/U8 with a scale has twice the last dim. Returns ndim. */
 int dsv4_tensor_logical_shape(const dsv4_tensor *t, int64_t shape[4]);
 size_t dsv4_tensor_logical_numel(const dsv4_tensor *t);

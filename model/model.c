@@ -398,7 +398,7 @@ int dsv4_model_f32(dsv4_model *m, const char *name, size_t expect_numel, const f
     if (numel != expect_numel)
         return dsv4_error(DSV4_ERR_SHAPE, "%s: tensor %s has %zu elements, caller expects %zu", t->file, name, numel,
                           expect_numel);
-    if (t->dtype == DSV4_DTYPE_F32 && ((uintptr_t)t->data & 3u) == 0) {
+    if (dsv4_tensor_f32_mapped(t)) {
         *out = t->data;
         return 0;
     }
@@ -425,6 +425,20 @@ int dsv4_model_read_f32(const dsv4_model *m, const char *name, float *dst, size_
     const dsv4_tensor *t;
     int rc = dsv4_model_tensor(m, name, &t);
     return rc ? rc : dsv4_tensor_dequant_f32(t, dst, numel);
+}
+
+int dsv4_model_read_f32_rows(const dsv4_model *m, const char *name, int64_t row0, int64_t nrows, float *dst)
+{
+    const dsv4_tensor *t;
+    int rc = dsv4_model_tensor(m, name, &t);
+    return rc ? rc : dsv4_tensor_dequant_rows_f32(t, row0, nrows, dst);
+}
+
+size_t dsv4_tensor_numel(const dsv4_tensor *t) { return dsv4_tensor_logical_numel(t); }
+
+int dsv4_tensor_f32_mapped(const dsv4_tensor *t)
+{
+    return t->dtype == DSV4_DTYPE_F32 && ((uintptr_t)t->data & 3u) == 0;
 }
 
 int dsv4_model_read_bf16(const dsv4_model *m, const char *name, uint16_t *dst, size_t numel)

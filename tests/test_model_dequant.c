@@ -1,8 +1,9 @@
 /* test_model_dequant.c - exact scalar conversions and block dequantisation against hand-computed values
  * (model-spec §2): F8_E4M3 (fn: no inf, NaN codes, subnormals, -0, saturation ±448), E8M0 (2^(b-127)),
  * FP4 e2m1 (table and LOW nibble = EVEN column), bf16 round-to-nearest-even ties, f16; 128x128 FP8 blocks
- * with partial edge blocks and E8M0 or F32 scales; FP4 scales per 32 columns; the f32 cache and mmap path;
- * tid2eid as int32 with its range check. */
+ * with partial edge blocks and E8M0 or F32 scales; FP4 scales per 32 columns; every code and row range of the
+ * table dequantiser bitwise against the scalar formulas; the f32 cache and mmap path; tid2eid as int32 with its
+ * range check. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -245,6 +246,64 @@ START_TEST(test_fp4_nibble_order_and_scales)
 }
 END_TEST
 
+/* Every FP8 and FP4 code with varied scales, against the scalar formula element by element (bitwise: the table
+ * dequantiser must give the values of dsv4_e4m3_to_f32 / dsv4_e2m1_to_f32 times the block's scale), and every row
+ * range of dsv4_model_read_f32_rows against the whole tensor (the reference reads embed rows one at a time). */
+START_TEST(test_tables_and_row_ranges_bitwise)
+{
+    enum { R = 259, C = 300, P = 40 }; /* FP8 [259, 300]: 3 x 3 blocks, partial edges; FP4 [259, 2·40] */
+    uint8_t *q = malloc(R * C), *q4 = malloc(R * P), sc[9], sc4[R * 3];
+    uint32_t x = 12345;
+    for (int i = 0; i < R * C; i++) q[i] = (uint8_t)((x = x * 1664525u + 1013904223u) >> 24);
+    for (int i = 0; i < 256; i++) q[i] = (uint8_t)i; /* every code in row 0 */
+    for (int i = 0; i < R * P; i++) q4[i] = (uint8_t)((x = x * 1664525u + 1013904223u) >> 24);
+    for (int i = 0; i < 9; i++) sc[i] = (uint8_t)(120 + 2 * i);
+    sc[4] = 0;   /* 2^-127: subnormal products */
+    sc[8] = 255; /* NaN scale */
+    for (int i = 0; i < R * 3; i++) sc4[i] = (uint8_t)(110 + (i * 7) % 30);
+    dsv4_stw *w = dsv4_stw_new();
+    int64_t s[2] = {R, C}, ss[2] = {3, 3}, s4[2] = {R, P}, ss4[2] = {R, 3};
+    ck_assert_int_eq(dsv4_stw_add(w, "layers.0.attn.wq_a.weight", "F8_E4M3", 2, s, q, R * C), 0);
+    ck_assert_int_eq(dsv4_stw_add(w, "layers.0.attn.wq_a.scale", "F8_E8M0", 2, ss, sc, 9), 0);
+    ck_assert_int_eq(dsv4_stw_add(w, "layers.0.ffn.experts.0.w1.weight", "I8", 2, s4, q4, R * P), 0);
+    ck_assert_int_eq(dsv4_stw_add(w, "layers.0.ffn.experts.0.w1.scale", "F8_E8M0", 2, ss4, sc4, R * 3), 0);
+    char *dir = write_folder(w);
+    dsv4_model *m;
+    ck_assert_int_eq(dsv4_model_open(dir, &m), 0);
+    float *v = malloc(R * C * sizeof *v), *rows = malloc(R * C * sizeof *rows);
+    ck_assert_int_eq(dsv4_model_read_f32(m, "layers.0.attn.wq_a.weight", v, R * C), 0);
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) {
+            float want = dsv4_e4m3_to_f32(q[r * C + c]) * dsv4_e8m0_to_f32(sc[(r / 128) * 3 + c / 128]);
+            ck_assert_msg(!memcmp(&want, &v[r * C + c], 4), "FP8 (%d, %d): %a, want %a", r, c, v[r * C + c], want);
+        }
+    for (int r0 = 0; r0 < R; r0 += 37) { /* ranges crossing the 128-row scale blocks */
+        int n = r0 + 130 <= R ? 130 : R - r0;
+        ck_assert_int_eq(dsv4_model_read_f32_rows(m, "layers.0.attn.wq_a.weight", r0, n, rows), 0);
+        ck_assert_msg(!memcmp(rows, v + (size_t)r0 * C, (size_t)n * C * 4), "FP8 rows %d..%d differ", r0, r0 + n);
+    }
+    ck_assert_int_eq(dsv4_model_read_f32(m, "layers.0.ffn.experts.0.w1.weight", v, R * 2 * P), 0);
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < 2 * P; c++) {
+            uint8_t b = q4[r * P + c / 2];
+            float want = dsv4_e2m1_to_f32(c % 2 ? b >> 4 : b & 15) * dsv4_e8m0_to_f32(sc4[r * 3 + c / 32]);
+            ck_assert_msg(!memcmp(&want, &v[r * 2 * P + c], 4), "FP4 (%d, %d)", r, c);
+        }
+    ck_assert_int_eq(dsv4_model_read_f32_rows(m, "layers.0.ffn.experts.0.w1.weight", 5, 3, rows), 0);
+    ck_assert(!memcmp(rows, v + 5 * 2 * P, 3 * 2 * P * 4));
+    /* a range outside the tensor is refused with the tensor named */
+    ck_assert_int_eq(dsv4_model_read_f32_rows(m, "layers.0.attn.wq_a.weight", R - 1, 2, rows), DSV4_ERR_SHAPE);
+    ck_assert_ptr_nonnull(strstr(dsv4_last_error(), "layers.0.attn.wq_a.weight"));
+    ck_assert_int_eq(dsv4_model_read_f32_rows(m, "layers.0.attn.wq_a.weight", -1, 1, rows), DSV4_ERR_SHAPE);
+    free(v);
+    free(rows);
+    free(q);
+    free(q4);
+    dsv4_model_free(m);
+    dsv4_test_rmtree(dir);
+}
+END_TEST
+
 START_TEST(test_f32_mmap_and_misaligned_copy)
 {
     dsv4_stw *w = dsv4_stw_new();
@@ -360,6 +419,7 @@ int main(void)
     tcase_add_test(tc, test_fp8_blocks_e8m0_partial_edges);
     tcase_add_test(tc, test_fp8_f32_scales_transformers_names);
     tcase_add_test(tc, test_fp4_nibble_order_and_scales);
+    tcase_add_test(tc, test_tables_and_row_ranges_bitwise);
     tcase_add_test(tc, test_f32_mmap_and_misaligned_copy);
     tcase_add_test(tc, test_tid2eid_i64_i32_and_range);
     tcase_add_test(tc, test_tied_embeddings_alias_head);

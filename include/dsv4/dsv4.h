@@ -193,6 +193,14 @@ int dsv4_model_f32(dsv4_model *m, const char *name, size_t expect_numel, const f
 /* Dequantise into a caller buffer of exactly `numel` elements, f32 or bf16 (uint16 bits, RNE). */
 int dsv4_model_read_f32(const dsv4_model *m, const char *name, float *dst, size_t numel);
 int dsv4_model_read_bf16(const dsv4_model *m, const char *name, uint16_t *dst, size_t numel);
+/* Rows [row0, row0 + nrows) of a 2-D weight (e.g. one token's row of embed.weight) dequantised into dst
+ * [nrows, columns]: the values dsv4_model_read_f32 gives for those rows. */
+int dsv4_model_read_f32_rows(const dsv4_model *m, const char *name, int64_t row0, int64_t nrows, float *dst);
+/* Elements of a tensor once dequantised to f32 (an FP4-packed tensor has two per byte). */
+size_t dsv4_tensor_numel(const dsv4_tensor *t);
+/* 1 when dsv4_model_f32 serves the tensor straight from the mmap (F32 data, 4-byte aligned): no copy, no private
+ * memory; 0 when asking for it as f32 dequantises it into memory. */
+int dsv4_tensor_f32_mapped(const dsv4_tensor *t);
 /* Integer tensors (tid2eid: I64 or I32 on disk) as int32. */
 int dsv4_model_read_i32(const dsv4_model *m, const char *name, int32_t *dst, size_t numel);
 
