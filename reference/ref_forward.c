@@ -13,6 +13,10 @@
  * - Sliding layers use the main RoPE table; CSA/HCA layers use the compress table for q, window kv,
  *   compressed entries and the indexer.
  * - The MoE reads token ids (hash layers) from the call's tokens, not from positions.
+ * - Weights are asked for when used (ref_weights.c): a layer's dense tensors when the layer starts, a routed expert
+ *   once per call for all the (token, slot) pairs routed to it (routed_all, expert by expert; each pair's output is
+ *   kept and summed per token in slot order, so the sums are those of a token-by-token loop), the head once per
+ *   call, an embedding row per token.
  * - bf16 emulation (c->emu, docs/verify.md "The bf16 emulation of the reference"): every rounding sits where the
  *   optimized path stores that value in bf16, marked "emu:" with the buffer of optimized/ it mirrors; probes are
  *   taken where the optimized path takes them (kv before the cache store, norm after the bf16 store). With
@@ -267,6 +271,37 @@ static int attention_all(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int L, int p0, i
 /* The experts of moe_all as the optimized path rounds them (emu): the shared SwiGLU output h rounded (o->h_sh), the
  * routed h = SwiGLU · route weight rounded (moe_up_kernel's o->h_r: the weight enters BEFORE the bf16 store), each
  * routed expert's w2 product summed in slot order, then the shared output added (moe_down_kernel). */
+/* The routed experts of the call, expert by expert: each expert some token routes to is asked for once (lazy
+ * weights: dequantised once per call) and applied to every (token, slot) pair routed to it, one token at a time as
+ * before; pair p = s·k + j's output goes to sc->eys [p]. Plain: the expert's output; emu (moe_up_kernel's o->h_r):
+ * SwiGLU · route weight rounded to bf16 BEFORE w2, so the weight is already in. */
+static int routed_all(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int L, int S)
+{
+    const dsv4_config *f = &c->cfg;
+    int D = f->hidden_size, E = f->n_routed_experts, k = f->num_experts_per_tok, NI = f->moe_intermediate_size;
+    float limit = (float)f->swiglu_limit;
+    for (int e = 0; e < E; e++) {
+        const float *w1 = NULL, *w3 = NULL, *w2 = NULL;
+        for (int p = 0; p < S * k; p++) {
+            if (sc->rids[p] != e) continue;
+            if (!w1) DSV4_TRY(dsv4_ref_weights_expert(c, L, e, &w1, &w3, &w2));
+            const float *x = sc->xn + (size_t)(p / k) * D;
+            float *y = sc->eys + (size_t)p * D;
+            if (!c->emu) {
+                dsv4_ref_expert(y, x, w1, w3, w2, 1, D, NI, limit, sc->eg, sc->eu);
+                continue;
+            }
+            dsv4_ref_linear(sc->eg, x, w1, 1, D, NI);
+            dsv4_ref_linear(sc->eu, x, w3, 1, D, NI);
+            dsv4_ref_swiglu(sc->eg, sc->eg, sc->eu, NI, limit);
+            for (int i = 0; i < NI; i++) sc->eg[i] *= sc->rw[p];
+            dsv4_ref_emu_round(sc->eg, NI); /* emu: o->h_r row of this (token, expert) (bf16) */
+            dsv4_ref_linear(y, sc->eg, w2, 1, NI, D);
+        }
+    }
+    return 0;
+}
+
 static int moe_experts_emu(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int L, int p0, int S, dsv4_probe_sink *probe)
 {
     const dsv4_config *f = &c->cfg;
@@ -278,20 +313,13 @@ static int moe_experts_emu(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int L, int p0,
     dsv4_ref_swiglu(sc->eg, sc->eg, sc->eu, S * NI, limit);
     dsv4_ref_emu_round(sc->eg, (size_t)S * NI); /* emu: o->h_sh (bf16) */
     dsv4_ref_linear(sc->fout, sc->eg, w->sh_w2, S, NI, D);
+    DSV4_TRY(routed_all(c, sc, L, S));
     for (int s = 0; s < S; s++) {
         float *racc = sc->aout + (size_t)s * D, *fo = sc->fout + (size_t)s * D;
-        const float *x = sc->xn + (size_t)s * D;
         memset(racc, 0, (size_t)D * sizeof(float));
         for (int j = 0; j < k; j++) {
-            int e = sc->rids[(size_t)s * k + j];
-            float wt = sc->rw[(size_t)s * k + j];
-            dsv4_ref_linear(sc->eg, x, w->w1[e], 1, D, NI);
-            dsv4_ref_linear(sc->eu, x, w->w3[e], 1, D, NI);
-            dsv4_ref_swiglu(sc->eg, sc->eg, sc->eu, NI, limit);
-            for (int i = 0; i < NI; i++) sc->eg[i] *= wt;
-            dsv4_ref_emu_round(sc->eg, NI); /* emu: o->h_r row of this (token, expert) (bf16) */
-            dsv4_ref_linear(sc->ey, sc->eg, w->w2[e], 1, NI, D);
-            for (int i = 0; i < D; i++) racc[i] += sc->ey[i];
+            const float *ey = sc->eys + ((size_t)s * k + j) * D;
+            for (int i = 0; i < D; i++) racc[i] += ey[i];
         }
         for (int i = 0; i < D; i++) fo[i] = racc[i] + fo[i];
         if (dsv4_probe_wants(probe, p0 + s)) PROBE("ffn_out", p0 + s, fo, D);
@@ -337,17 +365,16 @@ static int moe_all(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int L, int p0, const i
     /* shared expert over all tokens at once, into fout */
     dsv4_ref_expert(sc->fout, sc->xn, w->sh_w1, w->sh_w3, w->sh_w2, S, D, NI, limit, sc->eg,
                     sc->eu);
-    /* routed experts token by token; the routed sum (aout, free after the attention's mHC post) is formed
-     * first and the shared output added last, as transformers does */
+    /* routed experts (each (token, slot)'s output in eys); the routed sum (aout, free after the attention's mHC
+     * post) is formed per token in slot order and the shared output added last, as transformers does */
+    DSV4_TRY(routed_all(c, sc, L, S));
     for (int s = 0; s < S; s++) {
         float *racc = sc->aout + (size_t)s * D, *fo = sc->fout + (size_t)s * D;
-        const float *x = sc->xn + (size_t)s * D;
         memset(racc, 0, (size_t)D * sizeof(float));
         for (int j = 0; j < k; j++) {
-            int e = sc->rids[(size_t)s * k + j];
+            const float *ey = sc->eys + ((size_t)s * k + j) * D;
             float wt = sc->rw[(size_t)s * k + j];
-            dsv4_ref_expert(sc->ey, x, w->w1[e], w->w3[e], w->w2[e], 1, D, NI, limit, sc->eg, sc->eu);
-            for (int i = 0; i < D; i++) racc[i] += sc->ey[i] * wt;
+            for (int i = 0; i < D; i++) racc[i] += ey[i] * wt;
         }
         for (int i = 0; i < D; i++) fo[i] = racc[i] + fo[i];
         if (dsv4_probe_wants(probe, p0 + s)) PROBE("ffn_out", p0 + s, fo, D);
@@ -358,6 +385,7 @@ static int moe_all(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int L, int p0, const i
 static int layer_forward(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int L, int p0, const int32_t *tokens, int S,
                          dsv4_probe_sink *probe)
 {
+    DSV4_TRY(dsv4_ref_weights_layer(c, L)); /* lazy: the layer's dense tensors dequantised now, once per call */
     const dsv4_ref_layer_w *w = &c->lw[L];
     int n = c->cfg.hc_mult, D = c->cfg.hidden_size;
     int rc = mhc_pre_all(c, sc, L, &w->hc_attn, w->attn_norm, p0, S, 1, probe);
@@ -381,8 +409,10 @@ int dsv4_ref_cpu_forward_scratch(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int p0, 
         DSV4_CHECK(tokens[s] >= 0 && tokens[s] < V, "reference: token %d at position %d outside [0, %d)", tokens[s],
                    p0 + s, V);
     for (int s = 0; s < S; s++) {
+        const float *row;
+        DSV4_TRY(dsv4_ref_weights_embed(c, tokens[s], &row));
         for (int j = 0; j < n; j++)
-            memcpy(sc->X + ((size_t)s * n + j) * D, c->embed + (size_t)tokens[s] * D, (size_t)D * sizeof(float));
+            memcpy(sc->X + ((size_t)s * n + j) * D, row, (size_t)D * sizeof(float));
         dsv4_ref_rope_cos_sin(c->inv_main, np, p0 + s, sc->cos_m + (size_t)s * np, sc->sin_m + (size_t)s * np);
         dsv4_ref_rope_cos_sin(c->inv_cmp, np, p0 + s, sc->cos_c + (size_t)s * np, sc->sin_c + (size_t)s * np);
     }
@@ -395,18 +425,21 @@ int dsv4_ref_cpu_forward_scratch(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int p0, 
     for (int L = 0; L < f->num_hidden_layers; L++) {
         int rc = layer_forward(c, sc, L, p0, tokens, S, probe);
         if (rc) return rc;
+        if (c->layer_progress) c->layer_progress(c->progress_ctx, L + 1, f->num_hidden_layers);
     }
     const int L = -1; /* the PROBE macros' layer: /final */
+    const float *head = NULL; /* asked for at the first position that needs logits: once per call */
     for (int s = 0; s < S; s++) {
         int p = p0 + s, want = dsv4_probe_wants(probe, p), last = s == S - 1 && logits_last;
         if (!want && !last) continue;
+        if (!head) DSV4_TRY(dsv4_ref_weights_head(c, &head));
         dsv4_ref_hc_head(c->hc_head_fn, c->hc_head_base, c->hc_head_scale, sc->X + (size_t)s * n * D, n, D,
                          (float)f->hc_eps, (float)f->rms_norm_eps, sc->y, sc->vn);
         if (want) PROBE("hc_head", p, sc->y, D);
         dsv4_ref_rmsnorm(sc->y, sc->y, c->norm, D, (float)f->rms_norm_eps);
         if (c->emu) dsv4_ref_emu_round(sc->y, D); /* emu: o->xn of the head, the logits GEMM input (bf16) */
         if (want) PROBE("norm", p, sc->y, D);
-        dsv4_ref_linear(sc->logits, sc->y, c->head, 1, D, V);
+        dsv4_ref_linear(sc->logits, sc->y, head, 1, D, V);
         if (want) PROBE("logits", p, sc->logits, V);
         if (last) memcpy(logits_last, sc->logits, (size_t)V * sizeof(float));
     }

@@ -5,12 +5,13 @@
  * Invariants that fail quietly:
  * - The state is sized by max_tokens (given at init), never by max_position_embeddings: a ring of
  *   sliding_window rows, max_tokens div r entries per compressed pool.
- * - All weights are bound at init, so the decode step never asks the loader for anything (the loader
- *   allocates when it dequantises) and allocates nothing itself.
+ * - Every tensor is looked up and size-checked at init; the weights themselves are dequantised when used into
+ *   buffers allocated here (ref_weights.c), so the decode step allocates nothing (the loader is only asked to
+ *   dequantise into them, never to allocate).
  * - prefill is only valid as the first call; decode may also start at position 0 (token-by-token prompt).
- * - Sizes come from the config: check_memory bounds them (in double) against the host before anything is bound.
+ * - Sizes come from the config: the plan (ref_plan.c) bounds them (in double) against the host before anything is
+ *   allocated.
  */
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,67 +40,23 @@ void dsv4_ref_release(void *p) { free(p); }
 
 long dsv4_ref_alloc_count(void) { return __atomic_load_n(&dsv4_ref_allocs, __ATOMIC_RELAXED); }
 
-/* ----------------------------------------------------------------------------------- weight binding */
-/* f32 view of the canonical tensor `fmt...` with exactly `numel` elements. */
-static int bind(dsv4_model *m, const float **out, size_t numel, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int bind(dsv4_model *m, const float **out, size_t numel, const char *fmt, ...)
+/* ------------------------------------------------------------------------------------- tid2eid */
+/* The hash layers' token -> expert tables, read once (int32, range-checked): small, and used by every token. */
+static int bind_tid2eid(dsv4_ref_cpu *c, int L)
 {
-    char name[160];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(name, sizeof name, fmt, ap);
-    va_end(ap);
-    return dsv4_model_f32(m, name, numel, out);
-}
-
-#define BIND(dst, numel, ...)                                                                                    \
-    do {                                                                                                         \
-        int rc_ = bind(m, &(dst), (size_t)(numel), __VA_ARGS__);                                                 \
-        if (rc_) return rc_;                                                                                     \
-    } while (0)
-
-static int bind_layer(dsv4_ref_cpu *c, int L)
-{
-    dsv4_model *m = c->model;
     const dsv4_config *f = &c->cfg;
     dsv4_ref_layer_w *w = &c->lw[L];
-    size_t D = f->hidden_size, H = f->num_attention_heads, d = f->head_dim, qr = f->q_lora_rank;
-    size_t G = f->o_groups, o_r = f->o_lora_rank, HI = f->index_n_heads, dI = f->index_head_dim;
-    size_t E = f->n_routed_experts, NI = f->moe_intermediate_size, k = f->num_experts_per_tok;
-    size_t n = f->hc_mult, mix = (2 + n) * n;
-    int rc;
-    w->attn = f->attn_type[L];
-    w->mlp = f->mlp_type[L];
-    w->ratio = w->attn == DSV4_ATTN_SLIDING ? 0 : f->compress_ratio[L];
-    if (w->attn != DSV4_ATTN_SLIDING && w->ratio <= 0)
-        return dsv4_error(DSV4_ERR_CONFIG, "layer %d: %s attention with compress ratio %d", L,
-                          dsv4_attn_type_name(w->attn), w->ratio);
-#define BIND_LISTED(field, numel, cond, name)                                                                    \
-    if (cond) BIND(w->field, numel, name, L);
-    DSV4_REF_LAYER_TENSORS(BIND_LISTED)
-#undef BIND_LISTED
-    if (w->mlp == DSV4_MLP_HASH_MOE) {
-        size_t V = f->vocab_size;
-        w->tid2eid = dsv4_ref_alloc(V * k * sizeof(int32_t), "tid2eid");
-        if (!w->tid2eid) return DSV4_ERR_NOMEM;
-        char name[96];
-        snprintf(name, sizeof name, "layers.%d.ffn.gate.tid2eid", L);
-        if ((rc = dsv4_model_read_i32(m, name, w->tid2eid, V * k))) return rc;
-        for (size_t i = 0; i < V * k; i++)
-            if (w->tid2eid[i] < 0 || (size_t)w->tid2eid[i] >= E)
-                return dsv4_error(DSV4_ERR_FORMAT, "%s: token %zu maps to expert %d, outside [0, %zu)", name,
-                                  i / k, w->tid2eid[i], E);
-    }
-    w->w1 = dsv4_ref_alloc(3 * E * sizeof(float *), "expert table");
-    if (!w->w1) return DSV4_ERR_NOMEM;
-    w->w3 = w->w1 + E;
-    w->w2 = w->w1 + 2 * E;
-    for (size_t e = 0; e < E; e++) {
-        BIND(w->w1[e], NI * D, "layers.%d.ffn.experts.%zu.w1.weight", L, e);
-        BIND(w->w3[e], NI * D, "layers.%d.ffn.experts.%zu.w3.weight", L, e);
-        BIND(w->w2[e], D * NI, "layers.%d.ffn.experts.%zu.w2.weight", L, e);
-    }
+    size_t V = f->vocab_size, k = f->num_experts_per_tok, E = f->n_routed_experts;
+    if (w->mlp != DSV4_MLP_HASH_MOE) return 0;
+    w->tid2eid = dsv4_ref_alloc(V * k * sizeof(int32_t), "tid2eid");
+    if (!w->tid2eid) return DSV4_ERR_NOMEM;
+    char name[96];
+    snprintf(name, sizeof name, "layers.%d.ffn.gate.tid2eid", L);
+    DSV4_TRY(dsv4_model_read_i32(c->model, name, w->tid2eid, V * k));
+    for (size_t i = 0; i < V * k; i++)
+        if (w->tid2eid[i] < 0 || (size_t)w->tid2eid[i] >= E)
+            return dsv4_error(DSV4_ERR_FORMAT, "%s: token %zu maps to expert %d, outside [0, %zu)", name, i / k,
+                              w->tid2eid[i], E);
     return 0;
 }
 
@@ -129,58 +86,6 @@ int dsv4_ref_check_config(const dsv4_config *f, int max_tokens)
         return dsv4_error(DSV4_ERR_UNSUPPORTED, "reference: scoring_func '%s' (only sqrtsoftplus)",
                           f->scoring_func);
     return 0;
-}
-
-/* Memory the reference will hold, summed in double so that no size_t product of config values can wrap: every
- * weight the config implies dequantised to f32 (aligned F32 tensors are served from the mmap), the decode state
- * and the decode scratch. An upper bound of layout_state / dsv4_ref_scratch_layout, checked BEFORE any of it is
- * allocated, so a config asking for more than the host has is refused with the size instead of an OOM kill; the
- * bound for a full-length prefill must also stay far from wrapping size_t (its scratch is checked when allocated). */
-static int check_memory(dsv4_model *m, const dsv4_config *f, int max_tokens)
-{
-    double weights = 0, state = 0, T = max_tokens, d = f->head_dim, dI = f->index_head_dim;
-    dsv4_expected_tensor *ex = NULL;
-    int n_ex = 0;
-    if (dsv4_config_expected_tensors(f, &ex, &n_ex)) return dsv4_error(DSV4_ERR_NOMEM, "reference: out of memory");
-    for (int i = 0; i < n_ex; i++) {
-        const dsv4_tensor *t;
-        if (dsv4_model_tensor(m, ex[i].name, &t)) continue; /* binding reports it */
-        if (t->dtype == DSV4_DTYPE_F32 && ((uintptr_t)t->data & 3u) == 0) continue;
-        double numel = 1;
-        for (int k = 0; k < ex[i].ndim; k++) numel *= (double)ex[i].shape[k];
-        weights += 4 * numel;
-    }
-    free(ex);
-    double cmp_max = 0, extra_max = 0;
-    for (int L = 0; L < f->num_hidden_layers; L++) {
-        state += (double)f->sliding_window * d;
-        int r = f->attn_type[L] == DSV4_ATTN_SLIDING ? 0 : f->compress_ratio[L];
-        if (r <= 0) continue;
-        if (r > (1 << 24)) return dsv4_error(DSV4_ERR_CONFIG, "reference: layer %d compress ratio %d", L, r);
-        state += T / r * (d + dI) + 8.0 * r * (d + dI); /* pools + compressor states (overlap: 2r rows x 2d) */
-        double pool = T / r, extra = f->attn_type[L] == DSV4_ATTN_CSA && f->index_topk < pool ? f->index_topk : pool;
-        if (pool > cmp_max) cmp_max = pool;
-        if (extra > extra_max) extra_max = extra; /* entries attended besides the window (layout_state's m_max) */
-    }
-    double m_max = (double)f->sliding_window + extra_max, np = f->qk_rope_head_dim / 2 + 1, n = f->hc_mult;
-    double H = f->num_attention_heads, HI = f->index_n_heads, D = f->hidden_size;
-    if (m_max > 2147483647.0)
-        return dsv4_error(DSV4_ERR_CONFIG, "reference: sliding_window %d + %.0f compressed entries (max_tokens %d) "
-                          "does not fit an int", f->sliding_window, extra_max, max_tokens);
-    double per_token = 2 * n * D + 2 * n + n * n + 5 * D + f->q_lora_rank + 2 * H * d + 5 * d + 4 * dI + HI * dI +
-                       HI + (double)f->o_groups * f->o_lora_rank + 4 * np + f->index_topk + 1 +
-                       f->n_routed_experts + 3.0 * f->num_experts_per_tok + 2.0 * f->moe_intermediate_size + 50 * 16;
-    double fixed = 2 * np + d + dI + m_max * d + H * m_max + cmp_max * (1 + HI) + f->n_routed_experts + 3 * D +
-                   n * D + (2 + n) * n + f->vocab_size;
-    if (4 * (fixed + T * per_token) > 0x1p60)
-        return dsv4_error(DSV4_ERR_CONFIG, "reference: a %d-token prefill would need %.3g bytes of scratch",
-                          max_tokens, 4 * (fixed + T * per_token));
-    double total = weights + 4 * state + 4 * (fixed + per_token);
-    char what[256], a[32], b[32], c[32];
-    snprintf(what, sizeof what, "reference cpu (weights as f32 %s, decode state for %d tokens %s, scratch %s)",
-             dsv4_mem_format(weights, a, sizeof a), max_tokens, dsv4_mem_format(4 * state, b, sizeof b),
-             dsv4_mem_format(4 * (fixed + per_token), c, sizeof c));
-    return dsv4_mem_check_host(total, what);
 }
 
 /* Carve every layer's state from one arena (mem == NULL: count only). */
@@ -269,6 +174,7 @@ size_t dsv4_ref_scratch_layout(const dsv4_ref_cpu *c, int S, dsv4_ref_scratch *s
     CARVE(eg, s * NI);
     CARVE(eu, s * NI);
     CARVE(ey, D);
+    CARVE(eys, s * k * D);
     CARVE(fout, s * D);
     CARVE(vn, n * D);
     CARVE(mix, (2 + n) * n);
@@ -280,94 +186,19 @@ size_t dsv4_ref_scratch_layout(const dsv4_ref_cpu *c, int S, dsv4_ref_scratch *s
     return off;
 }
 
-/* ---------------------------------------------------------------------------- bf16 emulation weights */
-/* One weight the optimized path holds in bf16 (docs/verify.md "The bf16 emulation of the reference"): *w is
- * repointed at a bf16-rounded copy in mem + *off (mem NULL: count only). A tensor that is FP8 e4m3 or FP4 on disk
- * is left as it is: the optimized path's default (auto) weights mode keeps those in their formats and its kernels
- * multiply by the exact dequantised values (qweight.cuh; with e8m0 scales they are exact in bf16 anyway). */
-static void emu_weight(dsv4_ref_cpu *c, const float **w, size_t numel, float *mem, size_t *off, const char *fmt, ...)
-    __attribute__((format(printf, 6, 7)));
-static void emu_weight(dsv4_ref_cpu *c, const float **w, size_t numel, float *mem, size_t *off, const char *fmt, ...)
-{
-    char name[160];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(name, sizeof name, fmt, ap);
-    va_end(ap);
-    const dsv4_tensor *t = NULL;
-    if (!dsv4_model_tensor(c->model, name, &t) && (t->dtype == DSV4_DTYPE_F8_E4M3 || t->dtype == DSV4_DTYPE_I8))
-        return;
-    if (mem) {
-        float *dst = mem + *off;
-        memcpy(dst, *w, numel * sizeof(float));
-        dsv4_ref_emu_round(dst, numel);
-        *w = dst;
-    }
-    *off += numel;
-}
-
-/* Every bf16-held weight of the optimized path (opt_layout.c weights_layout / layer_weights): the embedding and
- * head, the x-projection [wq_a | wkv | compressor wkv, wgate | indexer wkv, wgate, weights_proj], wq_b, the indexer
- * wq_b, wo_a, wo_b, the ffn projection [gate | shared w1 | w3], shared w2 and the routed experts. NOT rounded (fp32
- * there too): mHC fn/base/scale and hc_head, every norm weight, sinks, the ape biases, the router bias. Returns the
- * floats needed (mem NULL: count only). */
-static size_t emu_weights(dsv4_ref_cpu *c, float *mem)
-{
-    const dsv4_config *f = &c->cfg;
-    size_t off = 0, D = f->hidden_size, V = f->vocab_size, H = f->num_attention_heads, d = f->head_dim;
-    size_t qr = f->q_lora_rank, G = f->o_groups, o_r = f->o_lora_rank, HI = f->index_n_heads, dI = f->index_head_dim;
-    size_t E = f->n_routed_experts, NI = f->moe_intermediate_size;
-    emu_weight(c, &c->embed, V * D, mem, &off, "embed.weight");
-    if (f->tie_word_embeddings) c->head = c->embed;
-    else emu_weight(c, &c->head, V * D, mem, &off, "head.weight");
-    for (int L = 0; L < f->num_hidden_layers; L++) {
-        dsv4_ref_layer_w *w = &c->lw[L];
-        emu_weight(c, &w->wq_a, qr * D, mem, &off, "layers.%d.attn.wq_a.weight", L);
-        emu_weight(c, &w->wkv, d * D, mem, &off, "layers.%d.attn.wkv.weight", L);
-        if (w->ratio > 0) {
-            size_t width = DSV4_REF_CMP_WIDTH(w, d);
-            emu_weight(c, &w->cmp_wkv, width * D, mem, &off, "layers.%d.attn.compressor.wkv.weight", L);
-            emu_weight(c, &w->cmp_wgate, width * D, mem, &off, "layers.%d.attn.compressor.wgate.weight", L);
-        }
-        if (w->attn == DSV4_ATTN_CSA) {
-            emu_weight(c, &w->idx_wkv, 2 * dI * D, mem, &off, "layers.%d.attn.indexer.compressor.wkv.weight", L);
-            emu_weight(c, &w->idx_wgate, 2 * dI * D, mem, &off, "layers.%d.attn.indexer.compressor.wgate.weight", L);
-            emu_weight(c, &w->idx_wproj, HI * D, mem, &off, "layers.%d.attn.indexer.weights_proj.weight", L);
-            emu_weight(c, &w->idx_wq_b, HI * dI * qr, mem, &off, "layers.%d.attn.indexer.wq_b.weight", L);
-        }
-        emu_weight(c, &w->wq_b, H * d * qr, mem, &off, "layers.%d.attn.wq_b.weight", L);
-        emu_weight(c, &w->wo_a, G * o_r * (H * d / G), mem, &off, "layers.%d.attn.wo_a.weight", L);
-        emu_weight(c, &w->wo_b, D * G * o_r, mem, &off, "layers.%d.attn.wo_b.weight", L);
-        emu_weight(c, &w->gate_w, E * D, mem, &off, "layers.%d.ffn.gate.weight", L);
-        emu_weight(c, &w->sh_w1, NI * D, mem, &off, "layers.%d.ffn.shared_experts.w1.weight", L);
-        emu_weight(c, &w->sh_w3, NI * D, mem, &off, "layers.%d.ffn.shared_experts.w3.weight", L);
-        emu_weight(c, &w->sh_w2, D * NI, mem, &off, "layers.%d.ffn.shared_experts.w2.weight", L);
-        for (size_t e = 0; e < E; e++) {
-            emu_weight(c, &w->w1[e], NI * D, mem, &off, "layers.%d.ffn.experts.%zu.w1.weight", L, e);
-            emu_weight(c, &w->w3[e], NI * D, mem, &off, "layers.%d.ffn.experts.%zu.w3.weight", L, e);
-            emu_weight(c, &w->w2[e], D * NI, mem, &off, "layers.%d.ffn.experts.%zu.w2.weight", L, e);
-        }
-    }
-    return off;
-}
-
 /* ------------------------------------------------------------------------------------ cpu vtable */
 static void cpu_free(void *impl)
 {
     dsv4_ref_cpu *c = impl;
     if (!c) return;
-    if (c->lw) {
-        for (int L = 0; L < c->cfg.num_hidden_layers; L++) {
-            dsv4_ref_release(c->lw[L].tid2eid);
-            dsv4_ref_release((void *)c->lw[L].w1);
-        }
-    }
+    dsv4_ref_weights_free(c);
+    if (c->lw)
+        for (int L = 0; L < c->cfg.num_hidden_layers; L++) dsv4_ref_release(c->lw[L].tid2eid);
     dsv4_ref_release(c->lw);
     dsv4_ref_release(c->ls);
     dsv4_ref_release(c->inv_main);
     dsv4_ref_release(c->state_mem);
     dsv4_ref_release(c->step_mem);
-    dsv4_ref_release(c->emu_mem);
     dsv4_ref_release(c);
 }
 
@@ -415,8 +246,8 @@ static int cpu_init(dsv4_model *m, int max_tokens, const dsv4_ref_options *opt, 
     c->cfg = *cfg;
     const dsv4_config *f = &c->cfg;
     if ((rc = dsv4_ref_check_config(f, max_tokens))) return rc;
-    if ((rc = check_memory(m, f, max_tokens))) return rc;
-    size_t D = f->hidden_size, V = f->vocab_size, n = f->hc_mult;
+    dsv4_ref_plan plan; /* every tensor looked up, the memory checked, before anything is allocated */
+    if ((rc = dsv4_ref_cpu_plan(m, max_tokens, 0, opt, &plan))) return rc;
     int nl = f->num_hidden_layers;
     c->n_pairs = f->qk_rope_head_dim / 2;
     c->inv_main = dsv4_ref_alloc(2 * (size_t)(c->n_pairs + 1) * sizeof(float), "rope tables");
@@ -425,20 +256,15 @@ static int cpu_init(dsv4_model *m, int max_tokens, const dsv4_ref_options *opt, 
     dsv4_rope_inv_freq(&f->rope_main, f->qk_rope_head_dim, c->inv_main);
     dsv4_rope_inv_freq(&f->rope_compress, f->qk_rope_head_dim, c->inv_cmp);
 
-    BIND(c->embed, V * D, "embed.weight");
-    if (f->tie_word_embeddings) c->head = c->embed;
-    else BIND(c->head, V * D, "head.weight");
-    BIND(c->norm, D, "norm.weight");
-    BIND(c->hc_head_fn, n * n * D, "hc_head_fn");
-    BIND(c->hc_head_base, n, "hc_head_base");
-    BIND(c->hc_head_scale, 1, "hc_head_scale");
-
     c->lw = dsv4_ref_alloc((size_t)nl * sizeof *c->lw, "layer weights");
     c->ls = dsv4_ref_alloc((size_t)nl * sizeof *c->ls, "layer state");
     if (!c->lw || !c->ls) return DSV4_ERR_NOMEM;
-    for (int L = 0; L < nl; L++)
-        if ((rc = bind_layer(c, L))) return rc;
     c->emu = opt->emulate == DSV4_REF_EMULATE_BF16;
+    if ((rc = dsv4_ref_weights_init(c, opt->weights == DSV4_REF_WEIGHTS_UPFRONT))) return rc;
+    for (int L = 0; L < nl; L++)
+        if ((rc = bind_tid2eid(c, L))) return rc;
+    c->layer_progress = opt->layer_progress;
+    c->progress_ctx = opt->progress_ctx;
     c->follow = opt->follow;
     c->follow_stop = -1;
     c->fstats.stopped_at = -1;
@@ -449,12 +275,6 @@ static int cpu_init(dsv4_model *m, int max_tokens, const dsv4_ref_options *opt, 
                           dsv4_opt_follow_path(c->follow), dsv4_opt_follow_width(c->follow, DSV4_OPT_FOLLOW_TOPK),
                           dsv4_opt_follow_width(c->follow, DSV4_OPT_FOLLOW_ROUTER), f->index_topk,
                           f->num_experts_per_tok);
-    if (c->emu) {
-        size_t need = emu_weights(c, NULL);
-        c->emu_mem = dsv4_ref_alloc(need * sizeof(float), "bf16-rounded weights (emulate bf16)");
-        if (!c->emu_mem) return DSV4_ERR_NOMEM;
-        emu_weights(c, c->emu_mem);
-    }
 
     size_t state = layout_state(c, max_tokens, NULL);
     c->state_mem = dsv4_ref_alloc(state * sizeof(float), "decode state");
@@ -467,12 +287,11 @@ static int cpu_init(dsv4_model *m, int max_tokens, const dsv4_ref_options *opt, 
     dsv4_ref_scratch_layout(c, 1, &c->step, c->step_mem);
     return 0;
 }
-#undef BIND
-
 void dsv4_ref_options_default(dsv4_ref_options *o)
 {
     memset(o, 0, sizeof *o);
     o->emulate = DSV4_REF_EMULATE_NONE;
+    o->weights = DSV4_REF_WEIGHTS_LAZY;
 }
 
 const char *dsv4_ref_emulate_name(dsv4_ref_emulate e) { return e == DSV4_REF_EMULATE_BF16 ? "bf16" : "none"; }
@@ -499,6 +318,8 @@ int dsv4_ref_cpu_init_opts(dsv4_model *m, int max_tokens, const dsv4_ref_options
     if (!o) o = &defaults;
     DSV4_CHECK(o->emulate == DSV4_REF_EMULATE_NONE || o->emulate == DSV4_REF_EMULATE_BF16,
                "dsv4_ref_cpu_init: emulate %d", (int)o->emulate);
+    DSV4_CHECK(o->weights == DSV4_REF_WEIGHTS_LAZY || o->weights == DSV4_REF_WEIGHTS_UPFRONT,
+               "dsv4_ref_cpu_init: weights %d", (int)o->weights);
     dsv4_ref *r = dsv4_ref_alloc(sizeof *r, "reference");
     dsv4_ref_cpu *c = dsv4_ref_alloc(sizeof *c, "reference cpu");
     if (!r || !c) {

@@ -8,6 +8,8 @@
  *   allocates nothing (style rule 10).
  * - The decode state is sized by max_tokens at init (window ring of sliding_window rows, compressed pools of
  *   max_tokens div r entries, compressor states); never by max_position_embeddings.
+ * - The CPU weights are dequantised when used (ref_weights.c): a layer's views in lw[L] are valid only after
+ *   dsv4_ref_weights_layer(c, L) and until the next layer or the head is loaded.
  */
 #ifndef DSV4_REF_MODEL_H
 #define DSV4_REF_MODEL_H
@@ -83,7 +85,8 @@ int dsv4_ref_check_config(const dsv4_config *f, int max_tokens);
 /* The compressor's width: CSA pools two overlapping windows (2·d), HCA one (d). */
 #define DSV4_REF_CMP_WIDTH(w, d) ((size_t)((w)->attn == DSV4_ATTN_CSA ? 2 : 1) * (d))
 
-/* Weights of one layer, borrowed from the model (f32, dequantised once by the loader). Shapes per model-spec §2. */
+/* Weights of one layer as f32 views (ref_weights.c): into the mmap (aligned F32 data), the weight arena (lazy, the
+ * default: valid while the layer is the loaded one) or the loader's f32 cache (up-front). Shapes per model-spec §2. */
 typedef struct dsv4_ref_layer_w {
     dsv4_attn_type attn;
     dsv4_mlp_type mlp;
@@ -112,7 +115,8 @@ typedef struct dsv4_ref_layer_w {
     const float *gate_w;    /* [E, D] */
     const float *gate_bias; /* [E], learned layers; NULL on hash layers */
     int32_t *tid2eid;       /* [vocab, k] owned (hash layers), else NULL */
-    const float **w1, **w3, **w2; /* [E] pointers, array owned: [I, D], [I, D], [D, I] */
+    const float **w1, **w3, **w2; /* up-front only (else NULL): [E] pointers, array owned: [I, D], [I, D], [D, I];
+                                   * the forward asks dsv4_ref_weights_expert */
     const float *sh_w1, *sh_w3, *sh_w2;
 } dsv4_ref_layer_w;
 
@@ -159,6 +163,7 @@ typedef struct dsv4_ref_scratch {
     float *rs;      /* [E] */
     float *eg, *eu; /* [S, I] */
     float *ey;      /* [D] */
+    float *eys;     /* [S, k, D] each (token, slot)'s routed expert output, computed expert by expert */
     float *fout;    /* [S, D] */
     float *vn;      /* [n·D] */
     float *mix;     /* [(2+n)·n] */
@@ -167,12 +172,41 @@ typedef struct dsv4_ref_scratch {
     int32_t *fmerge;/* [4·max(index_topk, k)] decision following: the merge's rows and flags */
 } dsv4_ref_scratch;
 
+/* The CPU reference's weight store (ref_weights.c, docs/reference.md). */
+typedef struct dsv4_ref_wstore {
+    int upfront;         /* 1: every layer bound at init (lw[L] always valid); 0: lazy */
+    float *arena;        /* owned. lazy: one layer's dense tensors, or the head, as f32; up-front: the bf16-rounded
+                          * copies of the emulation (none without it) */
+    size_t arena_floats;
+    int loaded;          /* lazy: the layer the arena holds, -2 the head, -1 nothing */
+    const float *head;   /* lazy: the head's view while loaded == -2 */
+    float *expert;       /* owned (lazy): one routed expert [w1 | w3 | w2] as f32 */
+    size_t expert_floats;
+    int expert_layer, expert_id; /* the expert it holds (-1: none) */
+    const float *ew[3];  /* its w1, w3, w2 views */
+    float *globals;      /* owned (lazy): final norm and hc_head (when not mapped), then erow */
+    float *erow;         /* [D] one embedding row (lazy, when embed is not served from the mmap) */
+    int embed_round;     /* the emulation rounds embed rows */
+    long layer_loads, expert_loads; /* lazy: layers / routed experts asked for and not already held (tests) */
+} dsv4_ref_wstore;
+
+/* Sizes in floats of the f32 copies the weights need (dsv4_ref_weights_measure): per mode. */
+typedef struct dsv4_ref_weights_size {
+    double layer;        /* the largest layer's dense tensors not served from the mmap */
+    int layer_at;        /* that layer (-1: none) */
+    double head;         /* the head (0: mapped) */
+    double expert;       /* the largest routed expert (w1 + w3 + w2) */
+    double globals, embed_row; /* final norm + hc_head; one embedding row (0: mapped) */
+    double upfront_arena, upfront_loader; /* up-front: rounded copies; the loader's cache */
+    double tid2eid_bytes;      /* the hash layers' tables (int32), both modes */
+} dsv4_ref_weights_size;
+
 typedef struct dsv4_ref_cpu {
     dsv4_model *model; /* borrowed */
     dsv4_config cfg;
     int n_pairs;       /* qk_rope_head_dim / 2 */
     float *inv_main, *inv_cmp; /* [n_pairs] */
-    const float *embed, *head, *norm; /* [V, D], [V, D], [D] */
+    const float *embed, *head, *norm; /* [V, D], [V, D], [D]; lazy: embed / head NULL unless mapped (ask ws) */
     const float *hc_head_fn, *hc_head_base, *hc_head_scale;
     dsv4_ref_layer_w *lw;     /* [L] owned */
     dsv4_ref_layer_state *ls; /* [L] owned */
@@ -183,7 +217,9 @@ typedef struct dsv4_ref_cpu {
     float *step_mem;          /* owned */
     /* options (dsv4_ref_options) */
     int emu;                  /* 1: emulate bf16 (docs/verify.md "The bf16 emulation of the reference") */
-    float *emu_mem;           /* owned: the bf16-rounded copies of the bf16-held weights (emu only) */
+    dsv4_ref_wstore ws;       /* where the f32 weights are (ref_weights.c) */
+    dsv4_progress_fn layer_progress; /* NULL: none; called after each layer of a forward call */
+    void *progress_ctx;
     const dsv4_opt_follow *follow; /* borrowed, NULL: off */
     int follow_stop;          /* first position whose token is not the dump's, -1: none yet */
     dsv4_ref_follow_stats fstats;
@@ -194,6 +230,25 @@ static inline void dsv4_ref_emu_round(float *x, size_t n)
 {
     for (size_t i = 0; i < n; i++) x[i] = dsv4_bf16_to_f32(dsv4_f32_to_bf16(x[i]));
 }
+
+/* ---------------------------------------------------------------------------------- ref_weights.c */
+/* The kind of layer L (attn, mlp, ratio) into w. DSV4_ERR_CONFIG for a compress layer without a ratio. */
+int dsv4_ref_layer_kind(const dsv4_config *f, int L, dsv4_ref_layer_w *w);
+/* Look up and size-check every tensor the reference reads (no data read) and measure the f32 copies each mode
+ * needs. emu: the bf16 emulation's rounded copies; upfront: the mode measured for upfront_*. */
+int dsv4_ref_weights_measure(dsv4_model *m, const dsv4_config *f, int emu, int upfront, dsv4_ref_weights_size *sz);
+/* Set up c->ws, c->lw[*]'s kinds, c->norm and hc_head (c->model, cfg, emu and lw set): up-front binds every
+ * weight now; lazy allocates the arena, the expert slot and the row buffer. */
+int dsv4_ref_weights_init(dsv4_ref_cpu *c, int upfront);
+void dsv4_ref_weights_free(dsv4_ref_cpu *c);
+/* Make c->lw[L]'s views valid (lazy: dequantise its dense tensors into the arena unless it holds them). */
+int dsv4_ref_weights_layer(dsv4_ref_cpu *c, int L);
+/* Routed expert e of layer L: w1, w3 [I, D], w2 [D, I] (lazy: into the expert slot unless it holds it). */
+int dsv4_ref_weights_expert(dsv4_ref_cpu *c, int L, int e, const float **w1, const float **w3, const float **w2);
+/* The embedding row [D] of a token (valid until the next call). */
+int dsv4_ref_weights_embed(dsv4_ref_cpu *c, int32_t token, const float **row);
+/* The head [V, D] (lazy: into the arena, evicting the layer it held). */
+int dsv4_ref_weights_head(dsv4_ref_cpu *c, const float **head);
 
 /* Carve a scratch for S tokens: returns the float count needed when mem == NULL. */
 size_t dsv4_ref_scratch_layout(const dsv4_ref_cpu *c, int S, dsv4_ref_scratch *sc, float *mem);

@@ -55,7 +55,10 @@ static void ref_run_open(ref_run *R, const char *model_dir)
     memset(R, 0, sizeof *R);
     ck_assert_msg(dsv4_model_open(model_dir, &R->m) == 0, "%s", dsv4_last_error());
     R->cfg = dsv4_model_config(R->m);
-    ck_assert_msg(dsv4_ref_cpu_init(R->m, T_TOKENS, &R->r) == 0, "%s", dsv4_last_error());
+    dsv4_ref_options o; /* every layer's weights at once: the shards borrow them all (c->lw) */
+    dsv4_ref_options_default(&o);
+    o.weights = DSV4_REF_WEIGHTS_UPFRONT;
+    ck_assert_msg(dsv4_ref_cpu_init_opts(R->m, T_TOKENS, &o, &R->r) == 0, "%s", dsv4_last_error());
     ck_assert_ptr_nonnull(strstr(dsv4_ref_producer(R->r), "cpu"));
     R->c = R->r->impl;
     int32_t pos[T_TOKENS];

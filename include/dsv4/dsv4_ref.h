@@ -25,8 +25,26 @@ typedef struct dsv4_opt_follow dsv4_opt_follow; /* the follow table of dsv4_opt.
  * design's rounding error. The CPU reference only. */
 typedef enum dsv4_ref_emulate { DSV4_REF_EMULATE_NONE, DSV4_REF_EMULATE_BF16 } dsv4_ref_emulate;
 
+/* How the CPU reference holds its weights (docs/reference.md "Weights as on disk, dequantised when used"). Both give
+ * bitwise the same results. */
+typedef enum dsv4_ref_weights_mode {
+    /* The default: the checkpoint stays mmapped in its own formats; a layer's tensors are dequantised to f32 when the
+     * layer runs (once per call), a routed expert when a token routes to it, the head after the last layer. Memory:
+     * about one layer's working set (or the head) + the caches, whatever the number of layers. */
+    DSV4_REF_WEIGHTS_LAZY,
+    /* Every weight dequantised to f32 at init (the loader's cache), as before issue 36: memory = the whole model in
+     * f32. For small models run many times, and to hold the lazy scheme to it (tests/test_ref_lazy.c). */
+    DSV4_REF_WEIGHTS_UPFRONT,
+} dsv4_ref_weights_mode;
+
 typedef struct dsv4_ref_options {
     dsv4_ref_emulate emulate;      /* default NONE */
+    dsv4_ref_weights_mode weights; /* default LAZY */
+    /* Called after each layer of every forward call (a prefill or a decode step) with done = layers finished
+     * (1..num_hidden_layers) and total = num_hidden_layers: a run of a full-size model takes seconds per layer.
+     * NULL: none. ctx is the caller's. */
+    dsv4_progress_fn layer_progress;
+    void *progress_ctx;
     /* NULL: off. Else decision following as dsv4_opt.h "Decision following": at each position and layer where the
      * table has a topk_idx / router_ids row, the own selection is computed and probed, then the dump's is used
      * (ids both chose keep their slots; router weights recomputed from the own scores for the dump's ids).
@@ -34,18 +52,51 @@ typedef struct dsv4_ref_options {
     const dsv4_opt_follow *follow;
 } dsv4_ref_options;
 
-/* The defaults: emulate NONE, no following. */
+/* The defaults: emulate NONE, weights LAZY, no following, no progress. */
 void dsv4_ref_options_default(dsv4_ref_options *o);
 /* "none", "bf16"; parse: DSV4_ERR_USAGE naming the allowed values. */
 const char *dsv4_ref_emulate_name(dsv4_ref_emulate e);
 int dsv4_ref_emulate_parse(const char *s, dsv4_ref_emulate *out);
 
+/* The memory plan of a reference run (docs/reference.md "The plan before the work"): what it will hold at its peak,
+ * in bytes, from the config and the tensors' on-disk dtypes alone (no weight byte is read, so it takes milliseconds
+ * on a full checkpoint). */
+typedef struct dsv4_ref_plan {
+    int gpu;         /* 0: ref-cpu, host memory; 1: ref-gpu, GPU memory (at least: host staging not counted) */
+    int upfront;     /* ref-cpu: DSV4_REF_WEIGHTS_UPFRONT */
+    double weights;  /* f32 weights held at once. Lazy: arena + expert + the small globals; else every weight */
+    double arena;    /* lazy: the larger of the biggest layer's dense tensors and the head, as f32 */
+    int arena_layer; /* the layer that sizes the arena, -1: the head */
+    double head;     /* lazy: the head as f32 (0: served from the mmap) */
+    double expert;   /* lazy: one routed expert as f32 */
+    double state;    /* decode state for max_tokens positions (+ the hash layers' tid2eid tables) */
+    double scratch;  /* the decode step's scratch (ref-gpu: one call of up to 4096 tokens) */
+    double prefill;  /* ref-cpu: the prefill's scratch for prefill_tokens tokens */
+    double total;
+} dsv4_ref_plan;
+
+/* The CPU reference's plan for max_tokens positions of which the first prefill_tokens are one prefill (0: none, the
+ * prompt fed token by token), with options o (NULL: the defaults), checked against the host (dsv4_mem_check_host,
+ * so DSV4_HOST_MEM_LIMIT applies): 0 when it fits, DSV4_ERR_NOMEM with every number in the message when it does
+ * not, another error for a config or tensor the reference cannot run (missing, mis-shaped). out is filled as far as
+ * computed. dsv4_ref_cpu_init checks the same plan (without a prefill) before allocating anything. */
+int dsv4_ref_cpu_plan(dsv4_model *m, int max_tokens, int prefill_tokens, const dsv4_ref_options *o,
+                      dsv4_ref_plan *out);
+/* The GPU reference's plan (every weight as f32 on the GPU, the decode state, the scratch of a call), checked
+ * against the current device (dsv4_mem_check_device: DSV4_DEVICE_MEM_LIMIT applies; a build without CUDA checks the
+ * limit only). */
+int dsv4_ref_gpu_plan(dsv4_model *m, int max_tokens, dsv4_ref_plan *out);
+/* One line of the plan's numbers into buf ("weights 2.1 GiB (a layer at a time: ...), state ..., total ..."). */
+const char *dsv4_ref_plan_describe(const dsv4_ref_plan *p, int max_tokens, int prefill_tokens, char *buf,
+                                   size_t size);
+
 /* max_tokens: the longest sequence this instance will see (prompt + decode); sizes the whole decode state
  * (window ring, max_tokens div r entries per compressed pool, scratch) once, so decode steps allocate nothing.
- * All weights are bound (and dequantised by the loader) here: a missing or mis-shaped tensor fails at init. */
+ * Every tensor is looked up and size-checked here, so a missing or mis-shaped tensor fails at init; lazy weights
+ * (the default) are dequantised when used, up-front ones here. */
 int dsv4_ref_cpu_init(dsv4_model *m, int max_tokens, dsv4_ref **out);
 /* The same with options (NULL: the defaults, i.e. dsv4_ref_cpu_init). With emulate BF16 the rounded weights are
- * copies made here (one more f32 copy of every bf16-held weight); the decode step still allocates nothing. */
+ * f32 copies (made when used, or here with up-front weights); the decode step still allocates nothing. */
 int dsv4_ref_cpu_init_opts(dsv4_model *m, int max_tokens, const dsv4_ref_options *o, dsv4_ref **out);
 /* GPU variant on the current CUDA device; DSV4_ERR_UNSUPPORTED in a build without CUDA, DSV4_ERR_CUDA
  * when no device is present. */
