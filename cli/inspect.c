@@ -21,7 +21,9 @@ static void print_help(FILE *f)
             "Accepts official checkpoint names, transformers module names and the save_pretrained layout.\n\n"
             "options:\n"
             "  --digest   also print weights_digest (SHA-256 of the weight files; reads every byte, with a\n"
-            "             progress line on stderr when that takes more than a few seconds)\n"
+            "             progress line on stderr when that takes more than a few seconds; a checkpoint of\n"
+            "             1 GiB or more has it cached, keyed by each file's size and mtime, under\n"
+            "             $XDG_CACHE_HOME/dsv4 or ~/.cache/dsv4: DSV4_DIGEST_CACHE=off hashes again)\n"
             "  --help     this text\n\n"
             "exit status:\n"
             "  0  the model matches its config\n"
@@ -155,14 +157,15 @@ int dsv4_cmd_inspect(int argc, char **argv)
         char hex[65];
         cli_progress pr;
         cli_progress_init(&pr, "dsv4 inspect");
-        rc = dsv4_model_weights_digest_progress(m, hex, cli_progress_digest, &pr);
+        int cached = 0;
+        rc = dsv4_model_weights_digest_cached(m, hex, cli_progress_digest, &pr, &cached);
         cli_progress_end(&pr);
         if (rc) {
             fprintf(stderr, "dsv4 inspect: %s\n", dsv4_last_error());
             dsv4_model_free(m);
             return 2;
         }
-        printf("weights_digest: %s\n", hex);
+        printf("weights_digest: %s%s\n", hex, cached ? " (from the cache)" : "");
     }
     int lines = 0, problems = dsv4_model_check(m, report_line, &lines);
     dsv4_model_free(m);

@@ -1,6 +1,7 @@
 /* progress.c - the progress line of a long step of a dsv4 command (progress.h): the weights digest, which reads
  * every byte of the checkpoint before a dump is written (minutes for a full one) and showed nothing meanwhile,
- * and the comparison of `dsv4 verify` (minutes on dumps of many GB). */
+ * the comparison of `dsv4 verify` (minutes on dumps of many GB), and the reference's layers (seconds each on the
+ * full model: a step of 43 layers showed nothing for a minute). */
 #define _POSIX_C_SOURCE 200809L
 #include "progress.h"
 
@@ -33,6 +34,8 @@ void cli_progress_init(cli_progress *p, const char *prefix)
     p->tty = isatty(2);
     p->last_done = 0;
     p->shown = 0;
+    p->call_pos = p->call_tokens = p->total_pos = 0;
+    p->call_t0 = p->t0;
 }
 
 /* 1 when a line is due at t: not before after_s, then every 0.25 s on a terminal, every 5 s otherwise, and the
@@ -82,6 +85,33 @@ void cli_progress_positions(cli_progress *p, int done, int total)
     double eta = rate > 0 ? (total - done) / rate : 0.0;
     fprintf(stderr, "%s%s: position %d/%d, %.2f tokens/s, ETA %.0f s%s", p->tty ? "\r" : "", p->prefix, done, total,
             rate, eta, p->tty ? "   " : "\n");
+    fflush(stderr);
+    p->shown = 1;
+}
+
+void cli_progress_call(cli_progress *p, int pos, int n_tokens, int total)
+{
+    p->call_pos = pos;
+    p->call_tokens = n_tokens;
+    p->total_pos = total;
+    p->call_t0 = now_s();
+}
+
+void cli_progress_layer(void *ctx, double done, double total)
+{
+    cli_progress *p = ctx;
+    double t = now_s();
+    if (t - p->t0 < p->after_s || (t - p->last < (p->tty ? 0.25 : 5.0))) return;
+    p->last = t;
+    double per_layer = done > 0 ? (t - p->call_t0) / done : 0.0;
+    int calls_left = p->total_pos - (p->call_pos + p->call_tokens); /* decode steps after this call */
+    double eta = per_layer * ((total - done) + (calls_left > 0 ? calls_left : 0) * total);
+    if (p->call_tokens > 1)
+        fprintf(stderr, "%s%s: prefill of %d tokens, layer %.0f/%.0f, %.2f s/layer, ETA %.0f s%s", p->tty ? "\r" : "",
+                p->prefix, p->call_tokens, done, total, per_layer, eta, p->tty ? "   " : "\n");
+    else
+        fprintf(stderr, "%s%s: position %d/%d, layer %.0f/%.0f, %.2f s/layer, ETA %.0f s%s", p->tty ? "\r" : "",
+                p->prefix, p->call_pos + 1, p->total_pos, done, total, per_layer, eta, p->tty ? "   " : "\n");
     fflush(stderr);
     p->shown = 1;
 }

@@ -7,6 +7,9 @@ typedef struct cli_progress {
     double t0, last, after_s;
     double last_done; /* cli_progress_positions: the count at `last` (the rate is that of the last interval) */
     int tty, shown;
+    /* cli_progress_layer: the forward call in progress (cli_progress_call) */
+    int call_pos, call_tokens, total_pos;
+    double call_t0;
 } cli_progress;
 
 /* Seconds a step runs before its progress line shows: 3, or $DSV4_PROGRESS_AFTER_S (a number >= 0). */
@@ -23,6 +26,13 @@ void cli_progress_verify(void *ctx, double done, double total);
  * 5 s otherwise; the rate is that of the interval since `last` / `last_done` (decode slows down as the context
  * grows; set them where the timed steps start), the ETA assumes it holds. */
 void cli_progress_positions(cli_progress *p, int done, int total);
+/* A reference forward call starts: n_tokens positions from pos (a prefill, or 1: a decode step) of total. */
+void cli_progress_call(cli_progress *p, int pos, int n_tokens, int total);
+/* A dsv4_progress_fn for dsv4_ref_options.layer_progress (ctx a cli_progress, cli_progress_call made): prints
+ * "position P/T, layer L/N, S s/layer, ETA E s" (a prefill: "prefill of K tokens, layer L/N, ..."), on the same
+ * schedule as the position line. The ETA assumes every layer left in the run takes this call's time per layer (a
+ * prefill's layers are slower than a decode step's: its ETA overstates). */
+void cli_progress_layer(void *ctx, double done, double total);
 /* Ends the line on a terminal when one was shown. */
 void cli_progress_end(cli_progress *p);
 

@@ -95,12 +95,17 @@ static void run_usage(FILE *f)
             "                         then holds the quantised values in bf16); none, the default: as on disk\n"
             "\n"
             "The dump's prompt_len is the prompt length whatever --decode-from says (its root attribute\n"
-            "'prefill_len' records K), so dumps of one prompt line up. A progress line (tokens/s, ETA) goes to\n"
+            "'prefill_len' records K), so dumps of one prompt line up. The references print their memory plan\n"
+            "first (ref-cpu holds the checkpoint as on disk and dequantises a layer at a time: docs/reference.md)\n"
+            "and refuse, exit 2, before anything heavy when it does not fit (DSV4_HOST_MEM_LIMIT /\n"
+            "DSV4_DEVICE_MEM_LIMIT cap it). A progress line (tokens/s, ETA; per layer for ref-cpu) goes to\n"
             "stderr on runs longer than a few seconds, and one for the weights_digest that --dump and --follow\n"
             "need (SHA-256 of every weight byte: minutes for a full checkpoint; DSV4_PROGRESS_AFTER_S=0 shows\n"
-            "both at once). --probes and --dump-positions may each be given once (a second would replace the\n"
-            "first); another option given twice takes its last value. Exit status: 0 ok, 1 the run failed, 2 bad\n"
-            "usage or unreadable input.\n");
+            "them at once). The digest of a checkpoint of 1 GiB or more is cached, keyed by each file's size and\n"
+            "mtime, under $XDG_CACHE_HOME/dsv4 or ~/.cache/dsv4 (DSV4_DIGEST_CACHE=DIR elsewhere, =off never).\n"
+            "--probes and --dump-positions may each be given once (a second would replace the first); another\n"
+            "option given twice takes its last value. Exit status: 0 ok, 1 the run failed, 2 bad usage,\n"
+            "unreadable input or a reference that does not fit the memory.\n");
 }
 
 static double now_s(void)
@@ -518,7 +523,7 @@ int dsv4_cmd_run(int argc, char **argv)
     dsv4_probe_sink *sink = NULL;
     int32_t *positions = NULL;
     float *logits = NULL;
-    int n_pos = 0;
+    int n_pos = 0, refused = 0; /* refused: the memory plan does not fit (exit 2) */
     if ((rc = make_plan(&a, &pl))) {
         fprintf(stderr, "dsv4 run: %s\n", dsv4_last_error());
         return exit_code(rc);
@@ -566,14 +571,34 @@ int dsv4_cmd_run(int argc, char **argv)
         fprintf(stderr, "dsv4 run: note: the run has %d positions, past the model's max_position_embeddings of "
                 "%lld (%s/config.json); positions beyond it were not trained\n", pl.T,
                 (long long)cfg->max_position_embeddings, a.model);
+    /* the plan before anything heavy (the digest reads every byte): a reference run that cannot fit says so now,
+     * with the numbers, and exits 2 (the input cannot be run here) */
+    if (!use_opt) {
+        dsv4_ref_plan plan;
+        char line[600];
+        rc = !strcmp(a.path, "ref-cpu") ? dsv4_ref_cpu_plan(m, pl.T, K, &a.ref, &plan) : dsv4_ref_gpu_plan(m, pl.T, &plan);
+        if (rc) {
+            refused = rc == DSV4_ERR_NOMEM;
+            goto out;
+        }
+        printf("dsv4 run: %s memory plan: %s\n", a.path, dsv4_ref_plan_describe(&plan, pl.T, K, line, sizeof line));
+        fflush(stdout);
+    }
     char digest[65] = ""; /* hashes every weight byte: only when a dump or --follow needs it, once */
     if (a.dump || a.follow) {
         cli_progress dpr;
         cli_progress_init(&dpr, "dsv4 run");
-        rc = dsv4_model_weights_digest_progress(m, digest, cli_progress_digest, &dpr);
+        int cached = 0;
+        rc = dsv4_model_weights_digest_cached(m, digest, cli_progress_digest, &dpr, &cached);
         cli_progress_end(&dpr);
         if (rc) goto out;
+        if (cached) fprintf(stderr, "dsv4 run: weights_digest from the cache (keyed by each file's size and mtime; "
+                            "DSV4_DIGEST_CACHE=off hashes the files again)\n");
     }
+    cli_progress pr; /* position D/T, tokens/s of the last interval, ETA; a reference's layers (cli/progress.h) */
+    cli_progress_init(&pr, "dsv4 run");
+    a.ref.layer_progress = cli_progress_layer;
+    a.ref.progress_ctx = &pr;
     if (use_opt) {
         a.opt.max_context = a.max_context > 0 ? a.max_context : pl.T;
         if (a.follow && (rc = follow_open(a.follow, cfg, &pl, digest, a.allow_different_weights, &follow))) goto out;
@@ -624,10 +649,9 @@ int dsv4_cmd_run(int argc, char **argv)
         rc = dsv4_error(DSV4_ERR_NOMEM, "out of memory");
         goto out;
     }
-    cli_progress pr; /* position D/T, tokens/s of the last interval, ETA (cli/progress.h) */
-    cli_progress_init(&pr, "dsv4 run");
     double t_pre0 = now_s(), t_pre = 0.0;
     if (K > 0) {
+        cli_progress_call(&pr, 0, K, pl.T);
         if ((rc = dsv4_ref_prefill(ref, pl.tokens, K, sink, logits))) goto out;
         t_pre = now_s() - t_pre0;
     }
@@ -637,6 +661,7 @@ int dsv4_cmd_run(int argc, char **argv)
     if (op) rc = run_opt_steps(op, &a.opt, &pl, sink, &pr);
     for (int p = K; !op && p < pl.T; p++) {
         if (pl.tokens[p] < 0) pl.tokens[p] = argmax_lowest(logits, cfg->vocab_size); /* greedy: p >= P >= 1 */
+        cli_progress_call(&pr, p, 1, pl.T);
         if ((rc = dsv4_ref_decode(ref, pl.tokens[p], sink, logits))) goto out;
         cli_progress_positions(&pr, p + 1, pl.T);
     }
@@ -697,5 +722,5 @@ out:
     free(positions);
     free(pl.tokens);
     free(pl.gold_pos);
-    return rc ? exit_code(rc) : 0;
+    return rc ? (refused ? 2 : exit_code(rc)) : 0;
 }

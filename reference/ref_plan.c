@@ -67,18 +67,17 @@ static void append(char *buf, size_t size, size_t *o, const char *fmt, ...)
 const char *dsv4_ref_plan_describe(const dsv4_ref_plan *p, int max_tokens, int prefill_tokens, char *buf,
                                    size_t size)
 {
-    char a[32], b[32], c[32], d[32];
+    char a[32], b[32], c[32], d[32], e[32];
     size_t o = 0;
     buf[0] = 0;
     if (p->gpu || p->upfront)
         append(buf, size, &o, "weights as f32%s %s", p->gpu ? "" : ", all at init",
                dsv4_mem_format(p->weights, a, sizeof a));
     else {
-        append(buf, size, &o, "weights as f32 a layer at a time %s (", dsv4_mem_format(p->weights, a, sizeof a));
-        if (p->arena_layer >= 0)
-            append(buf, size, &o, "the largest layer, %d: %s; ", p->arena_layer, dsv4_mem_format(p->arena, b, sizeof b));
-        append(buf, size, &o, "the head %s; one routed expert %s)", dsv4_mem_format(p->head, c, sizeof c),
-               dsv4_mem_format(p->expert, d, sizeof d));
+        append(buf, size, &o, "weights as f32 a layer at a time %s (an arena of %s for the largest layer, %d: %s, "
+               "or the head: %s; one routed expert %s)", dsv4_mem_format(p->weights, a, sizeof a),
+               dsv4_mem_format(p->arena, b, sizeof b), p->layer_at, dsv4_mem_format(p->layer, c, sizeof c),
+               dsv4_mem_format(p->head, d, sizeof d), dsv4_mem_format(p->expert, e, sizeof e));
     }
     append(buf, size, &o, ", decode state for %d tokens %s, scratch %s", max_tokens,
            dsv4_mem_format(p->state, a, sizeof a), dsv4_mem_format(p->scratch, b, sizeof b));
@@ -93,7 +92,7 @@ int dsv4_ref_cpu_plan(dsv4_model *m, int max_tokens, int prefill_tokens, const d
 {
     DSV4_CHECK(m && out, "dsv4_ref_cpu_plan: NULL argument");
     memset(out, 0, sizeof *out);
-    out->arena_layer = -1;
+    out->layer_at = -1;
     const dsv4_config *f = dsv4_model_config(m);
     DSV4_TRY(dsv4_ref_check_config(f, max_tokens));
     DSV4_CHECK(prefill_tokens >= 0 && prefill_tokens <= max_tokens, "dsv4_ref_cpu_plan: prefill of %d tokens, "
@@ -111,8 +110,9 @@ int dsv4_ref_cpu_plan(dsv4_model *m, int max_tokens, int prefill_tokens, const d
         out->weights = 4 * (sz.upfront_arena + sz.upfront_loader);
     } else {
         out->head = 4 * sz.head;
-        out->arena = sz.layer > sz.head ? 4 * sz.layer : out->head;
-        out->arena_layer = sz.layer > sz.head ? sz.layer_at : -1;
+        out->layer = 4 * sz.layer;
+        out->layer_at = sz.layer_at;
+        out->arena = out->layer > out->head ? out->layer : out->head;
         out->expert = 4 * sz.expert;
         out->weights = out->arena + out->expert + 4 * (sz.globals + sz.embed_row);
     }
@@ -128,7 +128,7 @@ int dsv4_ref_gpu_plan(dsv4_model *m, int max_tokens, dsv4_ref_plan *out)
     DSV4_CHECK(m && out, "dsv4_ref_gpu_plan: NULL argument");
     memset(out, 0, sizeof *out);
     out->gpu = 1;
-    out->arena_layer = -1;
+    out->layer_at = -1;
     const dsv4_config *f = dsv4_model_config(m);
     DSV4_TRY(dsv4_ref_check_config(f, max_tokens));
     double state, per_token, fixed;

@@ -212,6 +212,17 @@ typedef void (*dsv4_progress_fn)(void *ctx, double done, double total);
 /* The same digest, calling progress (may be NULL) as the bytes are hashed: a full checkpoint takes minutes. */
 int dsv4_model_weights_digest_progress(const dsv4_model *m, char out[65], dsv4_progress_fn progress, void *ctx);
 
+/* The same digest through a cache (docs/reference.md "The weights digest and its cache"): for a checkpoint of at
+ * least 1 GiB, the digest is kept in a text file keyed by the folder and, for every hashed file, its name, size,
+ * modification and status-change times, device and inode, in $DSV4_DIGEST_CACHE (a folder), else
+ * $XDG_CACHE_HOME/dsv4, else ~/.cache/dsv4. A hit returns it without reading the weights (*cached = 1; cached may be
+ * NULL); a miss hashes as dsv4_model_weights_digest_progress does and stores it. DSV4_DIGEST_CACHE=off: no cache.
+ * The trade-off: a file rewritten in place with the same size, mtime and ctime (a filesystem that keeps no ctime)
+ * keeps its old digest until the cache is bypassed. A cache that cannot be read or written is skipped, never an
+ * error. */
+int dsv4_model_weights_digest_cached(const dsv4_model *m, char out[65], dsv4_progress_fn progress, void *ctx,
+                                     int *cached);
+
 /* The tensors the config says must exist, with their expected shapes. Used by inspect and the paths. */
 typedef struct dsv4_expected_tensor {
     char name[96];

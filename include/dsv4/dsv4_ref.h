@@ -66,7 +66,8 @@ typedef struct dsv4_ref_plan {
     int upfront;     /* ref-cpu: DSV4_REF_WEIGHTS_UPFRONT */
     double weights;  /* f32 weights held at once. Lazy: arena + expert + the small globals; else every weight */
     double arena;    /* lazy: the larger of the biggest layer's dense tensors and the head, as f32 */
-    int arena_layer; /* the layer that sizes the arena, -1: the head */
+    double layer;    /* lazy: the biggest layer's dense tensors as f32 (what is not served from the mmap) */
+    int layer_at;    /* that layer (-1: none) */
     double head;     /* lazy: the head as f32 (0: served from the mmap) */
     double expert;   /* lazy: one routed expert as f32 */
     double state;    /* decode state for max_tokens positions (+ the hash layers' tid2eid tables) */
