@@ -9,7 +9,8 @@
  *            layer kind: sliding, CSA, HCA; hash and learned routing), and the 5-layer peak equals the 3-layer one
  *            within 64 MiB: the memory does not grow with the layers. It shows per-layer progress on stderr.
  *            DSV4_STANDIN_LAYERS=N runs N layers (up to 43, the whole model) instead of 5; docs/reference.md quotes
- *            the 43-layer run.
+ *            the 43-layer run. Under AddressSanitizer (build-asan) the 3-layer run only, unmeasured: ASan's shadow
+ *            memory is private too, and its reservation does not fit any RLIMIT_DATA.
  *   refused: the same run asking for a dump (which needs the weights digest, a read of every byte) under
  *            DSV4_HOST_MEM_LIMIT=1G exits 2 at once with the plan's numbers, before any hashing (no weights_digest
  *            line although DSV4_PROGRESS_AFTER_S=0 shows it from the first MiB), and writes no dump.
@@ -27,6 +28,12 @@
 
 #include "dsv4_test.h"
 #include "flash_standin.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#define STANDIN_ASAN 1
+#else
+#define STANDIN_ASAN 0
+#endif
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
 #define MIB (1024.0 * 1024.0)
@@ -66,7 +73,7 @@ static double status_kb(const char *text, const char *key)
     return p ? 1024.0 * strtod(p + strlen(key), NULL) : -1;
 }
 
-/* Run argv (argv[0] a path) with RLIMIT_DATA = data_limit, sampling its memory until it exits. */
+/* Run argv (argv[0] a path) with RLIMIT_DATA = data_limit (0: unlimited), sampling its memory until it exits. */
 static void run_sampled(char *const argv[], const char *log_path, double data_limit, run_stats *st)
 {
     memset(st, 0, sizeof *st);
@@ -76,7 +83,7 @@ static void run_sampled(char *const argv[], const char *log_path, double data_li
     if (pid == 0) {
         struct rlimit rl = {(rlim_t)data_limit, (rlim_t)data_limit};
         int fd = open(log_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd < 0 || setrlimit(RLIMIT_DATA, &rl) || dup2(fd, 1) < 0 || dup2(fd, 2) < 0) _exit(126);
+        if (fd < 0 || (data_limit > 0 && setrlimit(RLIMIT_DATA, &rl)) || dup2(fd, 1) < 0 || dup2(fd, 2) < 0) _exit(126);
         execv(argv[0], argv);
         _exit(127);
     }
@@ -115,7 +122,7 @@ static void run_standin(const char *dir, const char *opt, const char *val, run_s
     snprintf(bin, sizeof bin, "%s", dsv4_test_bin());
     char *argv[] = {bin, "run", "--model", model, "--path", "ref-cpu", "--prompt-tokens", prompt, "--decode", "4",
                     (char *)opt, (char *)val, NULL};
-    run_sampled(argv, log, private_limit, st);
+    run_sampled(argv, log, STANDIN_ASAN ? 0 : private_limit, st);
     printf("$ dsv4 run --model %s --path ref-cpu --prompt-tokens prompt.txt --decode 4%s%s%s -> exit %d in %.1f s; "
            "private (RssAnon) peak %.0f MiB, VmHWM %.0f MiB\n%s", dir, opt ? " " : "", opt ? opt : "",
            val ? " ..." : "", st->status, st->seconds, st->peak_anon / MIB, st->peak_hwm / MIB, st->log);
@@ -129,7 +136,7 @@ START_TEST(memory_is_bounded_and_does_not_grow_with_layers)
     ck_assert_msg(big >= 4 && big <= 43, "DSV4_STANDIN_LAYERS=%s: want 4..43", env);
     const int layers[2] = {3, big};
     double peak[2];
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < (STANDIN_ASAN ? 1 : 2); i++) {
         double bytes;
         char *dir = make_standin(layers[i], &bytes);
         run_stats st;
@@ -140,13 +147,18 @@ START_TEST(memory_is_bounded_and_does_not_grow_with_layers)
         char want[64];
         snprintf(want, sizeof want, "layer 1/%d", layers[i]);
         ck_assert_msg(strstr(st.log, want), "%d layers: no per-layer progress line ('%s')", layers[i], want);
+        free(st.log);
+        dsv4_test_rmtree(dir);
+        if (STANDIN_ASAN) {
+            printf("AddressSanitizer build: memory not measured\n");
+            unsetenv("DSV4_PROGRESS_AFTER_S");
+            return;
+        }
         ck_assert_msg(st.peak_anon > 256 * MIB, "%d layers: a private peak of %.0f MiB: not sampled?", layers[i],
                       st.peak_anon / MIB);
         ck_assert_msg(st.peak_anon <= private_limit, "%d layers: private memory %.2f GiB, more than 6 GiB", layers[i],
                       st.peak_anon / GIB);
         peak[i] = st.peak_anon;
-        free(st.log);
-        dsv4_test_rmtree(dir);
     }
     printf("private peak: %d layers %.0f MiB, %d layers %.0f MiB\n", layers[0], peak[0] / MIB, layers[1],
            peak[1] / MIB);

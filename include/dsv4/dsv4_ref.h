@@ -85,7 +85,7 @@ int dsv4_ref_cpu_plan(dsv4_model *m, int max_tokens, int prefill_tokens, const d
                       dsv4_ref_plan *out);
 /* The GPU reference's plan (every weight as f32 on the GPU, the decode state, the scratch of a call), checked
  * against the current device (dsv4_mem_check_device: DSV4_DEVICE_MEM_LIMIT applies; a build without CUDA checks the
- * limit only). */
+ * limit only; with no device to ask, 0: dsv4_ref_gpu_init then says why it cannot run). */
 int dsv4_ref_gpu_plan(dsv4_model *m, int max_tokens, dsv4_ref_plan *out);
 /* One line of the plan's numbers into buf ("weights 2.1 GiB (a layer at a time: ...), state ..., total ..."). */
 const char *dsv4_ref_plan_describe(const dsv4_ref_plan *p, int max_tokens, int prefill_tokens, char *buf,
