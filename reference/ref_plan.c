@@ -74,10 +74,17 @@ const char *dsv4_ref_plan_describe(const dsv4_ref_plan *p, int max_tokens, int p
         append(buf, size, &o, "weights as f32%s %s", p->gpu ? "" : ", all at init",
                dsv4_mem_format(p->weights, a, sizeof a));
     else {
-        append(buf, size, &o, "weights as f32 a layer at a time %s (an arena of %s for the largest layer, %d: %s, "
-               "or the head: %s; one routed expert %s)", dsv4_mem_format(p->weights, a, sizeof a),
-               dsv4_mem_format(p->arena, b, sizeof b), p->layer_at, dsv4_mem_format(p->layer, c, sizeof c),
-               dsv4_mem_format(p->head, d, sizeof d), dsv4_mem_format(p->expert, e, sizeof e));
+        append(buf, size, &o, "weights as f32 a layer at a time %s", dsv4_mem_format(p->weights, a, sizeof a));
+        if (p->arena <= 0 && p->expert <= 0)
+            append(buf, size, &o, " (every tensor used from the mmap: aligned F32 on disk)");
+        else if (p->layer_at >= 0)
+            append(buf, size, &o, " (an arena of %s for the largest layer, %d: %s, or the head: %s; one routed "
+                   "expert %s)", dsv4_mem_format(p->arena, b, sizeof b), p->layer_at,
+                   dsv4_mem_format(p->layer, c, sizeof c), dsv4_mem_format(p->head, d, sizeof d),
+                   dsv4_mem_format(p->expert, e, sizeof e));
+        else
+            append(buf, size, &o, " (an arena of %s for the head; one routed expert %s)",
+                   dsv4_mem_format(p->arena, b, sizeof b), dsv4_mem_format(p->expert, e, sizeof e));
     }
     append(buf, size, &o, ", decode state for %d tokens %s, scratch %s", max_tokens,
            dsv4_mem_format(p->state, a, sizeof a), dsv4_mem_format(p->scratch, b, sizeof b));
