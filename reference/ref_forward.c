@@ -268,9 +268,6 @@ static int attention_all(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int L, int p0, i
     return 0;
 }
 
-/* The experts of moe_all as the optimized path rounds them (emu): the shared SwiGLU output h rounded (o->h_sh), the
- * routed h = SwiGLU · route weight rounded (moe_up_kernel's o->h_r: the weight enters BEFORE the bf16 store), each
- * routed expert's w2 product summed in slot order, then the shared output added (moe_down_kernel). */
 /* The routed experts of the call, expert by expert: each expert some token routes to is asked for once (lazy
  * weights: dequantised once per call) and applied to every (token, slot) pair routed to it, one token at a time as
  * before; pair p = s·k + j's output goes to sc->eys [p]. Plain: the expert's output; emu (moe_up_kernel's o->h_r):
@@ -302,6 +299,9 @@ static int routed_all(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int L, int S)
     return 0;
 }
 
+/* The experts of moe_all as the optimized path rounds them (emu): the shared SwiGLU output h rounded (o->h_sh), the
+ * routed h = SwiGLU · route weight rounded (moe_up_kernel's o->h_r: the weight enters BEFORE the bf16 store), each
+ * routed expert's w2 product summed in slot order, then the shared output added (moe_down_kernel). */
 static int moe_experts_emu(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int L, int p0, int S, dsv4_probe_sink *probe)
 {
     const dsv4_config *f = &c->cfg;

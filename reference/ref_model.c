@@ -173,7 +173,6 @@ size_t dsv4_ref_scratch_layout(const dsv4_ref_cpu *c, int S, dsv4_ref_scratch *s
     CARVE(rs, E);
     CARVE(eg, s * NI);
     CARVE(eu, s * NI);
-    CARVE(ey, D);
     CARVE(eys, s * k * D);
     CARVE(fout, s * D);
     CARVE(vn, n * D);

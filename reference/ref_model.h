@@ -162,7 +162,6 @@ typedef struct dsv4_ref_scratch {
     float *rw;      /* [S, k] */
     float *rs;      /* [E] */
     float *eg, *eu; /* [S, I] */
-    float *ey;      /* [D] */
     float *eys;     /* [S, k, D] each (token, slot)'s routed expert output, computed expert by expert */
     float *fout;    /* [S, D] */
     float *vn;      /* [n·D] */
