@@ -576,7 +576,8 @@ int dsv4_cmd_run(int argc, char **argv)
     if (!use_opt) {
         dsv4_ref_plan plan;
         char line[600];
-        rc = !strcmp(a.path, "ref-cpu") ? dsv4_ref_cpu_plan(m, pl.T, K, &a.ref, &plan) : dsv4_ref_gpu_plan(m, pl.T, &plan);
+        rc = !strcmp(a.path, "ref-cpu") ? dsv4_ref_cpu_plan(m, pl.T, K, &a.ref, &plan)
+                                        : dsv4_ref_gpu_plan(m, pl.T, &plan);
         if (rc) {
             refused = rc == DSV4_ERR_NOMEM;
             goto out;

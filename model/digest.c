@@ -238,7 +238,8 @@ static int cache_path(const char *cdir, const char *key, char *out, size_t size)
     unsigned int mdlen = 0;
     if (EVP_Digest(folder, (size_t)(end - folder), md, &mdlen, EVP_sha256(), NULL) != 1) return -1;
     int n = snprintf(out, size, "%s/digest-", cdir);
-    for (int i = 0; i < 8 && n > 0 && (size_t)n + 3 < size; i++) n += snprintf(out + n, size - (size_t)n, "%02x", md[i]);
+    for (int i = 0; i < 8 && n > 0 && (size_t)n + 3 < size; i++)
+        n += snprintf(out + n, size - (size_t)n, "%02x", md[i]);
     return n > 0 && (size_t)n + 5 < size && snprintf(out + n, size - (size_t)n, ".txt") == 4 ? 0 : -1;
 }
 

@@ -226,7 +226,8 @@ int dsv4_ref_weights_measure(dsv4_model *m, const dsv4_config *f, int emu, int u
 static void advise_huge(void *p, size_t bytes)
 {
 #ifdef MADV_HUGEPAGE
-    const uintptr_t huge = 2u << 20, a = ((uintptr_t)p + huge - 1) & ~(huge - 1), e = ((uintptr_t)p + bytes) & ~(huge - 1);
+    const uintptr_t huge = 2u << 20, a = ((uintptr_t)p + huge - 1) & ~(huge - 1);
+    const uintptr_t e = ((uintptr_t)p + bytes) & ~(huge - 1);
     if (e > a) (void)madvise((void *)a, e - a, MADV_HUGEPAGE);
 #else
     (void)p;

@@ -123,7 +123,8 @@ START_TEST(cached_digest_is_the_digest_and_follows_the_files)
 
     /* a cache file cut short is ignored and rewritten */
     char cmd[9000], *out = NULL;
-    snprintf(cmd, sizeof cmd, "for f in '%s'/*; do head -c 100 \"$f\" > \"$f.cut\" && mv \"$f.cut\" \"$f\"; done", cache);
+    snprintf(cmd, sizeof cmd, "for f in '%s'/*; do head -c 100 \"$f\" > \"$f.cut\" && mv \"$f.cut\" \"$f\"; done",
+             cache);
     ck_assert_int_eq(dsv4_test_run(cmd, &out), 0);
     free(out);
     ck_assert_int_eq(inspect_digest(model, cache, again), 0);

@@ -247,7 +247,8 @@ int dsv4_flash_standin_write(const char *dir, const dsv4_standin_opts *o, double
     for (int s = 0; s < o->n_shards && !rc; s++) {
         int b = a;
         double cut = total * (s + 1) / o->n_shards;
-        while (b < l.n && (s == o->n_shards - 1 || done + (double)l.t[b].nbytes / 2 <= cut)) done += (double)l.t[b++].nbytes;
+        while (b < l.n && (s == o->n_shards - 1 || done + (double)l.t[b].nbytes / 2 <= cut))
+            done += (double)l.t[b++].nbytes;
         char shard[64];
         snprintf(shard, sizeof shard, "model-%05d-of-%05d.safetensors", s + 1, o->n_shards);
         snprintf(path, sizeof path, "%s/%s", dir, shard);
