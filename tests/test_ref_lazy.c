@@ -213,8 +213,9 @@ START_TEST(an_expert_is_dequantised_once_per_call)
     const dsv4_config *cfg;
     ck_assert_int_eq(dsv4_dump_config(d, &cfg), 0);
     const int P = dsv4_dump_prompt_len(d), k = cfg->num_experts_per_tok, E = cfg->n_routed_experts;
+    const int n_layers = cfg->num_hidden_layers; /* cfg is d's */
     long distinct = 0, pairs = 0;
-    for (int L = 0; L < cfg->num_hidden_layers; L++) {
+    for (int L = 0; L < n_layers; L++) {
         char name[64];
         snprintf(name, sizeof name, "layers/%d/router_ids", L);
         int32_t *ids = malloc((size_t)P * k * sizeof *ids);
@@ -234,7 +235,7 @@ START_TEST(an_expert_is_dequantised_once_per_call)
            "layer loads\n", P, pairs, distinct, loads, layers);
     ck_assert_msg(distinct < pairs, "the test needs experts shared between tokens (%ld of %ld)", distinct, pairs);
     ck_assert_int_eq(loads, distinct);
-    ck_assert_int_eq(layers, cfg->num_hidden_layers);
+    ck_assert_int_eq(layers, n_layers);
     free(out);
 }
 END_TEST
