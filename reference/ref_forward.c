@@ -19,11 +19,14 @@
  *   emulation off not one operation differs from the plain reference.
  * - Decision following (c->follow): the own top-k / router picks are probed first, then the dump's row is merged in
  *   (follow_merge, the rule of kernels/follow.cu), so a row that agrees leaves the step bitwise unchanged.
+ * - DSV4_FAULT(...) sites plant the bugs of ref_fault.h in the emulation; they exist only in the test-only binary
+ *   dsv4_faults (everywhere else the condition is the constant 0).
  */
 #include <math.h>
 #include <string.h>
 
 #include "dsv4/dsv4_opt.h"
+#include "ref_fault.h"
 #include "ref_model.h"
 
 #define PROBE(name, pos, buf, n)                                                                                 \
@@ -71,16 +74,36 @@ static int follow_merge(int32_t *row, const int32_t *tgt, int k, int32_t *tmp)
     return ch;
 }
 
+/* A bf16 cache store of the emulation: round to nearest even, or (fault KV_TRUNCATE) truncate toward zero. */
+static void emu_store_cache(float *x, size_t n, int L, int p)
+{
+    if (!DSV4_FAULT(KV_TRUNCATE)) {
+        dsv4_ref_emu_round(x, n);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        uint32_t bits;
+        memcpy(&bits, &x[i], sizeof bits);
+        float t = dsv4_bf16_to_f32((uint16_t)(bits >> 16)); /* the high half: toward zero */
+        if (t != dsv4_bf16_to_f32(dsv4_f32_to_bf16(x[i]))) dsv4_ref_fault_acted(L, p);
+        x[i] = t;
+    }
+}
+
 /* mHC pre of every token of the call, then the site's RMSNorm; probes <site>_hc_* and <site>_in. */
 static int mhc_pre_all(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int L, const dsv4_ref_hc_params *hp,
                        const float *norm_w, int p0, int S, int attn_site, dsv4_probe_sink *probe)
 {
     const dsv4_config *f = &c->cfg;
-    int n = f->hc_mult, D = f->hidden_size;
+    int n = f->hc_mult, D = f->hidden_size, iters = f->hc_sinkhorn_iters;
+    if (DSV4_FAULT(SINKHORN_SHORT) && iters > 0) {
+        iters--;
+        dsv4_ref_fault_acted(L, p0);
+    }
     for (int s = 0; s < S; s++) {
         float *pre = sc->pre + (size_t)s * n, *post = sc->post + (size_t)s * n;
         float *comb = sc->comb + (size_t)s * n * n, *xa = sc->xa + (size_t)s * D;
-        dsv4_ref_hc_pre(hp, sc->X + (size_t)s * n * D, n, D, f->hc_sinkhorn_iters, (float)f->hc_eps,
+        dsv4_ref_hc_pre(hp, sc->X + (size_t)s * n * D, n, D, iters, (float)f->hc_eps,
                         (float)f->rms_norm_eps, pre, post, comb, xa, sc->vn, sc->mix);
         dsv4_ref_rmsnorm(sc->xn + (size_t)s * D, xa, norm_w, D, (float)f->rms_norm_eps);
         if (c->emu) dsv4_ref_emu_round(sc->xn + (size_t)s * D, D); /* emu: o->xn, the GEMM input (bf16) */
@@ -108,7 +131,7 @@ static void mhc_post_all(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, const float *out
 }
 
 /* Push the call's tokens through one compressor; finished entries (norm + RoPE at r·w) go to pool. */
-static int compress_all(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, dsv4_ref_compressor *cmp, const float *kvp,
+static int compress_all(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int L, dsv4_ref_compressor *cmp, const float *kvp,
                         const float *gp, const float *ape, const float *norm_w, float *pool, int *n_entries,
                         int cap, int p0, int S)
 {
@@ -124,7 +147,8 @@ static int compress_all(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, dsv4_ref_compress
         dsv4_ref_rope_cos_sin(c->inv_cmp, c->n_pairs, (int64_t)r * w, sc->cos_e, sc->sin_e);
         dsv4_ref_compressor_finish(sc->entry, dc, norm_w, (float)c->cfg.rms_norm_eps, c->n_pairs, sc->cos_e,
                                    sc->sin_e);
-        if (c->emu) dsv4_ref_emu_round(sc->entry, dc); /* emu: ly->kvc rows W + w / ly->ipool (bf16 caches) */
+        if (c->emu) emu_store_cache(sc->entry, dc, L, (int)p); /* emu: ly->kvc rows W + w / ly->ipool (bf16 caches) */
+        if (DSV4_FAULT(COMPRESSOR_APE)) dsv4_ref_fault_acted(L, (int)p); /* ref_compressor.c pooled it */
         memcpy(pool + (size_t)w * dc, sc->entry, (size_t)dc * sizeof(float));
         *n_entries = w + 1;
     }
@@ -141,7 +165,7 @@ static int indexer_all(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int L, int p0, int
     int np = c->n_pairs, topk = f->index_topk > 0 ? f->index_topk : 1;
     dsv4_ref_linear(sc->ikv, sc->xn, w->idx_wkv, S, D, 2 * dI);
     dsv4_ref_linear(sc->ig, sc->xn, w->idx_wgate, S, D, 2 * dI);
-    int rc = compress_all(c, sc, &st->icmp, sc->ikv, sc->ig, w->idx_ape, w->idx_norm, st->ipool, &st->n_ientries,
+    int rc = compress_all(c, sc, L, &st->icmp, sc->ikv, sc->ig, w->idx_ape, w->idx_norm, st->ipool, &st->n_ientries,
                           st->pool_cap, p0, S);
     if (rc) return rc;
     dsv4_ref_linear(sc->qI, sc->qr, w->idx_wq_b, S, qr, HI * dI);
@@ -159,6 +183,13 @@ static int indexer_all(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int L, int p0, int
         dsv4_ref_index_scores(sc->iscore, sc->qI + (size_t)s * HI * dI, st->ipool, n_pool, sc->wI + (size_t)s * HI,
                               HI, dI, sc->idots);
         sc->n_topk[s] = dsv4_ref_index_select(sc->iscore, n_pool, n_vis, f->index_topk, idx);
+        if (DSV4_FAULT(TOPK_DROP_LAST))
+            for (int i = sc->n_topk[s] - 1; i >= 0; i--)
+                if (idx[i] >= 0) {
+                    idx[i] = -1;
+                    dsv4_ref_fault_acted(L, p);
+                    break;
+                }
         if (dsv4_probe_wants(probe, p)) {
             /* the visible entries only: the sink pads the invisible rest with -inf */
             PROBE("indexer_scores", p, sc->iscore, (size_t)n_vis);
@@ -199,7 +230,9 @@ static int attention_all(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int L, int p0, i
         for (int h = 0; h < H; h++) {
             float *qh = sc->q + ((size_t)s * H + h) * d;
             dsv4_ref_rmsnorm(qh, qh, NULL, d, eps);
-            dsv4_ref_rope_apply(qh, d, np, cosv + (size_t)s * np, sinv + (size_t)s * np, 0);
+            const int wrong = DSV4_FAULT(ROPE_SIGN) && h >= H / 2; /* a rotation by -angle: none at position 0 */
+            if (wrong && p0 + s > 0) dsv4_ref_fault_acted(L, p0 + s);
+            dsv4_ref_rope_apply(qh, d, np, cosv + (size_t)s * np, sinv + (size_t)s * np, wrong);
         }
     if (c->emu) dsv4_ref_emu_round(sc->q, (size_t)S * H * d); /* emu: o->q, the attention queries (bf16) */
 
@@ -210,14 +243,14 @@ static int attention_all(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int L, int p0, i
         dsv4_ref_rmsnorm(kv, kv, w->kv_norm, d, eps);
         dsv4_ref_rope_apply(kv, d, np, cosv + (size_t)s * np, sinv + (size_t)s * np, 0);
         if (dsv4_probe_wants(probe, p0 + s)) PROBE("kv", p0 + s, kv, d); /* emu: o->kvf, the fp32 copy */
-        if (c->emu) dsv4_ref_emu_round(kv, d); /* emu: ly->kvc ring slot (bf16 cache), what attention reads */
+        if (c->emu) emu_store_cache(kv, d, L, p0 + s); /* emu: ly->kvc ring slot (bf16 cache), what attention reads */
     }
 
     if (w->ratio > 0) {
         int width = st->cmp.width;
         dsv4_ref_linear(sc->ckv, sc->xn, w->cmp_wkv, S, D, width);
         dsv4_ref_linear(sc->cg, sc->xn, w->cmp_wgate, S, D, width);
-        rc = compress_all(c, sc, &st->cmp, sc->ckv, sc->cg, w->cmp_ape, w->cmp_norm, st->pool, &st->n_entries,
+        rc = compress_all(c, sc, L, &st->cmp, sc->ckv, sc->cg, w->cmp_ape, w->cmp_norm, st->pool, &st->n_entries,
                           st->pool_cap, p0, S);
         if (rc) return rc;
     }
@@ -243,8 +276,15 @@ static int attention_all(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int L, int p0, i
             }
         }
         float *o = sc->o + (size_t)s * H * d;
+        const float *sinks = w->sinks;
+        if (DSV4_FAULT(SINK_DROPPED)) { /* a sink of -inf adds e^-inf = 0 to the denominator */
+            static float no_sinks[DSV4_MAX_HEADS];
+            for (int h = 0; h < H; h++) no_sinks[h] = -INFINITY;
+            sinks = no_sinks;
+            dsv4_ref_fault_acted(L, p);
+        }
         if (c->emu) /* emu: the mma kernel's P (bf16) entering P.V */
-            dsv4_ref_sink_attention_bf16p(o, sc->q + (size_t)s * H * d, sc->gather, m, w->sinks, H, d, sc->scores);
+            dsv4_ref_sink_attention_bf16p(o, sc->q + (size_t)s * H * d, sc->gather, m, sinks, H, d, sc->scores);
         else dsv4_ref_sink_attention(o, sc->q + (size_t)s * H * d, sc->gather, m, w->sinks, H, d, sc->scores);
         for (int h = 0; h < H; h++)
             dsv4_ref_rope_apply(o + (size_t)h * d, d, np, cosv + (size_t)s * np, sinv + (size_t)s * np, 1);
@@ -264,6 +304,20 @@ static int attention_all(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int L, int p0, i
     return 0;
 }
 
+/* Fault SWIGLU_NOCLAMP: record where the clamp it leaves out would have changed a value (g above the limit, u
+ * outside +-limit), for g, u [S, n] of the tokens from position p0. */
+static void note_unclamped(int L, int p0, const float *g, const float *u, int S, int n, float limit)
+{
+    for (int s = 0; s < S; s++)
+        for (int i = 0; i < n; i++) {
+            const float gi = g[(size_t)s * n + i], ui = u[(size_t)s * n + i];
+            if (gi > limit || ui > limit || ui < -limit) {
+                dsv4_ref_fault_acted(L, p0 + s);
+                break;
+            }
+        }
+}
+
 /* The experts of moe_all as the optimized path rounds them (emu): the shared SwiGLU output h rounded (o->h_sh), the
  * routed h = SwiGLU · route weight rounded (moe_up_kernel's o->h_r: the weight enters BEFORE the bf16 store), each
  * routed expert's w2 product summed in slot order, then the shared output added (moe_down_kernel). */
@@ -272,9 +326,10 @@ static int moe_experts_emu(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int L, int p0,
     const dsv4_config *f = &c->cfg;
     const dsv4_ref_layer_w *w = &c->lw[L];
     int D = f->hidden_size, k = f->num_experts_per_tok, NI = f->moe_intermediate_size;
-    float limit = (float)f->swiglu_limit;
+    float limit = DSV4_FAULT(SWIGLU_NOCLAMP) ? INFINITY : (float)f->swiglu_limit;
     dsv4_ref_linear(sc->eg, sc->xn, w->sh_w1, S, D, NI);
     dsv4_ref_linear(sc->eu, sc->xn, w->sh_w3, S, D, NI);
+    if (DSV4_FAULT(SWIGLU_NOCLAMP)) note_unclamped(L, p0, sc->eg, sc->eu, S, NI, (float)f->swiglu_limit);
     dsv4_ref_swiglu(sc->eg, sc->eg, sc->eu, S * NI, limit);
     dsv4_ref_emu_round(sc->eg, (size_t)S * NI); /* emu: o->h_sh (bf16) */
     dsv4_ref_linear(sc->fout, sc->eg, w->sh_w2, S, NI, D);
@@ -287,10 +342,15 @@ static int moe_experts_emu(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int L, int p0,
             float wt = sc->rw[(size_t)s * k + j];
             dsv4_ref_linear(sc->eg, x, w->w1[e], 1, D, NI);
             dsv4_ref_linear(sc->eu, x, w->w3[e], 1, D, NI);
+            if (DSV4_FAULT(SWIGLU_NOCLAMP)) note_unclamped(L, p0 + s, sc->eg, sc->eu, 1, NI, (float)f->swiglu_limit);
             dsv4_ref_swiglu(sc->eg, sc->eg, sc->eu, NI, limit);
             for (int i = 0; i < NI; i++) sc->eg[i] *= wt;
             dsv4_ref_emu_round(sc->eg, NI); /* emu: o->h_r row of this (token, expert) (bf16) */
             dsv4_ref_linear(sc->ey, sc->eg, w->w2[e], 1, NI, D);
+            if (DSV4_FAULT(EXPERT_SCALE) && e == 0) {
+                for (int i = 0; i < D; i++) sc->ey[i] *= 1.02f;
+                dsv4_ref_fault_acted(L, p0 + s);
+            }
             for (int i = 0; i < D; i++) racc[i] += sc->ey[i];
         }
         for (int i = 0; i < D; i++) fo[i] = racc[i] + fo[i];

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "dsv4/dsv4_opt.h"
+#include "ref_fault.h"
 #include "ref_model.h"
 
 /* ------------------------------------------------------------------------------------- allocation */
@@ -510,6 +511,11 @@ int dsv4_ref_cpu_init_opts(dsv4_model *m, int max_tokens, const dsv4_ref_options
     r->impl = c;
     r->max_tokens = max_tokens;
     int rc = cpu_init(m, max_tokens, o, c);
+#ifdef DSV4_TEST_FAULTS
+    if (!rc && !(rc = dsv4_ref_fault_init()) && dsv4_ref_test_fault != DSV4_FAULT_NONE && !c->emu)
+        rc = dsv4_error(DSV4_ERR_USAGE, "DSV4_TEST_FAULT=%s: the faults are planted in the emulation; add "
+                        "--emulate bf16", dsv4_ref_fault_name(dsv4_ref_test_fault));
+#endif
     if (rc) {
         dsv4_ref_free(r);
         return rc;
@@ -517,6 +523,11 @@ int dsv4_ref_cpu_init_opts(dsv4_model *m, int max_tokens, const dsv4_ref_options
     if (c->emu || c->follow) { /* the producer says what was rounded and whose choices were followed */
         size_t len = (size_t)snprintf(r->producer, sizeof r->producer, "%s", r->vt->producer);
         if (c->emu) len += (size_t)snprintf(r->producer + len, sizeof r->producer - len, " emulate=bf16");
+#ifdef DSV4_TEST_FAULTS
+        if (dsv4_ref_test_fault != DSV4_FAULT_NONE) /* a dump of a planted fault says so */
+            len += (size_t)snprintf(r->producer + len, sizeof r->producer - len, " fault=%s",
+                                    dsv4_ref_fault_name(dsv4_ref_test_fault));
+#endif
         if (c->follow) {
             const char *fp = dsv4_opt_follow_path(c->follow), *base = strrchr(fp, '/');
             snprintf(r->producer + len, sizeof r->producer - len, " follow=%s", base ? base + 1 : fp);
@@ -538,6 +549,9 @@ void dsv4_ref_follow_stats_get(const dsv4_ref *r, dsv4_ref_follow_stats *s)
 void dsv4_ref_free(dsv4_ref *r)
 {
     if (!r) return;
+#ifdef DSV4_TEST_FAULTS
+    if (r->vt == &dsv4_ref_cpu_vtable) dsv4_ref_fault_report();
+#endif
     if (r->vt && r->vt->free_impl) r->vt->free_impl(r->impl);
     dsv4_ref_release(r);
 }
