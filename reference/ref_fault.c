@@ -9,6 +9,7 @@
 #include "dsv4/dsv4.h"
 
 dsv4_ref_fault dsv4_ref_test_fault = DSV4_FAULT_NONE;
+float dsv4_ref_test_fault_scale = 1.02f;
 static int acted_layer = -1, acted_position = -1;
 
 #define DSV4_REF_FAULT_NAME(e, name, what) name,
@@ -20,9 +21,17 @@ const char *dsv4_ref_fault_name(dsv4_ref_fault f) { return f < DSV4_FAULT_COUNT 
 
 int dsv4_ref_fault_init(void)
 {
-    const char *s = getenv("DSV4_TEST_FAULT");
+    const char *s = getenv("DSV4_TEST_FAULT"), *scale = getenv("DSV4_TEST_FAULT_SCALE");
     acted_layer = acted_position = -1;
     dsv4_ref_test_fault = DSV4_FAULT_NONE;
+    dsv4_ref_test_fault_scale = 1.02f;
+    if (scale && *scale) {
+        char *end;
+        double v = strtod(scale, &end);
+        if (*end || !(v > 0))
+            return dsv4_error(DSV4_ERR_USAGE, "DSV4_TEST_FAULT_SCALE=%s: not a positive number", scale);
+        dsv4_ref_test_fault_scale = (float)v;
+    }
     if (!s || !*s) return 0;
     for (int f = 0; f < DSV4_FAULT_COUNT; f++)
         if (!strcmp(s, fault_names[f])) {

@@ -24,7 +24,7 @@
     X(COMPRESSOR_APE, "compressor-ape", "the compressors add the position bias of window slot (p+1) mod r, "    \
       "one off")                                                                                                \
     X(TOPK_DROP_LAST, "topk-drop-last", "the indexer's top-k drops its last pick")                              \
-    X(EXPERT_SCALE, "expert-scale", "routed expert 0's output scaled by 1.02")                                  \
+    X(EXPERT_SCALE, "expert-scale", "routed expert 0's output scaled by 1.02 ($DSV4_TEST_FAULT_SCALE)")         \
     X(KV_TRUNCATE, "kv-truncate", "KV caches (window ring, compressed entries, indexer keys) stored by "        \
       "truncation to bf16 instead of rounding")                                                                 \
     X(SWIGLU_NOCLAMP, "swiglu-noclamp", "the SwiGLU clamp missing")
@@ -35,6 +35,7 @@ typedef enum dsv4_ref_fault { DSV4_REF_FAULTS(DSV4_REF_FAULT_ENUM) DSV4_FAULT_CO
 
 #ifdef DSV4_TEST_FAULTS
 extern dsv4_ref_fault dsv4_ref_test_fault; /* set by dsv4_ref_fault_init */
+extern float dsv4_ref_test_fault_scale;    /* EXPERT_SCALE's factor: $DSV4_TEST_FAULT_SCALE, default 1.02 */
 #define DSV4_FAULT(f) (dsv4_ref_test_fault == DSV4_FAULT_##f)
 /* Read $DSV4_TEST_FAULT ("" or unset: none). DSV4_ERR_USAGE naming the known faults for another value. */
 int dsv4_ref_fault_init(void);
@@ -47,6 +48,7 @@ void dsv4_ref_fault_acted(int layer, int position);
 void dsv4_ref_fault_report(void);
 #else
 #define DSV4_FAULT(f) 0
+#define dsv4_ref_test_fault_scale 1.0f
 #define dsv4_ref_fault_acted(layer, position) ((void)0)
 #endif
 

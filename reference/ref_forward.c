@@ -348,7 +348,7 @@ static int moe_experts_emu(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int L, int p0,
             dsv4_ref_emu_round(sc->eg, NI); /* emu: o->h_r row of this (token, expert) (bf16) */
             dsv4_ref_linear(sc->ey, sc->eg, w->w2[e], 1, NI, D);
             if (DSV4_FAULT(EXPERT_SCALE) && e == 0) {
-                for (int i = 0; i < D; i++) sc->ey[i] *= 1.02f;
+                for (int i = 0; i < D; i++) sc->ey[i] *= dsv4_ref_test_fault_scale;
                 dsv4_ref_fault_acted(L, p0 + s);
             }
             for (int i = 0; i < D; i++) racc[i] += sc->ey[i];
