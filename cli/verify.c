@@ -21,7 +21,8 @@ static void usage(FILE *f)
                "Compares two dsv4-dump/1 files probe by probe, layer by layer, at the positions both store, and\n"
                "reports the first (position, layer, probe) in model order that breaks its tolerance.\n\n"
                "options:\n"
-               "  --profile fp32|bf16|FILE   tolerance profile (default fp32; files in verify/profiles/)\n"
+               "  --profile fp32|bf16|FILE   tolerance profile (default fp32, or bf16 with --baseline; files in\n"
+               "                             verify/profiles/)\n"
                "  --baseline BASELINE.h5     baseline mode, for a low-precision candidate: BASELINE is a\n"
                "                             precision-matched run of the same tokens and weights (normally\n"
                "                             dsv4 run --path ref-cpu|ref-gpu --emulate bf16 --follow GOLDEN.h5);\n"
@@ -129,7 +130,7 @@ int dsv4_cmd_verify(int argc, char **argv)
     dsv4_verify_options_init(&o);
     const char *paths[2] = {NULL, NULL}, *json = NULL, *html = NULL;
     const char **tol = calloc((size_t)argc + 1, sizeof *tol);
-    int npaths = 0, color = isatty(STDOUT_FILENO), quiet = 0;
+    int npaths = 0, color = isatty(STDOUT_FILENO), quiet = 0, profile_given = 0;
     dsv4_cli_seen lists = {{0}, 0};
     if (!tol) return 2;
     for (int i = 1; i < argc; i++) {
@@ -150,6 +151,7 @@ int dsv4_cmd_verify(int argc, char **argv)
         } else if (!strcmp(a, "--profile")) {
             NEED_VALUE();
             o.profile = argv[++i];
+            profile_given = 1;
         } else if (!strcmp(a, "--baseline")) {
             NEED_VALUE();
             o.baseline = argv[++i];
@@ -232,6 +234,7 @@ int dsv4_cmd_verify(int argc, char **argv)
         free(tol);
         return 2;
     }
+    if (o.baseline && !profile_given) o.profile = "bf16"; /* a baseline means a low-precision candidate */
     const char *inputs[4] = {paths[0], paths[1], o.profile, o.baseline};
     if ((json && report_check("--json", json, inputs, html)) || (html && report_check("--html", html, inputs, NULL))) {
         fprintf(stderr, "dsv4 verify: %s\n", dsv4_last_error());

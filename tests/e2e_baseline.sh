@@ -24,5 +24,25 @@ cands=$cands,swiglu-noclamp,expert-scale@1.1
 GATED_FAULTS="rope-sign sink-dropped compressor-ape topk-drop-last kv-truncate swiglu-noclamp expert-scale@1.1" \
     bash "$SRC/scripts/baseline_eval.sh" -b "$BUILD" -g -c "$cands" "${models[@]}"
 rc=$?
+# the command refuses a baseline that cannot serve: exit 2, the file and the problem named
+T=$(mktemp -d "${TMPDIR:-/tmp}/dsv4-e2e-baseline-XXXXXX")
+trap 'rm -rf "$T"' EXIT
+G=$SRC/golden/random-106/forced.h5
+echo "not a dump" >"$T/text.h5"
+refused() { # BASELINE WHAT [GOLDEN]: exit 2 and WHAT in the message
+    local g=${3:-$G}
+    "$BUILD/dsv4" verify "$g" "$g" --baseline "$1" >"$T/out.txt" 2>&1
+    local st=$?
+    if [ $st -eq 2 ] && grep -q "baseline" "$T/out.txt" && grep -q -- "$2" "$T/out.txt"; then
+        echo "ok: --baseline $(basename "$1") refused: $(grep -m1 'COULD NOT' "$T/out.txt")"
+    else
+        echo "FAILED: --baseline $1: exit $st, want 2 and '$2':"
+        cat "$T/out.txt"
+        rc=1
+    fi
+}
+refused "$T/text.h5" "HDF5"
+refused "$SRC/golden/random-109/forced.h5" "different weights"
+refused "$SRC/golden/tiny/greedy.h5" "tokens differ" "$SRC/golden/tiny/forced.h5"
 [ $rc -eq 0 ] && echo "e2e_baseline: 1 passed, 0 failed" || echo "e2e_baseline: 0 passed, 1 failed (exit $rc)"
 exit $rc
