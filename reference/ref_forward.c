@@ -18,7 +18,7 @@
  *   taken where the optimized path takes them (kv before the cache store, norm after the bf16 store). With
  *   emulation off not one operation differs from the plain reference.
  * - Decision following (c->follow): the own top-k / router picks are probed first, then the dump's row is merged in
- *   (follow_merge, the rule of kernels/follow.cu), so a row that agrees leaves the step bitwise unchanged.
+ *   (dsv4_ref_follow_merge, the rule of kernels/follow.cu), so a row that agrees leaves the step bitwise unchanged.
  * - DSV4_FAULT(...) sites plant the bugs of ref_fault.h in the emulation; they exist only in the test-only binary
  *   dsv4_faults (everywhere else the condition is the constant 0).
  */
@@ -43,10 +43,8 @@
 /* Is position p following the dump? Until the first position whose token is not the dump's (set per call). */
 static int follow_on(const dsv4_ref_cpu *c, int p) { return c->follow && (c->follow_stop < 0 || p < c->follow_stop); }
 
-/* Merge the dump's row tgt [k] into the own row [k] as kernels/follow.cu does: ids both rows hold keep their slots
- * (the attention and the MoE sum in slot order), the dump's other ids fill the remaining slots in the dump's order
- * (-1 when none is left). tmp [4k] scratch. Returns 1 when the row changed. */
-static int follow_merge(int32_t *row, const int32_t *tgt, int k, int32_t *tmp)
+/* ref_model.h: the GPU reference merges with this function too, so both follow by one rule. */
+int dsv4_ref_follow_merge(int32_t *row, const int32_t *tgt, int k, int32_t *tmp)
 {
     if (!memcmp(row, tgt, (size_t)k * sizeof *row)) return 0;
     int32_t *own = tmp, *keep = tmp + k, *miss = tmp + 2 * k;
@@ -200,7 +198,7 @@ static int indexer_all(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int L, int p0, int
         if (!row) continue;
         for (int i = sc->n_topk[s]; i < topk; i++) idx[i] = -1; /* the row as wide as the dump's (the gather skips -1) */
         c->fstats.topk_rows++;
-        if (follow_merge(idx, row, topk, sc->fmerge)) {
+        if (dsv4_ref_follow_merge(idx, row, topk, sc->fmerge)) {
             sc->n_topk[s] = topk;
             c->fstats.topk_changed++;
         }
@@ -383,7 +381,7 @@ static int moe_all(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int L, int p0, const i
         if (!row) continue;
         c->fstats.router_rows++;
         int32_t *ids = sc->rids + (size_t)s * k;
-        if (!follow_merge(ids, row, k, sc->fmerge)) continue;
+        if (!dsv4_ref_follow_merge(ids, row, k, sc->fmerge)) continue;
         c->fstats.router_changed++;
         const float *lg = sc->rlogits + (size_t)s * E;
         float *wt = sc->rw + (size_t)s * k, sum = 0.0f;

@@ -76,7 +76,7 @@ static int bind_layer(dsv4_ref_cpu *c, int L)
     if (w->attn != DSV4_ATTN_SLIDING && w->ratio <= 0)
         return dsv4_error(DSV4_ERR_CONFIG, "layer %d: %s attention with compress ratio %d", L,
                           dsv4_attn_type_name(w->attn), w->ratio);
-#define BIND_LISTED(field, numel, cond, name)                                                                    \
+#define BIND_LISTED(field, numel, cond, bf16, name)                                                              \
     if (cond) BIND(w->field, numel, name, L);
     DSV4_REF_LAYER_TENSORS(BIND_LISTED)
 #undef BIND_LISTED
@@ -309,7 +309,8 @@ static void emu_weight(dsv4_ref_cpu *c, const float **w, size_t numel, float *me
 
 /* Every bf16-held weight of the optimized path (opt_layout.c weights_layout / layer_weights): the embedding and
  * head, the x-projection [wq_a | wkv | compressor wkv, wgate | indexer wkv, wgate, weights_proj], wq_b, the indexer
- * wq_b, wo_a, wo_b, the ffn projection [gate | shared w1 | w3], shared w2 and the routed experts. NOT rounded (fp32
+ * wq_b, wo_a, wo_b, the ffn projection [gate | shared w1 | w3], shared w2 (the bf16 column of
+ * DSV4_REF_LAYER_TENSORS, which the GPU reference's upload reads too) and the routed experts. NOT rounded (fp32
  * there too): mHC fn/base/scale and hc_head, every norm weight, sinks, the ape biases, the router bias. Returns the
  * floats needed (mem NULL: count only). */
 static size_t emu_weights(dsv4_ref_cpu *c, float *mem)
@@ -317,32 +318,16 @@ static size_t emu_weights(dsv4_ref_cpu *c, float *mem)
     const dsv4_config *f = &c->cfg;
     size_t off = 0, D = f->hidden_size, V = f->vocab_size, H = f->num_attention_heads, d = f->head_dim;
     size_t qr = f->q_lora_rank, G = f->o_groups, o_r = f->o_lora_rank, HI = f->index_n_heads, dI = f->index_head_dim;
-    size_t E = f->n_routed_experts, NI = f->moe_intermediate_size;
+    size_t E = f->n_routed_experts, NI = f->moe_intermediate_size, n = f->hc_mult, mix = (2 + n) * n;
     emu_weight(c, &c->embed, V * D, mem, &off, "embed.weight");
     if (f->tie_word_embeddings) c->head = c->embed;
     else emu_weight(c, &c->head, V * D, mem, &off, "head.weight");
     for (int L = 0; L < f->num_hidden_layers; L++) {
         dsv4_ref_layer_w *w = &c->lw[L];
-        emu_weight(c, &w->wq_a, qr * D, mem, &off, "layers.%d.attn.wq_a.weight", L);
-        emu_weight(c, &w->wkv, d * D, mem, &off, "layers.%d.attn.wkv.weight", L);
-        if (w->ratio > 0) {
-            size_t width = DSV4_REF_CMP_WIDTH(w, d);
-            emu_weight(c, &w->cmp_wkv, width * D, mem, &off, "layers.%d.attn.compressor.wkv.weight", L);
-            emu_weight(c, &w->cmp_wgate, width * D, mem, &off, "layers.%d.attn.compressor.wgate.weight", L);
-        }
-        if (w->attn == DSV4_ATTN_CSA) {
-            emu_weight(c, &w->idx_wkv, 2 * dI * D, mem, &off, "layers.%d.attn.indexer.compressor.wkv.weight", L);
-            emu_weight(c, &w->idx_wgate, 2 * dI * D, mem, &off, "layers.%d.attn.indexer.compressor.wgate.weight", L);
-            emu_weight(c, &w->idx_wproj, HI * D, mem, &off, "layers.%d.attn.indexer.weights_proj.weight", L);
-            emu_weight(c, &w->idx_wq_b, HI * dI * qr, mem, &off, "layers.%d.attn.indexer.wq_b.weight", L);
-        }
-        emu_weight(c, &w->wq_b, H * d * qr, mem, &off, "layers.%d.attn.wq_b.weight", L);
-        emu_weight(c, &w->wo_a, G * o_r * (H * d / G), mem, &off, "layers.%d.attn.wo_a.weight", L);
-        emu_weight(c, &w->wo_b, D * G * o_r, mem, &off, "layers.%d.attn.wo_b.weight", L);
-        emu_weight(c, &w->gate_w, E * D, mem, &off, "layers.%d.ffn.gate.weight", L);
-        emu_weight(c, &w->sh_w1, NI * D, mem, &off, "layers.%d.ffn.shared_experts.w1.weight", L);
-        emu_weight(c, &w->sh_w3, NI * D, mem, &off, "layers.%d.ffn.shared_experts.w3.weight", L);
-        emu_weight(c, &w->sh_w2, D * NI, mem, &off, "layers.%d.ffn.shared_experts.w2.weight", L);
+#define EMU_LISTED(field, numel, cond, bf16, name)                                                               \
+    if ((bf16) && (cond)) emu_weight(c, &w->field, numel, mem, &off, name, L);
+        DSV4_REF_LAYER_TENSORS(EMU_LISTED)
+#undef EMU_LISTED
         for (size_t e = 0; e < E; e++) {
             emu_weight(c, &w->w1[e], NI * D, mem, &off, "layers.%d.ffn.experts.%zu.w1.weight", L, e);
             emu_weight(c, &w->w3[e], NI * D, mem, &off, "layers.%d.ffn.experts.%zu.w3.weight", L, e);
@@ -401,17 +386,24 @@ static int cpu_dump_entries(dsv4_ref *r, dsv4_probe_sink *probe)
     return 0;
 }
 
+static void cpu_follow_stats(const dsv4_ref *r, dsv4_ref_follow_stats *s)
+{
+    *s = ((const dsv4_ref_cpu *)r->impl)->fstats;
+}
+
 static const dsv4_ref_vtable dsv4_ref_cpu_vtable = {
     .producer = "dsv4 " DSV4_VERSION " reference cpu fp32",
     .forward = cpu_forward,
     .dump_entries = cpu_dump_entries,
     .free_impl = cpu_free,
+    .follow_stats = cpu_follow_stats,
 };
 
 static int cpu_init(dsv4_model *m, int max_tokens, const dsv4_ref_options *opt, dsv4_ref_cpu *c)
 {
     const dsv4_config *cfg = dsv4_model_config(m);
-    int rc;
+    int rc = dsv4_ref_options_check(cfg, opt, "reference");
+    if (rc) return rc;
     c->model = m;
     c->cfg = *cfg;
     const dsv4_config *f = &c->cfg;
@@ -443,13 +435,6 @@ static int cpu_init(dsv4_model *m, int max_tokens, const dsv4_ref_options *opt, 
     c->follow = opt->follow;
     c->follow_stop = -1;
     c->fstats.stopped_at = -1;
-    if (c->follow && (dsv4_opt_follow_width(c->follow, DSV4_OPT_FOLLOW_TOPK) != f->index_topk ||
-                      dsv4_opt_follow_width(c->follow, DSV4_OPT_FOLLOW_ROUTER) != f->num_experts_per_tok))
-        return dsv4_error(DSV4_ERR_USAGE, "reference: the follow table of %s was loaded for another config "
-                          "(index_topk %d, experts per token %d; the model has %d, %d)",
-                          dsv4_opt_follow_path(c->follow), dsv4_opt_follow_width(c->follow, DSV4_OPT_FOLLOW_TOPK),
-                          dsv4_opt_follow_width(c->follow, DSV4_OPT_FOLLOW_ROUTER), f->index_topk,
-                          f->num_experts_per_tok);
     if (c->emu) {
         size_t need = emu_weights(c, NULL);
         c->emu_mem = dsv4_ref_alloc(need * sizeof(float), "bf16-rounded weights (emulate bf16)");
@@ -498,8 +483,6 @@ int dsv4_ref_cpu_init_opts(dsv4_model *m, int max_tokens, const dsv4_ref_options
     dsv4_ref_options defaults;
     dsv4_ref_options_default(&defaults);
     if (!o) o = &defaults;
-    DSV4_CHECK(o->emulate == DSV4_REF_EMULATE_NONE || o->emulate == DSV4_REF_EMULATE_BF16,
-               "dsv4_ref_cpu_init: emulate %d", (int)o->emulate);
     dsv4_ref *r = dsv4_ref_alloc(sizeof *r, "reference");
     dsv4_ref_cpu *c = dsv4_ref_alloc(sizeof *c, "reference cpu");
     if (!r || !c) {
@@ -520,19 +503,12 @@ int dsv4_ref_cpu_init_opts(dsv4_model *m, int max_tokens, const dsv4_ref_options
         dsv4_ref_free(r);
         return rc;
     }
-    if (c->emu || c->follow) { /* the producer says what was rounded and whose choices were followed */
-        size_t len = (size_t)snprintf(r->producer, sizeof r->producer, "%s", r->vt->producer);
-        if (c->emu) len += (size_t)snprintf(r->producer + len, sizeof r->producer - len, " emulate=bf16");
+    char extra[64] = ""; /* a dump of a planted fault says so */
 #ifdef DSV4_TEST_FAULTS
-        if (dsv4_ref_test_fault != DSV4_FAULT_NONE) /* a dump of a planted fault says so */
-            len += (size_t)snprintf(r->producer + len, sizeof r->producer - len, " fault=%s",
-                                    dsv4_ref_fault_name(dsv4_ref_test_fault));
+    if (dsv4_ref_test_fault != DSV4_FAULT_NONE)
+        snprintf(extra, sizeof extra, " fault=%s", dsv4_ref_fault_name(dsv4_ref_test_fault));
 #endif
-        if (c->follow) {
-            const char *fp = dsv4_opt_follow_path(c->follow), *base = strrchr(fp, '/');
-            snprintf(r->producer + len, sizeof r->producer - len, " follow=%s", base ? base + 1 : fp);
-        }
-    }
+    dsv4_ref_producer_set(r, c->emu, extra, c->follow); /* what was rounded and whose choices were followed */
     *out = r;
     return 0;
 }
@@ -541,8 +517,34 @@ void dsv4_ref_follow_stats_get(const dsv4_ref *r, dsv4_ref_follow_stats *s)
 {
     memset(s, 0, sizeof *s);
     s->stopped_at = -1;
-    if (!r || r->vt != &dsv4_ref_cpu_vtable) return;
-    *s = ((const dsv4_ref_cpu *)r->impl)->fstats;
+    if (r && r->vt && r->vt->follow_stats) r->vt->follow_stats(r, s);
+}
+
+int dsv4_ref_options_check(const dsv4_config *f, const dsv4_ref_options *o, const char *who)
+{
+    if (o->emulate != DSV4_REF_EMULATE_NONE && o->emulate != DSV4_REF_EMULATE_BF16)
+        return dsv4_error(DSV4_ERR_USAGE, "%s: emulate %d (want DSV4_REF_EMULATE_NONE or _BF16)", who,
+                          (int)o->emulate);
+    const dsv4_opt_follow *fl = o->follow;
+    if (fl && (dsv4_opt_follow_width(fl, DSV4_OPT_FOLLOW_TOPK) != f->index_topk ||
+               dsv4_opt_follow_width(fl, DSV4_OPT_FOLLOW_ROUTER) != f->num_experts_per_tok))
+        return dsv4_error(DSV4_ERR_USAGE, "%s: the follow table of %s was loaded for another config "
+                          "(index_topk %d, experts per token %d; the model has %d, %d)", who,
+                          dsv4_opt_follow_path(fl), dsv4_opt_follow_width(fl, DSV4_OPT_FOLLOW_TOPK),
+                          dsv4_opt_follow_width(fl, DSV4_OPT_FOLLOW_ROUTER), f->index_topk, f->num_experts_per_tok);
+    return 0;
+}
+
+void dsv4_ref_producer_set(dsv4_ref *r, int emu, const char *extra, const dsv4_opt_follow *follow)
+{
+    if (!emu && !follow && !(extra && *extra)) return;
+    size_t len = (size_t)snprintf(r->producer, sizeof r->producer, "%s", r->vt->producer);
+    if (emu) len += (size_t)snprintf(r->producer + len, sizeof r->producer - len, " emulate=bf16");
+    if (extra) len += (size_t)snprintf(r->producer + len, sizeof r->producer - len, "%s", extra);
+    if (follow) {
+        const char *fp = dsv4_opt_follow_path(follow), *base = strrchr(fp, '/');
+        snprintf(r->producer + len, sizeof r->producer - len, " follow=%s", base ? base + 1 : fp);
+    }
 }
 
 /* ------------------------------------------------------------------------------ device-neutral API */
