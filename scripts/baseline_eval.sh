@@ -7,8 +7,11 @@
 #   -b BUILD       build folder with dsv4 and dsv4_faults (default: build)
 #   -w WORK        where the dumps go (default: a temporary folder, removed at the end)
 #   -o OPT_DIR     also judge OPT_DIR/<model name>/<variant>.h5 (optimized-path dumps following the golden)
-#   -c CANDIDATES  comma-separated candidates (default: alt-order and every fault; "-": none, only -o's dumps); a
-#                  fault may carry a scale for expert-scale, e.g. expert-scale@1.1 ($DSV4_TEST_FAULT_SCALE)
+#   -c CANDIDATES  comma-separated candidates (default: the two faithful ones and every fault; "-": none, only -o's
+#                  dumps); a fault may carry a scale for expert-scale, e.g. expert-scale@1.1 ($DSV4_TEST_FAULT_SCALE).
+#                  Faithful: alt-order (dsv4_faults: another accumulation order, the kernel's tile-wise softmax) and
+#                  prescott (the emulation itself with OpenBLAS's Prescott kernels, OPENBLAS_CORETYPE: every product
+#                  rounded apart instead of fused, so other bf16 rounding flips)
 #   -j N           models evaluated N at a time (default 1)
 #   -r RESULTS     run nothing: the summary (and -g) of the RESULT lines in RESULTS, from an earlier run
 #   -f FIXED_BIN   the dsv4 whose fixed bf16 profile judges the "fixed" column (default: BUILD's; docs/verify.md
@@ -53,7 +56,7 @@ if [ -z "$work" ]; then
     trap 'rm -rf "$work"' EXIT
 fi
 mkdir -p "$work"
-list=(alt-order "${FAULTS[@]}")
+list=(alt-order prescott "${FAULTS[@]}")
 [ -n "$cands" ] && IFS=, read -r -a list <<<"$cands"
 [ "$cands" = - ] && list=()
 
@@ -87,7 +90,7 @@ print(sys.argv[2], first, "-" if ratio is None else f"{ratio:.3f}", "-" if z is 
 EOF
 }
 eval_model() { # MODEL_DIR: its RESULT lines, also into $work/NAME/results.txt; 2 when a run fails
-    local m=$1 name g d c fault scale kind acted rc first fixed f v
+    local m=$1 name g d c fault scale kind bin coretype acted rc first fixed f v ratio z
     name=$(basename "$m")
     g=$m/forced.h5
     d=$work/$name
@@ -102,10 +105,13 @@ eval_model() { # MODEL_DIR: its RESULT lines, also into $work/NAME/results.txt; 
     for c in "${list[@]}"; do
         fault=${c%@*} scale=1.02
         [ "$c" != "$fault" ] && scale=${c#*@}
-        kind=fault
+        kind=fault bin=$FBIN coretype=${OPENBLAS_CORETYPE:-}
         [ "$fault" = alt-order ] && kind=faithful
-        if ! DSV4_TEST_FAULT=$fault DSV4_TEST_FAULT_SCALE=$scale "$FBIN" run --model "$m" --path ref-cpu --emulate bf16 \
-            --tokens-from "$g" --follow "$g" --dump "$d/$c.h5" >"$d/$c.log" 2>&1; then
+        if [ "$fault" = prescott ]; then
+            kind=faithful bin=$BIN coretype=Prescott fault=""
+        fi
+        if ! DSV4_TEST_FAULT=$fault DSV4_TEST_FAULT_SCALE=$scale OPENBLAS_CORETYPE=$coretype "$bin" run --model "$m" \
+            --path ref-cpu --emulate bf16 --tokens-from "$g" --follow "$g" --dump "$d/$c.h5" >"$d/$c.log" 2>&1; then
             echo "baseline_eval.sh: $name: candidate $c failed:" >&2
             tail -n 3 "$d/$c.log" >&2
             return 2

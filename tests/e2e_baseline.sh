@@ -3,8 +3,9 @@
 # architectures that no constant of the verifier was fitted to (golden/random-106 and random-109, made by
 # golden/make_golden.py --random-arch with transformers). On each, the bf16 baseline is the CPU reference's emulation
 # following the golden (scripts/baseline_eval.sh), and
-#   - the faithful second candidate (dsv4_faults, DSV4_TEST_FAULT=alt-order: another accumulation order and the
-#     attention kernel's tile-wise softmax) must PASS;
+#   - the faithful second candidates must PASS: alt-order (dsv4_faults, DSV4_TEST_FAULT=alt-order: another
+#     accumulation order and the attention kernel's tile-wise softmax) and prescott (the emulation on OpenBLAS's
+#     Prescott kernels);
 #   - each planted fault the gate holds (rope-sign, sink-dropped, compressor-ape, topk-drop-last, kv-truncate,
 #     swiglu-noclamp, and expert-scale at x1.1) must be DIVERGED with the first divergence at the layer where the
 #     fault first acted;
@@ -19,7 +20,7 @@ for m in random-106 random-109; do
     [ -f "$SRC/golden/$m/forced.h5" ] || { echo "FAILED: $SRC/golden/$m/forced.h5 missing (committed golden)"; exit 1; }
     models+=("$SRC/golden/$m")
 done
-cands=alt-order,rope-sign,sink-dropped,sinkhorn-short,compressor-ape,topk-drop-last,expert-scale,kv-truncate
+cands=alt-order,prescott,rope-sign,sink-dropped,sinkhorn-short,compressor-ape,topk-drop-last,expert-scale,kv-truncate
 cands=$cands,swiglu-noclamp,expert-scale@1.1
 GATED_FAULTS="rope-sign sink-dropped compressor-ape topk-drop-last kv-truncate swiglu-noclamp expert-scale@1.1" \
     bash "$SRC/scripts/baseline_eval.sh" -b "$BUILD" -g -c "$cands" "${models[@]}"
