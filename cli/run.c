@@ -9,7 +9,7 @@
  * The optimized path (--path opt) feeds the prompt as one-token steps (exact: the same state machine) and can
  * run a batch of C copies of the sequence, copy c starting c steps later, dumping the copy --dump-seq, and can
  * follow a reference dump's discrete choices (--follow: topk_idx / router_ids; dsv4_opt.h "Decision following").
- * The CPU reference can follow too, and round where the optimized path holds bf16 (--emulate bf16).
+ * Both references can follow too, and round where the optimized path holds bf16 (--emulate bf16).
  * An option of one path given with another (--kv with ref-cpu, --emulate with opt, --decode-from K > 0 with opt),
  * a number that is empty or has trailing junk, and --decode-from past the prompt are usage errors (exit 2), never
  * ignored or clamped.
@@ -61,7 +61,7 @@ static void run_usage(FILE *f)
             "  --dump OUT.h5          write the dump (written to a temporary name, renamed when complete)\n"
             "  --probes NAMES         store only these probes, comma separated (default all), e.g.\n"
             "                         topk_idx,router_ids: the small dump of every position that --follow needs\n"
-            "  --follow DUMP.h5       decision following (opt and ref-cpu): at every position and layer where DUMP\n"
+            "  --follow DUMP.h5       decision following (every path): at every position and layer where DUMP\n"
             "                         (a reference dump of the same tokens, e.g. --path ref-cpu --dump-positions\n"
             "                         all) holds topk_idx / router_ids, compute and dump the path's own selection,\n"
             "                         then run the rest of the step on DUMP's (experts weighted by the path's own\n"
@@ -71,11 +71,14 @@ static void run_usage(FILE *f)
             "                         token is not DUMP's (or past DUMP's tokens). DUMP must hold the model's\n"
             "                         weights_digest\n"
             "  --allow-different-weights  follow a DUMP of other weights (same shapes) all the same\n"
-            "ref-cpu only:\n"
+            "ref-cpu and ref-gpu only:\n"
             "  --emulate none|bf16    bf16: round to bf16 exactly where the optimized path holds bf16 (weights,\n"
             "                         residual streams, GEMM inputs, caches, attention P and outputs; docs/verify.md\n"
             "                         \"The bf16 emulation of the reference\"): an independent model of the bf16\n"
-            "                         design's rounding error. Default none (the plain fp32 reference)\n"
+            "                         design's rounding error. Default none (the plain fp32 reference). ref-gpu\n"
+            "                         rounds at the same places as ref-cpu (the baseline for models and prompts too\n"
+            "                         large for the CPU); the two differ only in fp32 summation order, which the\n"
+            "                         roundings amplify to bf16 size, so compare them with --profile bf16\n"
             "opt only (first value = default; the second is the naive variant of design.md; the references refuse\n"
             "these, exit 2):\n"
             "  --attn, --indexer, --mhc, --index-context, --kv   the switches, e.g. --mhc roundtrip\n"
@@ -229,7 +232,7 @@ typedef struct run_args {
     int decode, greedy, forced, decode_from;
     int allow_different_weights; /* --follow a dump of another weights_digest */
     dsv4_opt_options opt; /* --path opt */
-    dsv4_ref_options ref; /* --path ref-cpu */
+    dsv4_ref_options ref; /* --path ref-cpu, ref-gpu */
     int max_context;      /* 0: the run's length */
     const char *opt_only; /* the first option given that only --path opt takes, or NULL */
 } run_args;
@@ -336,10 +339,9 @@ static int parse_args(int argc, char **argv, run_args *a)
         return dsv4_error(DSV4_ERR_USAGE, "--gpus is for --path opt (the references run on one device)");
     if (a->allow_different_weights && !a->follow)
         return dsv4_error(DSV4_ERR_USAGE, "--allow-different-weights applies to --follow");
-    if (a->follow && strcmp(a->path, "opt") && strcmp(a->path, "ref-cpu"))
-        return dsv4_error(DSV4_ERR_USAGE, "--follow is an option of --path opt and ref-cpu (not of %s)", a->path);
-    if (a->ref.emulate != DSV4_REF_EMULATE_NONE && strcmp(a->path, "ref-cpu"))
-        return dsv4_error(DSV4_ERR_USAGE, "--emulate is an option of --path ref-cpu (not of %s)", a->path);
+    if (a->ref.emulate != DSV4_REF_EMULATE_NONE && !strcmp(a->path, "opt"))
+        return dsv4_error(DSV4_ERR_USAGE, "--emulate is an option of --path ref-cpu and ref-gpu (not of %s: it is the "
+                          "bf16 path itself)", a->path);
     if (a->decode_from > 0 && !strcmp(a->path, "opt")) /* it was taken and ignored */
         return dsv4_error(DSV4_ERR_USAGE,
                           "--decode-from %d: --path opt feeds the prompt as one-token steps (--decode-from 0); "
@@ -605,12 +607,12 @@ int dsv4_cmd_run(int argc, char **argv)
         if (a.follow && (rc = follow_open(a.follow, cfg, &pl, digest, a.allow_different_weights, &follow))) goto out;
         a.opt.follow = follow;
         rc = dsv4_opt_init(m, &a.opt, &op);
-    } else if (!strcmp(a.path, "ref-cpu")) {
+    } else {
         if (a.follow && (rc = follow_open(a.follow, cfg, &pl, digest, a.allow_different_weights, &follow))) goto out;
         a.ref.follow = follow;
-        rc = dsv4_ref_cpu_init_opts(m, pl.T, &a.ref, &ref);
+        if (!strcmp(a.path, "ref-cpu")) rc = dsv4_ref_cpu_init_opts(m, pl.T, &a.ref, &ref);
+        else rc = dsv4_ref_gpu_init_opts(m, pl.T, &a.ref, &ref);
     }
-    else rc = dsv4_ref_gpu_init(m, pl.T, &ref);
     if (rc) goto out;
     const char *producer = op ? dsv4_opt_producer(op) : dsv4_ref_producer(ref);
     if (op) { /* the memory per layer of this weights mode (issue 11 asks for both modes) */

@@ -21,7 +21,16 @@ static void usage(FILE *f)
                "Compares two dsv4-dump/1 files probe by probe, layer by layer, at the positions both store, and\n"
                "reports the first (position, layer, probe) in model order that breaks its tolerance.\n\n"
                "options:\n"
-               "  --profile fp32|bf16|FILE   tolerance profile (default fp32; files in verify/profiles/)\n"
+               "  --profile fp32|bf16|FILE   tolerance profile (default fp32, or bf16 with --baseline; files in\n"
+               "                             verify/profiles/)\n"
+               "  --baseline BASELINE.h5     baseline mode, for a low-precision candidate: BASELINE is a\n"
+               "                             precision-matched run of the same tokens and weights (normally\n"
+               "                             dsv4 run --path ref-cpu|ref-gpu --emulate bf16 --follow GOLDEN.h5);\n"
+               "                             each float probe of a layer must keep, over its positions, an RMS\n"
+               "                             rel_l2 within 2x the baseline's (+1e-4) and a scale bias within 6\n"
+               "                             standard errors of the baseline's (+1e-4); selections keep the\n"
+               "                             profile's rules. The gates come from this run, not from numbers\n"
+               "                             fitted to other models (docs/verify.md \"Baseline mode\")\n"
                "  --tol PROBE=METRIC:VALUE   override one gate, repeatable; PROBE is a probe name (attn_out), a\n"
                "                             dataset (layers/3/attn_out) or default; METRIC is a metric name,\n"
                "                             tie_abs or tie_rel; VALUE a number or 'off'. e.g. --tol out=rel_l2:1e-3\n"
@@ -51,7 +60,8 @@ static void usage(FILE *f)
                "another option given twice takes its last value.\n\n"
                "exit status: 0 within tolerance, 1 diverged, 2 could not compare (unreadable file, wrong schema,\n"
                "different weights_digest, different prompts, no common positions or probes, a profile that leaves\n"
-               "a probe gated by nothing) or bad usage.\n");
+               "a probe gated by nothing, a --baseline of other tokens or weights or lacking probes or positions)\n"
+               "or bad usage.\n");
 }
 
 /* "A-B", "A", "A-", "-B" -> lo/hi (-1 open). */
@@ -83,9 +93,9 @@ static int parse_range(const char *s, int *lo, int *hi)
  * fail, after the comparison), a non-file, one of the dumps (the report would replace it) and the other report's
  * file, and creates and removes the writers' temporary, so a missing or read-only folder is named with its reason
  * up front. */
-static int report_check(const char *opt, const char *path, const char *const inputs[3], const char *other)
+static int report_check(const char *opt, const char *path, const char *const inputs[4], const char *other)
 {
-    static const char *const roles[3] = {"golden dump", "candidate dump", "--profile file"};
+    static const char *const roles[4] = {"golden dump", "candidate dump", "--profile file", "--baseline dump"};
     struct stat st;
     size_t len = strlen(path);
     if (!len) return dsv4_error(DSV4_ERR_USAGE, "%s '': no file name", opt);
@@ -95,8 +105,8 @@ static int report_check(const char *opt, const char *path, const char *const inp
     if (exists && !S_ISREG(st.st_mode))
         return dsv4_error(DSV4_ERR_USAGE, "%s %s: exists and is not a regular file; the report would replace it",
                           opt, path);
-    for (int i = 0; i < 3; i++)
-        if (dsv4_cli_same_file(path, inputs[i]))
+    for (int i = 0; i < 4; i++)
+        if (inputs[i] && dsv4_cli_same_file(path, inputs[i]))
             return dsv4_error(DSV4_ERR_USAGE, "%s %s: is the %s; the report would replace it", opt, path, roles[i]);
     if (other && (!strcmp(other, path) || dsv4_cli_same_file(other, path)))
         return dsv4_error(DSV4_ERR_USAGE, "--json and --html name the same file %s; give each its own", path);
@@ -120,7 +130,7 @@ int dsv4_cmd_verify(int argc, char **argv)
     dsv4_verify_options_init(&o);
     const char *paths[2] = {NULL, NULL}, *json = NULL, *html = NULL;
     const char **tol = calloc((size_t)argc + 1, sizeof *tol);
-    int npaths = 0, color = isatty(STDOUT_FILENO), quiet = 0;
+    int npaths = 0, color = isatty(STDOUT_FILENO), quiet = 0, profile_given = 0;
     dsv4_cli_seen lists = {{0}, 0};
     if (!tol) return 2;
     for (int i = 1; i < argc; i++) {
@@ -141,6 +151,10 @@ int dsv4_cmd_verify(int argc, char **argv)
         } else if (!strcmp(a, "--profile")) {
             NEED_VALUE();
             o.profile = argv[++i];
+            profile_given = 1;
+        } else if (!strcmp(a, "--baseline")) {
+            NEED_VALUE();
+            o.baseline = argv[++i];
         } else if (!strcmp(a, "--tol")) {
             NEED_VALUE();
             tol[o.n_tol++] = argv[++i];
@@ -220,7 +234,8 @@ int dsv4_cmd_verify(int argc, char **argv)
         free(tol);
         return 2;
     }
-    const char *inputs[3] = {paths[0], paths[1], o.profile};
+    if (o.baseline && !profile_given) o.profile = "bf16"; /* a baseline means a low-precision candidate */
+    const char *inputs[4] = {paths[0], paths[1], o.profile, o.baseline};
     if ((json && report_check("--json", json, inputs, html)) || (html && report_check("--html", html, inputs, NULL))) {
         fprintf(stderr, "dsv4 verify: %s\n", dsv4_last_error());
         free(tol);

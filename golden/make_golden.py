@@ -14,11 +14,18 @@ Sets (each a folder under --out):
   tiny-fp8  the tiny weights re-saved under the OFFICIAL checkpoint names, FP8 e4m3 128x128 block-scaled
             linears (ue8m0 scales), FP4 e2m1 routed experts (e8m0 scale per 32); its forced.h5 is computed
             by transformers on the weights dequantised from that file
+  random-S  (--random-arch S,...) an architecture DRAWN from seed S (random_arch below: layer order and types,
+            compress ratios, window, index_topk and heads, head and rope dims, experts, routed scale 1-3,
+            Sinkhorn iterations, SwiGLU limits that act, hash layers, a prompt ending on or off the compressor
+            boundaries) with its forced.h5 (every position stored) and arch.json (what was drawn). Models no
+            tolerance constant was fitted to, for the baseline verdicts (docs/verify.md "Baseline mode")
 
 Usage (needs torch, transformers >= 5.8 with deepseek_v4, h5py, numpy; runs on the CPU):
   python3 golden/make_golden.py --set all --out golden          # every set
   python3 golden/make_golden.py --set tiny --out /tmp/repro     # one set
   python3 golden/make_golden.py --compare golden/tiny /tmp/repro/tiny   # bit-for-bit probe comparison
+  python3 golden/make_golden.py --random-arch 101-110 --out /tmp/random  # drawn architectures random-101..110
+  python3 golden/make_golden.py --random-arch 3 --describe               # what seed 3 draws (no torch needed)
 golden/regen_on_device.sh runs all of this on the device machine (see golden/README.md).
 Every check that fails raises: a set whose checks fail is left as <set>.failed, never under its name.
 """
@@ -28,6 +35,7 @@ import hashlib
 import json
 import math
 import os
+import random
 import shlex
 import shutil
 import struct
@@ -915,6 +923,109 @@ def gen_topk512(out, results):
         finish_set(tmp, folder, ok)
 
 
+# ---- drawn architectures (--random-arch)
+def random_arch(seed):
+    """An architecture drawn from `seed` (Python's own Mersenne Twister, so the draw needs no torch and is the
+    same on every machine): (config kwargs, run parameters). Every choice stays inside what transformers'
+    DeepseekV4 and both dsv4 paths accept (1 KV head, hc_mult 4, even rope dim <= index_head_dim, heads divisible
+    by o_groups, head dims multiples of 16 for the tensor-core kernels, sqrtsoftplus routing) and small enough
+    that a model and its dump stay a few MB."""
+    rng = random.Random(f"dsv4-random-arch-{seed}")
+    n_layers = rng.randint(3, 7)
+    types = [rng.choice([SLIDING, CSA, HCA]) for _ in range(n_layers)]
+    csa_at, hca_at = rng.sample(range(n_layers), 2)  # every model has both compressed kinds, anywhere
+    types[csa_at], types[hca_at] = CSA, HCA
+    n_hash = rng.randint(0, min(3, n_layers - 1))  # hash-routed layers come first, as in the checkpoint
+    head_dim = rng.choice([32, 64])
+    index_head_dim = rng.choice([16, 32])
+    rope_dim = rng.choice([r for r in (8, 16) if r <= min(head_dim, index_head_dim)])
+    heads = rng.choice([2, 4, 6, 8])
+    o_groups = rng.choice([g for g in (1, 2, 4) if heads % g == 0])
+    n_routed = rng.choice([4, 8, 16])
+    csa_rate = rng.choice([2, 4, 4, 8])
+    hca_rate = rng.choice([8, 16, 32])
+    kw = dict(
+        vocab_size=rng.choice([192, 256, 320]), hidden_size=rng.choice([32, 64, 96]),
+        moe_intermediate_size=rng.choice([32, 64]) if n_routed < 16 else 32, num_hidden_layers=n_layers,
+        num_attention_heads=heads, num_key_value_heads=1, head_dim=head_dim, q_lora_rank=rng.choice([16, 48, 136]),
+        partial_rotary_factor=rope_dim / head_dim, num_experts_per_tok=rng.randint(2, min(6, n_routed - 1)),
+        n_routed_experts=n_routed, n_shared_experts=1, layer_types=types,
+        mlp_layer_types=["hash_moe"] * n_hash + ["moe"] * (n_layers - n_hash),
+        compress_rates={CSA: csa_rate, HCA: hca_rate}, sliding_window=rng.choice([4, 8, 16, 32]),
+        o_groups=o_groups, o_lora_rank=rng.choice([8, 16, 32]), index_n_heads=rng.choice([4, 8, 16]),
+        index_head_dim=index_head_dim, index_topk=rng.choice([2, 4, 8, 16]), hc_mult=4,
+        hc_sinkhorn_iters=rng.randint(3, 20), hc_eps=1e-6, rms_norm_eps=1e-6, max_position_embeddings=4096,
+        rope_theta=10000.0, compress_rope_theta=160000.0,
+        # pre-activations are about N(0, 1): a limit of 1.5..3 clamps a few per cent of them
+        swiglu_limit=round(rng.uniform(1.5, 3.0), 2), routed_scaling_factor=round(rng.uniform(1.0, 3.0), 2),
+        scoring_func="sqrtsoftplus", norm_topk_prob=True, tie_word_embeddings=False, bos_token_id=0,
+        eos_token_id=1, rope_scaling=yarn(),
+    )
+    # the prompt ends on a boundary of both compressors (a multiple of the larger rate, a power of two like the
+    # smaller) for even seeds, off the CSA boundary (so partial windows carry into decode) for odd ones
+    on_boundary = seed % 2 == 0
+    if on_boundary:
+        prompt_len = hca_rate * rng.randint(max(1, 24 // hca_rate), max(1, 80 // hca_rate))
+    else:
+        prompt_len = rng.randint(20, 80)
+        while prompt_len % csa_rate == 0:
+            prompt_len += 1
+    run = dict(seed=seed, prompt_len=prompt_len, n_decode=rng.randint(8, 24), on_boundary=on_boundary)
+    return kw, run
+
+
+def parse_seeds(text):
+    """"3", "1,4,9", "101-110" or mixtures -> sorted distinct non-negative seeds."""
+    seeds = set()
+    for part in text.split(","):
+        part = part.strip()
+        lo, _, hi = part.partition("-")
+        need(lo.isdigit() and (not hi or hi.isdigit()), f"--random-arch: '{part}' is not a seed or a range A-B")
+        a, b = int(lo), int(hi or lo)
+        need(a <= b and b - a < 10000, f"--random-arch: range '{part}'")
+        seeds.update(range(a, b + 1))
+    return sorted(seeds)
+
+
+def describe_arch(kw, run):
+    types = "".join({SLIDING: "S", CSA: "C", HCA: "H"}[t] for t in kw["layer_types"])
+    hashes = sum(t == "hash_moe" for t in kw["mlp_layer_types"])
+    return (f"layers {types} (hash {hashes}), rates {kw['compress_rates'][CSA]}/{kw['compress_rates'][HCA]}, "
+            f"window {kw['sliding_window']}, D {kw['hidden_size']}, heads {kw['num_attention_heads']}x"
+            f"{kw['head_dim']} (rope {int(kw['head_dim'] * kw['partial_rotary_factor'])}), o {kw['o_groups']}x"
+            f"{kw['o_lora_rank']}, q_lora {kw['q_lora_rank']}, indexer {kw['index_n_heads']}x{kw['index_head_dim']} "
+            f"top-{kw['index_topk']}, experts {kw['n_routed_experts']} top-{kw['num_experts_per_tok']} x "
+            f"{kw['moe_intermediate_size']}, scale {kw['routed_scaling_factor']}, sinkhorn {kw['hc_sinkhorn_iters']}, "
+            f"swiglu {kw['swiglu_limit']}, vocab {kw['vocab_size']}; prompt {run['prompt_len']} "
+            f"({'on' if run['on_boundary'] else 'off'} the compressor boundaries) + {run['n_decode']} decode")
+
+
+def gen_random(out, results, seed):
+    kw, run = random_arch(seed)
+    name = f"random-{seed}"
+    log(f"  {name}: {describe_arch(kw, run)}")
+    model = build_model(kw, seed)
+    folder = os.path.join(out, name)
+    tmp = folder + ".tmp"
+    fresh_dir(tmp)
+    ok = False
+    try:
+        model = save_and_reload(model, tmp, kw)
+        with open(os.path.join(tmp, "arch.json"), "w") as f:
+            f.write(json.dumps({"seed": seed, "drawn": {k: v for k, v in kw.items() if k != "rope_scaling"},
+                                "run": run, "summary": describe_arch(kw, run)}, indent=2, sort_keys=True) + "\n")
+        rec = Recorder(model)
+        P, n = run["prompt_len"], run["n_decode"]
+        forced = make_tokens(seed, P + n, model.config.vocab_size)
+        results[f"{name}/forced.h5"] = dump_sequence(
+            model, rec, tmp, "forced.h5", prompt=forced[:P], forced=forced, n_decode=n, mode="forced",
+            store_fn=all_positions, seed=seed, label=f"{name} forced")
+        rec.remove()
+        ok = True
+    finally:
+        finish_set(tmp, folder, ok)
+
+
 # ---- official naming, FP8 / FP4
 def official_name(tf):
     """transformers module name -> (official checkpoint name, storage kind). Experts handled by the caller."""
@@ -1270,9 +1381,24 @@ def main():
     ap.add_argument("--set", default="all", choices=["all", "tiny", "topk512", "tiny-fp8"])
     ap.add_argument("--out", default="golden")
     ap.add_argument("--compare", nargs=2, metavar=("A", "B"), help="compare two set folders bit for bit")
+    ap.add_argument("--random-arch", metavar="SEEDS",
+                    help="instead of --set: drawn architectures random-S for seeds S (e.g. 101-110 or 1,4,9)")
+    ap.add_argument("--describe", action="store_true", help="with --random-arch: print what each seed draws, "
+                    "make nothing (needs no torch)")
     args = ap.parse_args()
     if args.compare:
         return compare_sets(*args.compare)
+    seeds = []
+    if args.random_arch is not None:
+        try:
+            seeds = parse_seeds(args.random_arch)
+        except GoldenError as e:
+            log(f"make_golden.py: {e}")
+            return 2
+        if args.describe:
+            for seed in seeds:
+                log(f"random-{seed}: {describe_arch(*random_arch(seed))}")
+            return 0
     import_torch()
     tv, pv = versions()
     log(f"versions: python {sys.version.split()[0]}, torch {torch.__version__}, transformers {tv}, "
@@ -1281,6 +1407,15 @@ def main():
     results, failed = {}, []
     t0 = time.time()
     tiny_model = forced = None
+    if seeds:
+        args.set = "none"
+    for seed in seeds:
+        log(f"== random-{seed}")
+        try:
+            gen_random(args.out, results, seed)
+        except Exception:
+            traceback.print_exc()
+            failed.append(f"random-{seed}")
     if args.set in ("all", "tiny", "tiny-fp8"):
         log("== tiny")
         try:

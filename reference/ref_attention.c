@@ -11,7 +11,35 @@
 #include <cblas.h>
 #include <math.h>
 
+#include "ref_fault.h"
 #include "ref_ops.h"
+
+/* Fault ALT_ORDER (test builds only, ref_fault.h), a faithful second bf16 implementation: the online softmax of the
+ * mma kernel, P rounded against the running maximum of 32-entry tiles, the accumulators rescaled when it grows. */
+static void attention_bf16p_tiled(float *o, const float *s, const float *kv, int m, float sink, int d)
+{
+    float mx = -INFINITY, l = 0.0f;
+    for (int i = 0; i < d; i++) o[i] = 0.0f;
+    for (int t0 = 0; t0 < m; t0 += 32) {
+        const int t1 = t0 + 32 < m ? t0 + 32 : m;
+        float mt = mx;
+        for (int j = t0; j < t1; j++)
+            if (s[j] > mt) mt = s[j];
+        if (mt > mx) {
+            const float r = mx == -INFINITY ? 0.0f : expf(mx - mt);
+            for (int i = 0; i < d; i++) o[i] *= r;
+            l *= r;
+            mx = mt;
+        }
+        for (int j = t0; j < t1; j++) {
+            const float p = dsv4_bf16_to_f32(dsv4_f32_to_bf16(expf(s[j] - mx)));
+            l += p;
+            for (int i = 0; i < d; i++) o[i] += p * kv[(size_t)j * d + i];
+        }
+    }
+    const float M = mx > sink ? mx : sink, wm = expf(mx - M), fct = wm / (l * wm + expf(sink - M));
+    for (int i = 0; i < d; i++) o[i] *= fct;
+}
 
 void dsv4_ref_sink_attention(float *o, const float *q, const float *kv, int m, const float *sinks, int H, int d,
                              float *scores)
@@ -37,6 +65,10 @@ void dsv4_ref_sink_attention_bf16p(float *o, const float *q, const float *kv, in
         for (int j = 0; j < m; j++) {
             s[j] *= scale;
             if (s[j] > mx) mx = s[j];
+        }
+        if (DSV4_FAULT(ALT_ORDER)) {
+            attention_bf16p_tiled(o + (size_t)h * d, s, kv, m, sinks[h], d);
+            continue;
         }
         /* sparse_attn.cu: p = bf16(e^{s - max}) enters P.V, and the denominator sums the ROUNDED p */
         float l = 0.0f;

@@ -15,6 +15,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "ref_fault.h"
 #include "ref_ops.h"
 
 size_t dsv4_ref_compressor_state_floats(int ratio, int d_c, int overlap)
@@ -44,7 +45,8 @@ int dsv4_ref_compressor_push(dsv4_ref_compressor *c, int64_t p, const float *kv_
     int slot = (int)(p % r);
     int row = c->overlap ? r + slot : slot;
     float *kv = c->kv + (size_t)row * W, *sc = c->score + (size_t)row * W;
-    const float *bias = ape + (size_t)slot * W;
+    /* fault COMPRESSOR_APE (test builds only, ref_fault.h): the bias of the next slot */
+    const float *bias = ape + (size_t)(DSV4_FAULT(COMPRESSOR_APE) ? (slot + 1) % r : slot) * W;
     for (int i = 0; i < W; i++) {
         kv[i] = kv_p[i];
         sc[i] = gate_p[i] + bias[i];

@@ -22,12 +22,15 @@
  *   taken where the optimized path takes them (kv before the cache store, norm after the bf16 store). With
  *   emulation off not one operation differs from the plain reference.
  * - Decision following (c->follow): the own top-k / router picks are probed first, then the dump's row is merged in
- *   (follow_merge, the rule of kernels/follow.cu), so a row that agrees leaves the step bitwise unchanged.
+ *   (dsv4_ref_follow_merge, the rule of kernels/follow.cu), so a row that agrees leaves the step bitwise unchanged.
+ * - DSV4_FAULT(...) sites plant the bugs of ref_fault.h in the emulation; they exist only in the test-only binary
+ *   dsv4_faults (everywhere else the condition is the constant 0).
  */
 #include <math.h>
 #include <string.h>
 
 #include "dsv4/dsv4_opt.h"
+#include "ref_fault.h"
 #include "ref_model.h"
 
 #define PROBE(name, pos, buf, n)                                                                                 \
@@ -44,10 +47,8 @@
 /* Is position p following the dump? Until the first position whose token is not the dump's (set per call). */
 static int follow_on(const dsv4_ref_cpu *c, int p) { return c->follow && (c->follow_stop < 0 || p < c->follow_stop); }
 
-/* Merge the dump's row tgt [k] into the own row [k] as kernels/follow.cu does: ids both rows hold keep their slots
- * (the attention and the MoE sum in slot order), the dump's other ids fill the remaining slots in the dump's order
- * (-1 when none is left). tmp [4k] scratch. Returns 1 when the row changed. */
-static int follow_merge(int32_t *row, const int32_t *tgt, int k, int32_t *tmp)
+/* ref_model.h: the GPU reference merges with this function too, so both follow by one rule. */
+int dsv4_ref_follow_merge(int32_t *row, const int32_t *tgt, int k, int32_t *tmp)
 {
     if (!memcmp(row, tgt, (size_t)k * sizeof *row)) return 0;
     int32_t *own = tmp, *keep = tmp + k, *miss = tmp + 2 * k;
@@ -75,16 +76,36 @@ static int follow_merge(int32_t *row, const int32_t *tgt, int k, int32_t *tmp)
     return ch;
 }
 
+/* A bf16 cache store of the emulation: round to nearest even, or (fault KV_TRUNCATE) truncate toward zero. */
+static void emu_store_cache(float *x, size_t n, int L, int p)
+{
+    if (!DSV4_FAULT(KV_TRUNCATE)) {
+        dsv4_ref_emu_round(x, n);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        uint32_t bits;
+        memcpy(&bits, &x[i], sizeof bits);
+        float t = dsv4_bf16_to_f32((uint16_t)(bits >> 16)); /* the high half: toward zero */
+        if (t != dsv4_bf16_to_f32(dsv4_f32_to_bf16(x[i]))) dsv4_ref_fault_acted(L, p);
+        x[i] = t;
+    }
+}
+
 /* mHC pre of every token of the call, then the site's RMSNorm; probes <site>_hc_* and <site>_in. */
 static int mhc_pre_all(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int L, const dsv4_ref_hc_params *hp,
                        const float *norm_w, int p0, int S, int attn_site, dsv4_probe_sink *probe)
 {
     const dsv4_config *f = &c->cfg;
-    int n = f->hc_mult, D = f->hidden_size;
+    int n = f->hc_mult, D = f->hidden_size, iters = f->hc_sinkhorn_iters;
+    if (DSV4_FAULT(SINKHORN_SHORT) && iters > 0) {
+        iters--;
+        dsv4_ref_fault_acted(L, p0);
+    }
     for (int s = 0; s < S; s++) {
         float *pre = sc->pre + (size_t)s * n, *post = sc->post + (size_t)s * n;
         float *comb = sc->comb + (size_t)s * n * n, *xa = sc->xa + (size_t)s * D;
-        dsv4_ref_hc_pre(hp, sc->X + (size_t)s * n * D, n, D, f->hc_sinkhorn_iters, (float)f->hc_eps,
+        dsv4_ref_hc_pre(hp, sc->X + (size_t)s * n * D, n, D, iters, (float)f->hc_eps,
                         (float)f->rms_norm_eps, pre, post, comb, xa, sc->vn, sc->mix);
         dsv4_ref_rmsnorm(sc->xn + (size_t)s * D, xa, norm_w, D, (float)f->rms_norm_eps);
         if (c->emu) dsv4_ref_emu_round(sc->xn + (size_t)s * D, D); /* emu: o->xn, the GEMM input (bf16) */
@@ -112,7 +133,7 @@ static void mhc_post_all(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, const float *out
 }
 
 /* Push the call's tokens through one compressor; finished entries (norm + RoPE at r·w) go to pool. */
-static int compress_all(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, dsv4_ref_compressor *cmp, const float *kvp,
+static int compress_all(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int L, dsv4_ref_compressor *cmp, const float *kvp,
                         const float *gp, const float *ape, const float *norm_w, float *pool, int *n_entries,
                         int cap, int p0, int S)
 {
@@ -128,7 +149,8 @@ static int compress_all(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, dsv4_ref_compress
         dsv4_ref_rope_cos_sin(c->inv_cmp, c->n_pairs, (int64_t)r * w, sc->cos_e, sc->sin_e);
         dsv4_ref_compressor_finish(sc->entry, dc, norm_w, (float)c->cfg.rms_norm_eps, c->n_pairs, sc->cos_e,
                                    sc->sin_e);
-        if (c->emu) dsv4_ref_emu_round(sc->entry, dc); /* emu: ly->kvc rows W + w / ly->ipool (bf16 caches) */
+        if (c->emu) emu_store_cache(sc->entry, dc, L, (int)p); /* emu: ly->kvc rows W + w / ly->ipool (bf16 caches) */
+        if (DSV4_FAULT(COMPRESSOR_APE)) dsv4_ref_fault_acted(L, (int)p); /* ref_compressor.c pooled it */
         memcpy(pool + (size_t)w * dc, sc->entry, (size_t)dc * sizeof(float));
         *n_entries = w + 1;
     }
@@ -145,7 +167,7 @@ static int indexer_all(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int L, int p0, int
     int np = c->n_pairs, topk = f->index_topk > 0 ? f->index_topk : 1;
     dsv4_ref_linear(sc->ikv, sc->xn, w->idx_wkv, S, D, 2 * dI);
     dsv4_ref_linear(sc->ig, sc->xn, w->idx_wgate, S, D, 2 * dI);
-    int rc = compress_all(c, sc, &st->icmp, sc->ikv, sc->ig, w->idx_ape, w->idx_norm, st->ipool, &st->n_ientries,
+    int rc = compress_all(c, sc, L, &st->icmp, sc->ikv, sc->ig, w->idx_ape, w->idx_norm, st->ipool, &st->n_ientries,
                           st->pool_cap, p0, S);
     if (rc) return rc;
     dsv4_ref_linear(sc->qI, sc->qr, w->idx_wq_b, S, qr, HI * dI);
@@ -163,6 +185,13 @@ static int indexer_all(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int L, int p0, int
         dsv4_ref_index_scores(sc->iscore, sc->qI + (size_t)s * HI * dI, st->ipool, n_pool, sc->wI + (size_t)s * HI,
                               HI, dI, sc->idots);
         sc->n_topk[s] = dsv4_ref_index_select(sc->iscore, n_pool, n_vis, f->index_topk, idx);
+        if (DSV4_FAULT(TOPK_DROP_LAST))
+            for (int i = sc->n_topk[s] - 1; i >= 0; i--)
+                if (idx[i] >= 0) {
+                    idx[i] = -1;
+                    dsv4_ref_fault_acted(L, p);
+                    break;
+                }
         if (dsv4_probe_wants(probe, p)) {
             /* the visible entries only: the sink pads the invisible rest with -inf */
             PROBE("indexer_scores", p, sc->iscore, (size_t)n_vis);
@@ -173,7 +202,7 @@ static int indexer_all(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int L, int p0, int
         if (!row) continue;
         for (int i = sc->n_topk[s]; i < topk; i++) idx[i] = -1; /* the row as wide as the dump's (the gather skips -1) */
         c->fstats.topk_rows++;
-        if (follow_merge(idx, row, topk, sc->fmerge)) {
+        if (dsv4_ref_follow_merge(idx, row, topk, sc->fmerge)) {
             sc->n_topk[s] = topk;
             c->fstats.topk_changed++;
         }
@@ -203,7 +232,9 @@ static int attention_all(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int L, int p0, i
         for (int h = 0; h < H; h++) {
             float *qh = sc->q + ((size_t)s * H + h) * d;
             dsv4_ref_rmsnorm(qh, qh, NULL, d, eps);
-            dsv4_ref_rope_apply(qh, d, np, cosv + (size_t)s * np, sinv + (size_t)s * np, 0);
+            const int wrong = DSV4_FAULT(ROPE_SIGN) && h >= H / 2; /* a rotation by -angle: none at position 0 */
+            if (wrong && p0 + s > 0) dsv4_ref_fault_acted(L, p0 + s);
+            dsv4_ref_rope_apply(qh, d, np, cosv + (size_t)s * np, sinv + (size_t)s * np, wrong);
         }
     if (c->emu) dsv4_ref_emu_round(sc->q, (size_t)S * H * d); /* emu: o->q, the attention queries (bf16) */
 
@@ -214,14 +245,14 @@ static int attention_all(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int L, int p0, i
         dsv4_ref_rmsnorm(kv, kv, w->kv_norm, d, eps);
         dsv4_ref_rope_apply(kv, d, np, cosv + (size_t)s * np, sinv + (size_t)s * np, 0);
         if (dsv4_probe_wants(probe, p0 + s)) PROBE("kv", p0 + s, kv, d); /* emu: o->kvf, the fp32 copy */
-        if (c->emu) dsv4_ref_emu_round(kv, d); /* emu: ly->kvc ring slot (bf16 cache), what attention reads */
+        if (c->emu) emu_store_cache(kv, d, L, p0 + s); /* emu: ly->kvc ring slot (bf16 cache), what attention reads */
     }
 
     if (w->ratio > 0) {
         int width = st->cmp.width;
         dsv4_ref_linear(sc->ckv, sc->xn, w->cmp_wkv, S, D, width);
         dsv4_ref_linear(sc->cg, sc->xn, w->cmp_wgate, S, D, width);
-        rc = compress_all(c, sc, &st->cmp, sc->ckv, sc->cg, w->cmp_ape, w->cmp_norm, st->pool, &st->n_entries,
+        rc = compress_all(c, sc, L, &st->cmp, sc->ckv, sc->cg, w->cmp_ape, w->cmp_norm, st->pool, &st->n_entries,
                           st->pool_cap, p0, S);
         if (rc) return rc;
     }
@@ -247,8 +278,15 @@ static int attention_all(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int L, int p0, i
             }
         }
         float *o = sc->o + (size_t)s * H * d;
+        const float *sinks = w->sinks;
+        if (DSV4_FAULT(SINK_DROPPED)) { /* a sink of -inf adds e^-inf = 0 to the denominator */
+            static float no_sinks[DSV4_MAX_HEADS];
+            for (int h = 0; h < H; h++) no_sinks[h] = -INFINITY;
+            sinks = no_sinks;
+            dsv4_ref_fault_acted(L, p);
+        }
         if (c->emu) /* emu: the mma kernel's P (bf16) entering P.V */
-            dsv4_ref_sink_attention_bf16p(o, sc->q + (size_t)s * H * d, sc->gather, m, w->sinks, H, d, sc->scores);
+            dsv4_ref_sink_attention_bf16p(o, sc->q + (size_t)s * H * d, sc->gather, m, sinks, H, d, sc->scores);
         else dsv4_ref_sink_attention(o, sc->q + (size_t)s * H * d, sc->gather, m, w->sinks, H, d, sc->scores);
         for (int h = 0; h < H; h++)
             dsv4_ref_rope_apply(o + (size_t)h * d, d, np, cosv + (size_t)s * np, sinv + (size_t)s * np, 1);
@@ -268,15 +306,28 @@ static int attention_all(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int L, int p0, i
     return 0;
 }
 
+/* Fault SWIGLU_NOCLAMP: record where the clamp it leaves out would have changed a value (g above the limit, u
+ * outside +-limit), for g, u [S, n] of the tokens from position p0. */
+static void note_unclamped(int L, int p0, const float *g, const float *u, int S, int n, float limit)
+{
+    for (int s = 0; s < S; s++)
+        for (int i = 0; i < n; i++) {
+            const float gi = g[(size_t)s * n + i], ui = u[(size_t)s * n + i];
+            if (gi > limit || ui > limit || ui < -limit) {
+                dsv4_ref_fault_acted(L, p0 + s);
+                break;
+            }
+        }
+}
+
 /* The routed experts of the call, expert by expert: each expert some token routes to is asked for once (lazy
  * weights: dequantised once per call) and applied to every (token, slot) pair routed to it, one token at a time as
  * before; pair p = s·k + j's output goes to sc->eys [p]. Plain: the expert's output; emu (moe_up_kernel's o->h_r):
- * SwiGLU · route weight rounded to bf16 BEFORE w2, so the weight is already in. */
-static int routed_all(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int L, int S)
+ * SwiGLU · route weight rounded to bf16 BEFORE w2, so the weight is already in. limit: the SwiGLU clamp. */
+static int routed_all(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int L, int p0, int S, float limit)
 {
     const dsv4_config *f = &c->cfg;
     int D = f->hidden_size, E = f->n_routed_experts, k = f->num_experts_per_tok, NI = f->moe_intermediate_size;
-    float limit = (float)f->swiglu_limit;
     for (int e = 0; e < E; e++) {
         const float *w1 = NULL, *w3 = NULL, *w2 = NULL;
         for (int p = 0; p < S * k; p++) {
@@ -290,10 +341,16 @@ static int routed_all(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int L, int S)
             }
             dsv4_ref_linear(sc->eg, x, w1, 1, D, NI);
             dsv4_ref_linear(sc->eu, x, w3, 1, D, NI);
+            if (DSV4_FAULT(SWIGLU_NOCLAMP))
+                note_unclamped(L, p0 + p / k, sc->eg, sc->eu, 1, NI, (float)f->swiglu_limit);
             dsv4_ref_swiglu(sc->eg, sc->eg, sc->eu, NI, limit);
             for (int i = 0; i < NI; i++) sc->eg[i] *= sc->rw[p];
             dsv4_ref_emu_round(sc->eg, NI); /* emu: o->h_r row of this (token, expert) (bf16) */
             dsv4_ref_linear(y, sc->eg, w2, 1, NI, D);
+            if (DSV4_FAULT(EXPERT_SCALE) && e == 0) {
+                for (int i = 0; i < D; i++) y[i] *= dsv4_ref_test_fault_scale;
+                dsv4_ref_fault_acted(L, p0 + p / k);
+            }
         }
     }
     return 0;
@@ -307,13 +364,14 @@ static int moe_experts_emu(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int L, int p0,
     const dsv4_config *f = &c->cfg;
     const dsv4_ref_layer_w *w = &c->lw[L];
     int D = f->hidden_size, k = f->num_experts_per_tok, NI = f->moe_intermediate_size;
-    float limit = (float)f->swiglu_limit;
+    float limit = DSV4_FAULT(SWIGLU_NOCLAMP) ? INFINITY : (float)f->swiglu_limit;
     dsv4_ref_linear(sc->eg, sc->xn, w->sh_w1, S, D, NI);
     dsv4_ref_linear(sc->eu, sc->xn, w->sh_w3, S, D, NI);
+    if (DSV4_FAULT(SWIGLU_NOCLAMP)) note_unclamped(L, p0, sc->eg, sc->eu, S, NI, (float)f->swiglu_limit);
     dsv4_ref_swiglu(sc->eg, sc->eg, sc->eu, S * NI, limit);
     dsv4_ref_emu_round(sc->eg, (size_t)S * NI); /* emu: o->h_sh (bf16) */
     dsv4_ref_linear(sc->fout, sc->eg, w->sh_w2, S, NI, D);
-    DSV4_TRY(routed_all(c, sc, L, S));
+    DSV4_TRY(routed_all(c, sc, L, p0, S, limit));
     for (int s = 0; s < S; s++) {
         float *racc = sc->aout + (size_t)s * D, *fo = sc->fout + (size_t)s * D;
         memset(racc, 0, (size_t)D * sizeof(float));
@@ -351,7 +409,7 @@ static int moe_all(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int L, int p0, const i
         if (!row) continue;
         c->fstats.router_rows++;
         int32_t *ids = sc->rids + (size_t)s * k;
-        if (!follow_merge(ids, row, k, sc->fmerge)) continue;
+        if (!dsv4_ref_follow_merge(ids, row, k, sc->fmerge)) continue;
         c->fstats.router_changed++;
         const float *lg = sc->rlogits + (size_t)s * E;
         float *wt = sc->rw + (size_t)s * k, sum = 0.0f;
@@ -367,7 +425,7 @@ static int moe_all(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int L, int p0, const i
                     sc->eu);
     /* routed experts (each (token, slot)'s output in eys); the routed sum (aout, free after the attention's mHC
      * post) is formed per token in slot order and the shared output added last, as transformers does */
-    DSV4_TRY(routed_all(c, sc, L, S));
+    DSV4_TRY(routed_all(c, sc, L, p0, S, limit));
     for (int s = 0; s < S; s++) {
         float *racc = sc->aout + (size_t)s * D, *fo = sc->fout + (size_t)s * D;
         memset(racc, 0, (size_t)D * sizeof(float));

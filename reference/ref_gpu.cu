@@ -17,6 +17,11 @@
  *   indexer scores of the visible entries only, k = min(index_topk, pool) picks).
  * - The MoE groups the call's (token, expert) pairs by expert on the host: the routing ids come back once
  *   per layer; the sum over a token's experts is formed in its routing order, then the shared expert added.
+ * - Options (dsv4_ref_options, ref_gpu_emu.cu): with g->emu every value the CPU emulation rounds is rounded at the
+ *   same place (each site marked "emu:" as in ref_forward.c; probes taken where the CPU takes them, kv before its
+ *   rounding, norm after); with g->follow the own picks are probed, then the dump's rows merged in. With neither
+ *   set not one kernel differs from the plain reference (the emulated attention and MoE sum are kernels of their
+ *   own, the plain ones untouched).
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -87,6 +92,7 @@ static int mhc_pre(dsv4_ref_gpu *g, int L, const gpu_hc *hp, const float *norm_w
                               sc->post, sc->comb));
     DSV4_TRY(dsv4_ref_gpu_hc_collapse(sc->xa, sc->X, sc->pre, S, n, D));
     DSV4_TRY(dsv4_ref_gpu_rmsnorm(sc->xn, sc->xa, norm_w, S, D, eps));
+    if (g->emu) DSV4_TRY(dsv4_ref_gpu_emu_round(sc->xn, (size_t)S * D)); /* emu: o->xn, the GEMM input */
     if (!probe) return 0;
     DSV4_TRY(probe_rows(g, probe, L, attn_site ? "attn_hc_pre" : "ffn_hc_pre", sc->pre, n, p0, S));
     DSV4_TRY(probe_rows(g, probe, L, attn_site ? "attn_hc_post" : "ffn_hc_post", sc->post, n, p0, S));
@@ -100,6 +106,8 @@ static int mhc_post(dsv4_ref_gpu *g, const float *out, int S)
 {
     gpu_scratch *sc = &g->sc;
     DSV4_TRY(dsv4_ref_gpu_hc_post(sc->X2, sc->X, out, sc->post, sc->comb, S, g->cfg.hc_mult, g->cfg.hidden_size));
+    if (g->emu) /* emu: o->X, the residual streams */
+        DSV4_TRY(dsv4_ref_gpu_emu_round(sc->X2, (size_t)S * g->cfg.hc_mult * g->cfg.hidden_size));
     float *t = sc->X;
     sc->X = sc->X2;
     sc->X2 = t;
@@ -118,6 +126,8 @@ static int compress(dsv4_ref_gpu *g, dsv4_ref_gpu_compressor *c, const float *kv
     DSV4_TRY(dsv4_ref_gpu_compressor_run(c, kvp, gp, ape, p0, S, pool));
     DSV4_TRY(dsv4_ref_gpu_compressor_finish(pool, w0, n_new, c->d_c, norm_w, (float)g->cfg.rms_norm_eps, g->inv_cmp,
                                        g->n_pairs, r));
+    if (g->emu && n_new > 0) /* emu: ly->kvc rows W + w / ly->ipool (bf16 caches) */
+        DSV4_TRY(dsv4_ref_gpu_emu_round(pool + (size_t)w0 * c->d_c, (size_t)n_new * c->d_c));
     if (n_new > 0) *n_entries = w0 + n_new;
     return 0;
 }
@@ -135,6 +145,7 @@ static int indexer(dsv4_ref_gpu *g, int L, int p0, int S, dsv4_probe_sink *probe
                  S));
     DSV4_TRY(dsv4_ref_gpu_linear(g->blas, sc->qI, sc->qr, w->idx_wq_b, S, qr, HI * dI));
     DSV4_TRY(dsv4_ref_gpu_rope(sc->qI, S, HI, dI, g->n_pairs, sc->cos_c, sc->sin_c, 0));
+    if (g->emu) DSV4_TRY(dsv4_ref_gpu_emu_round(sc->qI, (size_t)S * HI * dI)); /* emu: o->qI, the indexer queries */
     DSV4_TRY(dsv4_ref_gpu_linear(g->blas, sc->wI, sc->xn, w->idx_wproj, S, D, HI));
     int n_pool = w->n_ientries;
     int k = f->index_topk < n_pool ? f->index_topk : n_pool;
@@ -164,7 +175,8 @@ static int indexer(dsv4_ref_gpu *g, int L, int p0, int S, dsv4_probe_sink *probe
         }
     }
     if (probe) DSV4_TRY(probe_rows_i32(g, probe, L, "topk_idx", sc->topk, g->topk, (size_t)k, p0, S));
-    return k;
+    /* following: after the probe (the dump records the own picks), the attention reads the dump's */
+    return g->follow ? ref_gpu_follow_topk(g, L, p0, S, k) : k;
 }
 
 /* Attention block of layer L (after the mHC pre): q, kv, compressors, indexer, sink attention, output. */
@@ -181,14 +193,17 @@ static int attention(dsv4_ref_gpu *g, int L, int p0, int S, dsv4_probe_sink *pro
 
     DSV4_TRY(dsv4_ref_gpu_linear(g->blas, sc->qr, sc->xn, w->wq_a, S, D, qr));
     DSV4_TRY(dsv4_ref_gpu_rmsnorm(sc->qr, sc->qr, w->q_norm, S, qr, eps));
+    if (g->emu) DSV4_TRY(dsv4_ref_gpu_emu_round(sc->qr, (size_t)S * qr)); /* emu: o->qr_b, input of both wq_b */
     DSV4_TRY(dsv4_ref_gpu_linear(g->blas, sc->q, sc->qr, w->wq_b, S, qr, H * d));
     DSV4_TRY(dsv4_ref_gpu_rmsnorm(sc->q, sc->q, NULL, S * H, d, eps));
     DSV4_TRY(dsv4_ref_gpu_rope(sc->q, S, H, d, np, cosv, sinv, 0));
+    if (g->emu) DSV4_TRY(dsv4_ref_gpu_emu_round(sc->q, (size_t)S * H * d)); /* emu: o->q, the attention queries */
 
     DSV4_TRY(dsv4_ref_gpu_linear(g->blas, sc->kv, sc->xn, w->wkv, S, D, d));
     DSV4_TRY(dsv4_ref_gpu_rmsnorm(sc->kv, sc->kv, w->kv_norm, S, d, eps));
     DSV4_TRY(dsv4_ref_gpu_rope(sc->kv, S, 1, d, np, cosv, sinv, 0));
-    if (probe) DSV4_TRY(probe_rows(g, probe, L, "kv", sc->kv, d, p0, S));
+    if (probe) DSV4_TRY(probe_rows(g, probe, L, "kv", sc->kv, d, p0, S)); /* emu: o->kvf, the fp32 copy */
+    if (g->emu) DSV4_TRY(dsv4_ref_gpu_emu_round(sc->kv, (size_t)S * d)); /* emu: ly->kvc ring slot (attention's) */
 
     if (w->ratio > 0) {
         int width = w->cmp.width;
@@ -224,13 +239,20 @@ static int attention(dsv4_ref_gpu *g, int L, int p0, int S, dsv4_probe_sink *pro
     ap.ratio = w->ratio;
     ap.p0 = p0;
     ap.m_max = g->m_max;
+    ap.bf16p = g->emu; /* emu: the mma kernel's P (bf16) entering P.V */
     DSV4_TRY(dsv4_ref_gpu_attention(&ap));
+    if (g->emu) DSV4_TRY(dsv4_ref_gpu_emu_round(sc->o, (size_t)S * H * d)); /* emu: o->o, the attention output */
     int first = S - Wn > 0 ? S - Wn : 0;
     DSV4_TRY(dsv4_ref_gpu_ring_write(w->win, Wn, sc->kv + (size_t)first * d, (int64_t)p0 + first, S - first, d));
 
     int gin = H * d / f->o_groups;
     DSV4_TRY(dsv4_ref_gpu_grouped_out(g->blas, sc->aout, sc->z, sc->o, w->wo_a, w->wo_b, S, gin, f->o_groups,
                                  f->o_lora_rank, D));
+    if (g->emu) { /* emu: o->z, the grouped projection's output (bf16), then wo_b on the rounded z */
+        const int Go = f->o_groups * f->o_lora_rank;
+        DSV4_TRY(dsv4_ref_gpu_emu_round(sc->z, (size_t)S * Go));
+        DSV4_TRY(dsv4_ref_gpu_linear(g->blas, sc->aout, sc->z, w->wo_b, S, Go, D));
+    }
     if (probe) DSV4_TRY(probe_rows(g, probe, L, "attn_out", sc->aout, D, p0, S));
     return 0;
 }
@@ -255,11 +277,14 @@ static int moe(dsv4_ref_gpu *g, int L, int p0, int S, dsv4_probe_sink *probe)
     DSV4_TRY(dsv4_ref_gpu_linear(g->blas, sc->eg, sc->xn, w->sh_w1, S, D, NI));
     DSV4_TRY(dsv4_ref_gpu_linear(g->blas, sc->eu, sc->xn, w->sh_w3, S, D, NI));
     DSV4_TRY(dsv4_ref_gpu_swiglu(sc->eg, sc->eg, sc->eu, (size_t)S * NI, limit));
+    if (g->emu) DSV4_TRY(dsv4_ref_gpu_emu_round(sc->eg, (size_t)S * NI)); /* emu: o->h_sh */
     DSV4_TRY(dsv4_ref_gpu_linear(g->blas, sc->fout, sc->eg, w->sh_w2, S, NI, D));
 
     /* group the (token, expert) pairs by expert: slot_of[s·k + j] = row of that pair in xg / yg */
     size_t nk = (size_t)S * k;
     DSV4_REF_CUDA_CHECK(cudaMemcpy(g->h_rids, sc->rids, nk * sizeof(int32_t), cudaMemcpyDeviceToHost));
+    /* following: after the probes, the experts run the dump's ids, weighted by the own scores of those ids */
+    if (g->follow) DSV4_TRY(ref_gpu_follow_router(g, L, p0, S));
     int32_t *count = g->h_count, *start = g->h_count + E;
     memset(count, 0, (size_t)E * sizeof(int32_t));
     for (size_t i = 0; i < nk; i++) {
@@ -288,12 +313,15 @@ static int moe(dsv4_ref_gpu *g, int L, int p0, int S, dsv4_probe_sink *probe)
         DSV4_TRY(dsv4_ref_gpu_linear(g->blas, sc->eu + r0 * NI, sc->xg + r0 * D, w->w3[e], count[e], D, NI));
     }
     DSV4_TRY(dsv4_ref_gpu_swiglu(sc->eg, sc->eg, sc->eu, nk * NI, limit));
+    if (g->emu) /* emu: o->h_r, the route weight entering BEFORE the bf16 store */
+        DSV4_TRY(dsv4_ref_gpu_moe_scale_round(sc->eg, sc->slot_of, sc->rw, (int)nk, NI));
     for (int e = 0; e < E; e++) {
         if (!count[e]) continue;
         size_t r0 = start[e];
         DSV4_TRY(dsv4_ref_gpu_linear(g->blas, sc->yg + r0 * D, sc->eg + r0 * NI, w->w2[e], count[e], NI, D));
     }
-    DSV4_TRY(dsv4_ref_gpu_moe_combine(sc->fout, sc->yg, sc->slot_of, sc->rw, S, k, D));
+    if (g->emu) DSV4_TRY(dsv4_ref_gpu_moe_sum(sc->fout, sc->yg, sc->slot_of, S, k, D)); /* moe_down_kernel's order */
+    else DSV4_TRY(dsv4_ref_gpu_moe_combine(sc->fout, sc->yg, sc->slot_of, sc->rw, S, k, D));
     if (probe) DSV4_TRY(probe_rows(g, probe, L, "ffn_out", sc->fout, D, p0, S));
     return 0;
 }
@@ -325,6 +353,7 @@ static int head_forward(dsv4_ref_gpu *g, int p0, int S, dsv4_probe_sink *probe, 
     DSV4_TRY(dsv4_ref_gpu_hc_collapse(sc->y, sc->X, sc->hpre, S, n, D));
     if (probe) DSV4_TRY(probe_rows(g, probe, -1, "hc_head", sc->y, D, p0, S));
     DSV4_TRY(dsv4_ref_gpu_rmsnorm(sc->y, sc->y, g->norm, S, D, eps));
+    if (g->emu) DSV4_TRY(dsv4_ref_gpu_emu_round(sc->y, (size_t)S * D)); /* emu: o->xn of the head, the logits input */
     if (probe) DSV4_TRY(probe_rows(g, probe, -1, "norm", sc->y, D, p0, S));
     int32_t rows[LOGIT_ROWS];
     int nr = 0;
@@ -358,6 +387,7 @@ static int forward_call(dsv4_ref_gpu *g, int p0, const int32_t *tokens, int S, d
     for (int s = 0; s < S; s++)
         DSV4_CHECK(tokens[s] >= 0 && tokens[s] < V, "reference: token %d at position %d outside [0, %d)", tokens[s],
                    p0 + s, V);
+    ref_gpu_follow_start(g, p0, tokens, S); /* following stops for good at a token that is not the dump's */
     DSV4_REF_CUDA_CHECK(cudaMemcpy(sc->tokens, tokens, (size_t)S * sizeof(int32_t), cudaMemcpyHostToDevice));
     DSV4_TRY(dsv4_ref_gpu_embed(sc->X, g->embed, sc->tokens, S, n, D));
     DSV4_TRY(dsv4_ref_gpu_rope_table(sc->cos_m, sc->sin_m, g->inv_main, g->n_pairs, p0, S));
@@ -417,7 +447,13 @@ static void gpu_free(void *impl)
     if (g->blas) cublasDestroy(g->blas);
     dsv4_ref_release(g->host);
     dsv4_ref_release(g->h_rids);
+    dsv4_ref_release(g->h_ftopk);
     dsv4_ref_release(g);
+}
+
+static void gpu_follow_stats(const dsv4_ref *r, dsv4_ref_follow_stats *s)
+{
+    *s = ((const dsv4_ref_gpu *)r->impl)->fstats;
 }
 
 static const dsv4_ref_vtable dsv4_ref_gpu_vtable = {
@@ -425,12 +461,22 @@ static const dsv4_ref_vtable dsv4_ref_gpu_vtable = {
     gpu_forward,
     gpu_dump_entries,
     gpu_free,
+    gpu_follow_stats,
 };
 
 extern "C" int dsv4_ref_gpu_init(dsv4_model *m, int max_tokens, dsv4_ref **out)
 {
+    return dsv4_ref_gpu_init_opts(m, max_tokens, NULL, out);
+}
+
+extern "C" int dsv4_ref_gpu_init_opts(dsv4_model *m, int max_tokens, const dsv4_ref_options *o, dsv4_ref **out)
+{
     DSV4_CHECK(m && out, "dsv4_ref_gpu_init: NULL argument");
     *out = NULL;
+    dsv4_ref_options defaults;
+    dsv4_ref_options_default(&defaults);
+    if (!o) o = &defaults;
+    DSV4_TRY(dsv4_ref_options_check(dsv4_model_config(m), o, "ref-gpu")); /* before any device is touched */
     dsv4_ref *r = (dsv4_ref *)dsv4_ref_alloc(sizeof *r, "reference");
     dsv4_ref_gpu *g = (dsv4_ref_gpu *)dsv4_ref_alloc(sizeof *g, "reference gpu");
     if (!r || !g) {
@@ -441,11 +487,12 @@ extern "C" int dsv4_ref_gpu_init(dsv4_model *m, int max_tokens, dsv4_ref **out)
     r->vt = &dsv4_ref_gpu_vtable;
     r->impl = g;
     r->max_tokens = max_tokens;
-    int rc = ref_gpu_init_model(m, max_tokens, g);
+    int rc = ref_gpu_init_model(m, max_tokens, o, g);
     if (rc) {
         dsv4_ref_free(r);
         return rc;
     }
+    dsv4_ref_producer_set(r, g->emu, NULL, g->follow); /* what was rounded and whose choices were followed */
     *out = r;
     return 0;
 }

@@ -1,7 +1,8 @@
 /* ref_gpu.cuh - the kernels of the GPU fp32 reference (model-spec §3-§10), as C-callable host launchers over
  * device pointers: ref_gpu_ops.cu (linear, RMSNorm, RoPE, mHC, embedding, MoE pieces) and ref_gpu_attn.cu
- * (compressor state machine, indexer scores and selection, sink attention over gathered entries). The model
- * (ref_gpu.cu) composes them; tests/gpu/test_ref_gpu_ops.c checks each one against the CPU op of ref_ops.h.
+ * (compressor state machine, indexer scores and selection, sink attention over gathered entries), and the bf16
+ * emulation's roundings in ref_gpu_emu.cu. The model (ref_gpu.cu) composes them; tests/gpu/test_ref_gpu_ops.c and
+ * tests/gpu/test_ref_gpu_emu_ops.c check each one against the CPU op of ref_ops.h (or the CPU emulation's code).
  *
  * Every kernel mirrors its CPU op (same formulas, same order of the per-element arithmetic; products and sums
  * that the CPU evaluates separately are not fused here either), so differences come only from reduction
@@ -46,6 +47,18 @@ int dsv4_ref_gpu_cublas_fail(cublasStatus_t s, const char *call, const char *fil
 
 /* Create a cuBLAS handle in plain fp32 math (no TF32). */
 int dsv4_ref_gpu_blas_init(cublasHandle_t *h);
+
+#ifdef __CUDACC__
+/* x rounded to bf16 and back, bit for bit dsv4_f32_to_bf16 then dsv4_bf16_to_f32 (model/dtype.c): round to nearest
+ * even, a NaN kept NaN (sign kept, quieted), overflow to inf. The bf16 emulation's one rounding. */
+static __device__ __forceinline__ float dsv4_ref_gpu_bf16_round(float x)
+{
+    unsigned int u = __float_as_uint(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return __uint_as_float(((u >> 16) | 0x0040u) << 16);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return __uint_as_float((u >> 16) << 16);
+}
+#endif
 
 /* ------------------------------------------------------------------------------- ref_gpu_ops.cu (§3) */
 
@@ -93,6 +106,11 @@ int dsv4_ref_gpu_swiglu(float *h, const float *g, const float *u, size_t n, floa
  * · routed_scale. ids, weights [S, k]; s_buf [S, E] scratch. */
 int dsv4_ref_gpu_route(const float *logits, int S, int E, int k, const float *bias, const int32_t *tid2eid,
                        const int32_t *tokens, float routed_scale, int32_t *ids, float *weights, float *s_buf);
+/* Decision following's re-weighting (ref_forward.c moe_all): for the rows s with flag[s] != 0, weights [s, k] =
+ * sqrtsoftplus(logits[s, ids[s, j]]) / (Σ_j + 1e-20) · routed_scale, the router's formula and order for the ids the
+ * row now holds (the dump's, merged in); other rows are left as they are. logits [S, E], ids [S, k], flag [S]. */
+int dsv4_ref_gpu_route_reweight(const float *logits, int S, int E, int k, const int32_t *ids, const int32_t *flag,
+                                float routed_scale, float *weights);
 /* dst [n_rows, row_len] = src rows `rows` [n_rows]. */
 int dsv4_ref_gpu_gather_rows(float *dst, const float *src, const int32_t *rows, int n_rows, int row_len);
 /* MoE sum of S tokens: fo [S, D] ← (Σ_j y[slot[s·k + j]] · w[s·k + j]) + fo, j ascending (the routed sum
@@ -100,6 +118,17 @@ int dsv4_ref_gpu_gather_rows(float *dst, const float *src, const int32_t *rows, 
 int dsv4_ref_gpu_moe_combine(float *fo, const float *y, const int32_t *slot, const float *w, int S, int k, int D);
 /* dst [n, d] rows r0.. of the ring (slot = pos mod window) ← src rows; positions pos0 .. pos0+n-1. */
 int dsv4_ref_gpu_ring_write(float *ring, int window, const float *src, int64_t pos0, int n, int d);
+
+/* ------------------------------------------------------------------------------ ref_gpu_emu.cu (bf16) */
+/* The bf16 emulation (docs/verify.md "The bf16 emulation of the reference"; the CPU's sites in ref_forward.c). */
+/* x [n] ← dsv4_ref_gpu_bf16_round(x): a value the optimized path stores in bf16. */
+int dsv4_ref_gpu_emu_round(float *x, size_t n);
+/* The routed SwiGLU rows as moe_up_kernel stores them (o->h_r): h [nk, NI] row slot[i] ← bf16(h · w[i]) for each
+ * (token, expert) pair i < nk (the route weight enters BEFORE the bf16 store). slot is a permutation of 0..nk-1. */
+int dsv4_ref_gpu_moe_scale_round(float *h, const int32_t *slot, const float *w, int nk, int NI);
+/* The emulated MoE sum (moe_down_kernel): fo [S, D] ← (Σ_j y[slot[s·k + j]]) + fo, j ascending, the route weights
+ * already inside y (dsv4_ref_gpu_moe_scale_round); the shared expert's fo added last, as the CPU emulation does. */
+int dsv4_ref_gpu_moe_sum(float *fo, const float *y, const int32_t *slot, int S, int k, int D);
 
 /* ------------------------------------------------------------------------------ ref_gpu_attn.cu (§7) */
 
@@ -155,6 +184,8 @@ typedef struct dsv4_ref_gpu_attn_params {
     int S, H, d, n_pairs, window, ratio;
     int64_t p0;
     int m_max;             /* bound on the key count of any query (sizes shared memory) */
+    int bf16p;             /* 1: the bf16 emulation's P (dsv4_ref_sink_attention_bf16p): p_j = bf16(e^{s_j - max_j s})
+                              enters P·V, the denominator sums the rounded p in ascending j plus e^{sink} in fp32 */
 } dsv4_ref_gpu_attn_params;
 
 /* Raise the kernel's shared-memory limit for m_max keys of d channels (once, at init). */

@@ -12,6 +12,10 @@
  *   invisible entry is −1.
  * - Attention: K = V (rope'd channels included); the sink only enlarges the denominator (summed in double like
  *   the CPU); the output's rope channels are de-rotated at the query position.
+ * - The bf16 emulation's attention (bf16p, a kernel of its own so the plain one stays as it was) is
+ *   dsv4_ref_sink_attention_bf16p: the row max over the scores WITHOUT the sink, p = bf16(e^{s - max}) both in P·V
+ *   and in the denominator (summed in fp32 in ascending j, one thread, the CPU's order), the sink added there in fp32
+ *   against max(row max, sink).
  */
 #include <math.h>
 
@@ -299,6 +303,81 @@ __global__ static void sink_attention_kernel(const dsv4_ref_gpu_attn_params P)
     }
 }
 
+/* The same keys and output as sink_attention_kernel, with the bf16 emulation's P (the header's last trap). */
+__global__ static void sink_attention_bf16p_kernel(const dsv4_ref_gpu_attn_params P)
+{
+    extern __shared__ float smem[];
+    float *qs = smem;                 /* [d] */
+    float *ov = qs + P.d;             /* [d] */
+    float *sc = ov + P.d;             /* [m_max] */
+    int *cid = (int *)(sc + P.m_max); /* [topk_stride] compacted picks */
+    __shared__ float fpart[32];
+    __shared__ float fct;
+    __shared__ int n_cmp;
+    int s = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int nw = blockDim.x >> 5, d = P.d;
+    int64_t p = P.p0 + s;
+    int64_t lo = p - P.window + 1 > 0 ? p - P.window + 1 : 0;
+    int nwin = (int)(p - lo + 1);
+    const float *q = P.q + ((size_t)s * P.H + h) * d;
+    for (int c = tid; c < d; c += blockDim.x) qs[c] = q[c];
+    if (tid == 0) {
+        int n = 0;
+        if (P.pool && P.topk) {
+            const int32_t *t = P.topk + (size_t)s * P.topk_stride;
+            for (int i = 0; i < P.n_topk; i++)
+                if (t[i] >= 0) cid[n++] = t[i];
+        } else if (P.pool) {
+            n = (int)((p + 1) / P.ratio);
+        }
+        n_cmp = n;
+    }
+    __syncthreads();
+    int m = nwin + n_cmp;
+    float scale = 1.0f / sqrtf((float)d);
+    for (int j = warp; j < m; j += nw) {
+        const float *row = attn_row(P, s, lo, nwin, cid, j);
+        float part_dot = 0.0f;
+        for (int c = lane; c < d; c += 32) part_dot += qs[c] * row[c];
+        for (int off = 16; off > 0; off >>= 1) part_dot += __shfl_xor_sync(0xffffffffu, part_dot, off);
+        if (lane == 0) sc[j] = FMUL(part_dot, scale);
+    }
+    __syncthreads();
+    /* the row max over the scores only (m >= 1: the window holds the query's own position) */
+    float mx = -INFINITY;
+    for (int j = tid; j < m; j += blockDim.x)
+        if (sc[j] > mx) mx = sc[j];
+    for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+    if (lane == 0) fpart[warp] = mx;
+    __syncthreads();
+    mx = fpart[0];
+    for (int i = 1; i < nw; i++) mx = fmaxf(mx, fpart[i]);
+    for (int j = tid; j < m; j += blockDim.x) sc[j] = dsv4_ref_gpu_bf16_round(expf(sc[j] - mx));
+    __syncthreads();
+    if (tid == 0) { /* the denominator: the rounded p in the CPU's order, then the sink in fp32 */
+        float l = 0.0f;
+        for (int j = 0; j < m; j++) l = FADD(l, sc[j]);
+        float sink = P.sinks[h], M = mx > sink ? mx : sink, wm = expf(mx - M);
+        fct = wm / FADD(FMUL(l, wm), expf(sink - M));
+    }
+    __syncthreads();
+    for (int c = tid; c < d; c += blockDim.x) {
+        float acc = 0.0f;
+        for (int j = 0; j < m; j++) acc = FADD(acc, FMUL(sc[j], attn_row(P, s, lo, nwin, cid, j)[c]));
+        ov[c] = FMUL(acc, fct);
+    }
+    __syncthreads();
+    float *o = P.o + ((size_t)s * P.H + h) * d;
+    int r0 = d - 2 * P.n_pairs;
+    for (int c = tid; c < r0; c += blockDim.x) o[c] = ov[c];
+    for (int i = tid; i < P.n_pairs; i += blockDim.x) {
+        float cs = P.cos_t[(size_t)s * P.n_pairs + i], sn = -P.sin_t[(size_t)s * P.n_pairs + i];
+        float x0 = ov[r0 + 2 * i], x1 = ov[r0 + 2 * i + 1];
+        o[r0 + 2 * i] = FADD(FMUL(x0, cs), FMUL(-x1, sn));
+        o[r0 + 2 * i + 1] = FADD(FMUL(x1, cs), FMUL(x0, sn));
+    }
+}
+
 static size_t attn_smem_bytes(int m_max, int d, int topk_stride)
 {
     return (size_t)(2 * d + m_max) * sizeof(float) + (size_t)(topk_stride > 0 ? topk_stride : 1) * sizeof(int);
@@ -315,6 +394,8 @@ extern "C" int dsv4_ref_gpu_attention_prepare(int m_max, int d, int topk_stride)
                           "shared memory, the device allows %d", m_max, d, bytes, optin);
     DSV4_REF_CUDA_CHECK(cudaFuncSetAttribute(sink_attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              (int)bytes));
+    DSV4_REF_CUDA_CHECK(cudaFuncSetAttribute(sink_attention_bf16p_kernel,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
     return 0;
 }
 
@@ -324,7 +405,9 @@ extern "C" int dsv4_ref_gpu_attention(const dsv4_ref_gpu_attn_params *p)
     if (p->d % 2 || 2 * p->n_pairs > p->d)
         return dsv4_error(DSV4_ERR_USAGE, "ref-gpu: attention with d %d and %d rope pairs", p->d, p->n_pairs);
     dim3 grid((unsigned)p->S, (unsigned)p->H);
-    sink_attention_kernel<<<grid, ATTN_THREADS, attn_smem_bytes(p->m_max, p->d, p->topk_stride)>>>(*p);
+    size_t smem = attn_smem_bytes(p->m_max, p->d, p->topk_stride);
+    if (p->bf16p) sink_attention_bf16p_kernel<<<grid, ATTN_THREADS, smem>>>(*p);
+    else sink_attention_kernel<<<grid, ATTN_THREADS, smem>>>(*p);
     DSV4_REF_LAUNCH_CHECK("sink_attention");
     return 0;
 }

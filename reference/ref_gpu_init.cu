@@ -1,6 +1,11 @@
 /* ref_gpu_init.cu - setting up the GPU fp32 reference (ref_gpu.cu): the weights uploaded once from the loader's
  * f32 view into one device arena (two passes over the same binding code: count, then carve and copy), the decode
- * state (window rings, compressor states, pools) sized by max_tokens, and the scratch of one call. */
+ * state (window rings, compressor states, pools) sized by max_tokens, and the scratch of one call.
+ *
+ * The bf16 emulation's weights (options.emulate BF16) are rounded in the host staging on their way up, so the arena
+ * holds only them, as the CPU emulation's emu_weights rounds its copies: the bf16 column of DSV4_REF_LAYER_TENSORS,
+ * the routed experts, the embedding and the head; a tensor stored FP8 e4m3 or FP4 on disk is left as dequantised
+ * (the optimized path multiplies by those exact values). */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +17,7 @@
 /* Two passes over the same binding code: count (arena NULL) sizes the arena, upload carves and copies. */
 typedef struct binder {
     dsv4_model *m;
+    int emu;            /* 1: round the bf16-held weights (emulate bf16) */
     float *arena;       /* NULL: counting pass */
     size_t off;         /* floats */
     float *staging;     /* host, [staging_cap] */
@@ -33,8 +39,18 @@ static int ref_gpu_alloc(void **p, size_t bytes, const char *what)
     return 0;
 }
 
-static int bind(binder *b, float **out, size_t numel, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-static int bind(binder *b, float **out, size_t numel, const char *fmt, ...)
+/* Is the tensor `name` one the emulation rounds? bf16: the optimized path holds it in bf16; unless it is FP8 e4m3 or
+ * FP4 on disk (ref_model.c emu_weight's rule). */
+static int emu_rounds(const binder *b, int bf16, const char *name)
+{
+    if (!b->emu || !bf16) return 0;
+    const dsv4_tensor *t = NULL;
+    return !(!dsv4_model_tensor(b->m, name, &t) && (t->dtype == DSV4_DTYPE_F8_E4M3 || t->dtype == DSV4_DTYPE_I8));
+}
+
+static int bind(binder *b, float **out, size_t numel, int bf16, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static int bind(binder *b, float **out, size_t numel, int bf16, const char *fmt, ...)
 {
     char name[160];
     va_list ap;
@@ -51,13 +67,15 @@ static int bind(binder *b, float **out, size_t numel, const char *fmt, ...)
     *out = b->arena + at;
     int rc = dsv4_model_read_f32(b->m, name, b->staging, numel);
     if (rc) return rc;
+    if (emu_rounds(b, bf16, name)) dsv4_ref_emu_round(b->staging, numel);
     DSV4_REF_CUDA_CHECK(cudaMemcpy(*out, b->staging, numel * sizeof(float), cudaMemcpyHostToDevice));
     return 0;
 }
 
-#define BIND(dst, numel, ...)                                                                                    \
+/* BIND(dst, numel, bf16, name format, ...): bf16 = 1 for a weight the optimized path holds in bf16. */
+#define BIND(dst, numel, bf16, ...)                                                                              \
     do {                                                                                                         \
-        int rc_ = bind(b, &(dst), (size_t)(numel), __VA_ARGS__);                                                 \
+        int rc_ = bind(b, &(dst), (size_t)(numel), (bf16), __VA_ARGS__);                                         \
         if (rc_) return rc_;                                                                                     \
     } while (0)
 
@@ -74,8 +92,8 @@ static int bind_layer(dsv4_ref_gpu *g, binder *b, int L)
     if (w->attn != DSV4_ATTN_SLIDING && w->ratio <= 0)
         return dsv4_error(DSV4_ERR_CONFIG, "layer %d: %s attention with compress ratio %d", L,
                           dsv4_attn_type_name(w->attn), w->ratio);
-#define BIND_LISTED(field, numel, cond, name)                                                                    \
-    if (cond) BIND(w->field, numel, name, L);
+#define BIND_LISTED(field, numel, cond, bf16, name)                                                              \
+    if (cond) BIND(w->field, numel, bf16, name, L);
     DSV4_REF_LAYER_TENSORS(BIND_LISTED)
 #undef BIND_LISTED
     if (!w->w1) {
@@ -85,9 +103,9 @@ static int bind_layer(dsv4_ref_gpu *g, binder *b, int L)
         w->w2 = w->w1 + 2 * E;
     }
     for (size_t e = 0; e < E; e++) {
-        BIND(w->w1[e], NI * D, "layers.%d.ffn.experts.%zu.w1.weight", L, e);
-        BIND(w->w3[e], NI * D, "layers.%d.ffn.experts.%zu.w3.weight", L, e);
-        BIND(w->w2[e], D * NI, "layers.%d.ffn.experts.%zu.w2.weight", L, e);
+        BIND(w->w1[e], NI * D, 1, "layers.%d.ffn.experts.%zu.w1.weight", L, e);
+        BIND(w->w3[e], NI * D, 1, "layers.%d.ffn.experts.%zu.w3.weight", L, e);
+        BIND(w->w2[e], D * NI, 1, "layers.%d.ffn.experts.%zu.w2.weight", L, e);
     }
     return 0;
 }
@@ -96,13 +114,13 @@ static int bind_all(dsv4_ref_gpu *g, binder *b)
 {
     const dsv4_config *f = &g->cfg;
     size_t D = f->hidden_size, V = f->vocab_size, n = f->hc_mult;
-    BIND(g->embed, V * D, "embed.weight");
+    BIND(g->embed, V * D, 1, "embed.weight");
     if (f->tie_word_embeddings) g->head = g->embed;
-    else BIND(g->head, V * D, "head.weight");
-    BIND(g->norm, D, "norm.weight");
-    BIND(g->hc_head_fn, n * n * D, "hc_head_fn");
-    BIND(g->hc_head_base, n, "hc_head_base");
-    BIND(g->hc_head_scale, 1, "hc_head_scale");
+    else BIND(g->head, V * D, 1, "head.weight");
+    BIND(g->norm, D, 0, "norm.weight");
+    BIND(g->hc_head_fn, n * n * D, 0, "hc_head_fn");
+    BIND(g->hc_head_base, n, 0, "hc_head_base");
+    BIND(g->hc_head_scale, 1, 0, "hc_head_scale");
     for (int L = 0; L < f->num_hidden_layers; L++) {
         int rc = bind_layer(g, b, L);
         if (rc) return rc;
@@ -217,6 +235,7 @@ static size_t layout_scratch(dsv4_ref_gpu *g, int S, gpu_scratch *sc, float *mem
     CARVE(rids, s * k);
     CARVE(row_tok, s * k);
     CARVE(slot_of, s * k);
+    CARVE(rflag, s);
     CARVE(xg, s * k * D);
     CARVE(yg, s * k * D);
     CARVE(eg, s * k * NI);
@@ -234,11 +253,15 @@ static size_t layout_scratch(dsv4_ref_gpu *g, int S, gpu_scratch *sc, float *mem
     return off;
 }
 
-int ref_gpu_init_model(dsv4_model *m, int max_tokens, dsv4_ref_gpu *g)
+int ref_gpu_init_model(dsv4_model *m, int max_tokens, const dsv4_ref_options *o, dsv4_ref_gpu *g)
 {
     g->cfg = *dsv4_model_config(m);
     const dsv4_config *f = &g->cfg;
     DSV4_TRY(dsv4_ref_check_config(f, max_tokens));
+    g->emu = o->emulate == DSV4_REF_EMULATE_BF16;
+    g->follow = o->follow;
+    g->follow_stop = -1;
+    g->fstats.stopped_at = -1;
     int n_dev = 0;
     cudaError_t e = cudaGetDeviceCount(&n_dev);
     if (e != cudaSuccess || n_dev < 1)
@@ -264,6 +287,7 @@ int ref_gpu_init_model(dsv4_model *m, int max_tokens, dsv4_ref_gpu *g)
     binder b;
     memset(&b, 0, sizeof b);
     b.m = m;
+    b.emu = g->emu;
     DSV4_TRY(bind_all(g, &b));
     DSV4_TRY(ref_gpu_alloc((void **)&g->w_arena, b.off * sizeof(float), "ref-gpu weights (f32)"));
     size_t total = b.off;
@@ -307,6 +331,14 @@ int ref_gpu_init_model(dsv4_model *m, int max_tokens, dsv4_ref_gpu *g)
     g->h_row_tok = g->h_rids + nk;
     g->h_slot_of = g->h_row_tok + nk;
     g->h_count = g->h_slot_of + nk;
+    if (g->follow) { /* the host rows of following: a call's picks, the merge's scratch, the merged router rows */
+        size_t tk = (size_t)g->topk, k = (size_t)f->num_experts_per_tok, mk = tk > k ? tk : k;
+        g->h_ftopk = (int32_t *)dsv4_ref_alloc(((size_t)g->chunk * tk + 4 * mk + (size_t)g->chunk) * sizeof(int32_t),
+                                               "ref-gpu following rows");
+        if (!g->h_ftopk) return DSV4_ERR_NOMEM;
+        g->h_fmerge = g->h_ftopk + (size_t)g->chunk * tk;
+        g->h_rflag = g->h_fmerge + 4 * mk;
+    }
     DSV4_REF_CUDA_CHECK(cudaDeviceSynchronize());
     return 0;
 }

@@ -1,6 +1,6 @@
 /* ref_gpu_model.cuh - the GPU reference's private types (ref_gpu.cu runs the forward, ref_gpu_init.cu uploads the
- * weights and lays out the state and scratch arenas): per-layer device weights and decode state, the scratch of
- * one call, the whole object. */
+ * weights and lays out the state and scratch arenas, ref_gpu_emu.cu follows a dump's choices): per-layer device
+ * weights and decode state, the scratch of one call, the whole object. */
 #ifndef DSV4_REF_GPU_MODEL_CUH
 #define DSV4_REF_GPU_MODEL_CUH
 
@@ -56,6 +56,7 @@ typedef struct gpu_scratch {
     float *rlogits, *rsbuf, *rw;      /* [S, E], [S, E], [S, k] */
     int32_t *rids;                    /* [S, k] */
     int32_t *row_tok, *slot_of;       /* [S·k] */
+    int32_t *rflag;                   /* [S] following: 1 = the router row was merged, re-weight it */
     float *xg, *yg;                   /* [S·k, D] */
     float *eg, *eu;                   /* [S·k, I] */
     float *fout;                      /* [S, D] */
@@ -79,11 +80,30 @@ typedef struct dsv4_ref_gpu {
     float *host;                      /* [host_floats] staging of probe rows, owned */
     size_t host_floats;
     int32_t *h_rids, *h_row_tok, *h_slot_of, *h_count; /* host MoE grouping: [chunk·k] ×3, [2·E] */
+    /* options (dsv4_ref_options) */
+    int emu;                          /* 1: emulate bf16 at the CPU emulation's sites (ref_forward.c "emu:") */
+    const dsv4_opt_follow *follow;    /* borrowed, NULL: off */
+    int follow_stop;                  /* first position whose token is not the dump's, -1: none yet */
+    dsv4_ref_follow_stats fstats;
+    int32_t *h_ftopk;                 /* following, host, owned (one allocation): [chunk, topk] the picks of a call */
+    int32_t *h_fmerge;                /* [4·max(topk, k)] dsv4_ref_follow_merge's scratch */
+    int32_t *h_rflag;                 /* [chunk] router rows merged */
 } dsv4_ref_gpu;
 
-/* Fill g for model m and up to max_tokens positions: config checks, cuBLAS, RoPE tables, the weight arena
- * (counted, allocated, uploaded), the decode state and the scratch of one call, the host staging. On failure g
- * holds what was allocated so far (the caller frees it). */
-int ref_gpu_init_model(dsv4_model *m, int max_tokens, dsv4_ref_gpu *g);
+/* Fill g for model m and up to max_tokens positions with options o (checked by the caller): config checks, cuBLAS,
+ * RoPE tables, the weight arena (counted, allocated, uploaded; with o->emulate BF16 the bf16-held weights rounded on
+ * the way), the decode state and the scratch of one call, the host staging (and following's host rows). On failure
+ * g holds what was allocated so far (the caller frees it). */
+int ref_gpu_init_model(dsv4_model *m, int max_tokens, const dsv4_ref_options *o, dsv4_ref_gpu *g);
+
+/* ref_gpu_emu.cu: decision following of one call of S tokens at p0, the CPU's rule (ref_forward.c). */
+/* Stop following for good at the first of the call's positions whose token is not the dump's (before the layers). */
+void ref_gpu_follow_start(dsv4_ref_gpu *g, int p0, const int32_t *tokens, int S);
+/* After the topk_idx probe of CSA layer L: merge the dump's rows into sc.topk [S, topk] (own k picks per row).
+ * Returns the picks per row the attention reads (k, or index_topk once a row changed), or a negative error. */
+int ref_gpu_follow_topk(dsv4_ref_gpu *g, int L, int p0, int S, int k);
+/* After the router probes of layer L: merge the dump's rows into the host ids h_rids [S, k] (the grouping reads
+ * them), upload them and re-weight the merged rows from the own logits. 0 or a negative error. */
+int ref_gpu_follow_router(dsv4_ref_gpu *g, int L, int p0, int S);
 
 #endif /* DSV4_REF_GPU_MODEL_CUH */

@@ -10,7 +10,8 @@
  * - RoPE angles: inv_freq·(float)pos rounded in fp32 first, then cos/sin in double rounded to float.
  * - Sinkhorn: one row softmax + eps, one column step, then (iters−1) × (row, column): it ends on a column step.
  * - comb[j][k] is FROM stream j TO stream k: Xo[k] = post[k]·out + Σ_j comb[j][k]·X[j].
- * - Router: the bias selects only; ties on s + bias keep the lower expert first (the CPU's top-k order).
+ * - Router: the bias selects only; ties on s + bias keep the lower expert first (the CPU's top-k order). A followed
+ *   row re-weighted (route_reweight) uses the same formula and order for the ids it holds after the merge.
  */
 #include <math.h>
 
@@ -358,6 +359,32 @@ extern "C" int dsv4_ref_gpu_route(const float *logits, int S, int E, int k, cons
     route_kernel<<<blocks_for((size_t)S, 64), 64>>>(logits, S, E, k, bias, tid2eid, tokens, routed_scale, ids,
                                                     weights, s_buf);
     DSV4_REF_LAUNCH_CHECK("route");
+    return 0;
+}
+
+/* moe_all's re-weighting of a followed row, step for step (route_kernel's sum and scaling). */
+__global__ static void route_reweight_kernel(const float *logits, int S, int E, int k, const int32_t *ids,
+                                             const int32_t *flag, float routed_scale, float *weights)
+{
+    int s = blockIdx.x * blockDim.x + threadIdx.x;
+    if (s >= S || !flag[s]) return;
+    const float *lg = logits + (size_t)s * E;
+    const int32_t *id = ids + (size_t)s * k;
+    float *wt = weights + (size_t)s * k;
+    float sum = 0.0f;
+    for (int j = 0; j < k; j++) {
+        wt[j] = sqrtsoftplus(lg[id[j]]);
+        sum = FADD(sum, wt[j]);
+    }
+    for (int j = 0; j < k; j++) wt[j] = FMUL(wt[j] / FADD(sum, 1e-20f), routed_scale);
+}
+
+extern "C" int dsv4_ref_gpu_route_reweight(const float *logits, int S, int E, int k, const int32_t *ids,
+                                           const int32_t *flag, float routed_scale, float *weights)
+{
+    if (S <= 0) return 0;
+    route_reweight_kernel<<<blocks_for((size_t)S, 64), 64>>>(logits, S, E, k, ids, flag, routed_scale, weights);
+    DSV4_REF_LAUNCH_CHECK("route_reweight");
     return 0;
 }
 

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "dsv4/dsv4_opt.h"
+#include "ref_fault.h"
 #include "ref_model.h"
 
 /* ------------------------------------------------------------------------------------- allocation */
@@ -230,17 +231,24 @@ static int cpu_dump_entries(dsv4_ref *r, dsv4_probe_sink *probe)
     return 0;
 }
 
+static void cpu_follow_stats(const dsv4_ref *r, dsv4_ref_follow_stats *s)
+{
+    *s = ((const dsv4_ref_cpu *)r->impl)->fstats;
+}
+
 static const dsv4_ref_vtable dsv4_ref_cpu_vtable = {
     .producer = "dsv4 " DSV4_VERSION " reference cpu fp32",
     .forward = cpu_forward,
     .dump_entries = cpu_dump_entries,
     .free_impl = cpu_free,
+    .follow_stats = cpu_follow_stats,
 };
 
 static int cpu_init(dsv4_model *m, int max_tokens, const dsv4_ref_options *opt, dsv4_ref_cpu *c)
 {
     const dsv4_config *cfg = dsv4_model_config(m);
-    int rc;
+    int rc = dsv4_ref_options_check(cfg, opt, "reference");
+    if (rc) return rc;
     c->model = m;
     c->cfg = *cfg;
     const dsv4_config *f = &c->cfg;
@@ -267,13 +275,6 @@ static int cpu_init(dsv4_model *m, int max_tokens, const dsv4_ref_options *opt, 
     c->follow = opt->follow;
     c->follow_stop = -1;
     c->fstats.stopped_at = -1;
-    if (c->follow && (dsv4_opt_follow_width(c->follow, DSV4_OPT_FOLLOW_TOPK) != f->index_topk ||
-                      dsv4_opt_follow_width(c->follow, DSV4_OPT_FOLLOW_ROUTER) != f->num_experts_per_tok))
-        return dsv4_error(DSV4_ERR_USAGE, "reference: the follow table of %s was loaded for another config "
-                          "(index_topk %d, experts per token %d; the model has %d, %d)",
-                          dsv4_opt_follow_path(c->follow), dsv4_opt_follow_width(c->follow, DSV4_OPT_FOLLOW_TOPK),
-                          dsv4_opt_follow_width(c->follow, DSV4_OPT_FOLLOW_ROUTER), f->index_topk,
-                          f->num_experts_per_tok);
 
     size_t state = layout_state(c, max_tokens, NULL);
     c->state_mem = dsv4_ref_alloc(state * sizeof(float), "decode state");
@@ -315,10 +316,6 @@ int dsv4_ref_cpu_init_opts(dsv4_model *m, int max_tokens, const dsv4_ref_options
     dsv4_ref_options defaults;
     dsv4_ref_options_default(&defaults);
     if (!o) o = &defaults;
-    DSV4_CHECK(o->emulate == DSV4_REF_EMULATE_NONE || o->emulate == DSV4_REF_EMULATE_BF16,
-               "dsv4_ref_cpu_init: emulate %d", (int)o->emulate);
-    DSV4_CHECK(o->weights == DSV4_REF_WEIGHTS_LAZY || o->weights == DSV4_REF_WEIGHTS_UPFRONT,
-               "dsv4_ref_cpu_init: weights %d", (int)o->weights);
     dsv4_ref *r = dsv4_ref_alloc(sizeof *r, "reference");
     dsv4_ref_cpu *c = dsv4_ref_alloc(sizeof *c, "reference cpu");
     if (!r || !c) {
@@ -330,18 +327,21 @@ int dsv4_ref_cpu_init_opts(dsv4_model *m, int max_tokens, const dsv4_ref_options
     r->impl = c;
     r->max_tokens = max_tokens;
     int rc = cpu_init(m, max_tokens, o, c);
+#ifdef DSV4_TEST_FAULTS
+    if (!rc && !(rc = dsv4_ref_fault_init()) && dsv4_ref_test_fault != DSV4_FAULT_NONE && !c->emu)
+        rc = dsv4_error(DSV4_ERR_USAGE, "DSV4_TEST_FAULT=%s: the faults are planted in the emulation; add "
+                        "--emulate bf16", dsv4_ref_fault_name(dsv4_ref_test_fault));
+#endif
     if (rc) {
         dsv4_ref_free(r);
         return rc;
     }
-    if (c->emu || c->follow) { /* the producer says what was rounded and whose choices were followed */
-        size_t len = (size_t)snprintf(r->producer, sizeof r->producer, "%s", r->vt->producer);
-        if (c->emu) len += (size_t)snprintf(r->producer + len, sizeof r->producer - len, " emulate=bf16");
-        if (c->follow) {
-            const char *fp = dsv4_opt_follow_path(c->follow), *base = strrchr(fp, '/');
-            snprintf(r->producer + len, sizeof r->producer - len, " follow=%s", base ? base + 1 : fp);
-        }
-    }
+    char extra[64] = ""; /* a dump of a planted fault says so */
+#ifdef DSV4_TEST_FAULTS
+    if (dsv4_ref_test_fault != DSV4_FAULT_NONE)
+        snprintf(extra, sizeof extra, " fault=%s", dsv4_ref_fault_name(dsv4_ref_test_fault));
+#endif
+    dsv4_ref_producer_set(r, c->emu, extra, c->follow); /* what was rounded and whose choices were followed */
     *out = r;
     return 0;
 }
@@ -350,14 +350,46 @@ void dsv4_ref_follow_stats_get(const dsv4_ref *r, dsv4_ref_follow_stats *s)
 {
     memset(s, 0, sizeof *s);
     s->stopped_at = -1;
-    if (!r || r->vt != &dsv4_ref_cpu_vtable) return;
-    *s = ((const dsv4_ref_cpu *)r->impl)->fstats;
+    if (r && r->vt && r->vt->follow_stats) r->vt->follow_stats(r, s);
+}
+
+int dsv4_ref_options_check(const dsv4_config *f, const dsv4_ref_options *o, const char *who)
+{
+    if (o->emulate != DSV4_REF_EMULATE_NONE && o->emulate != DSV4_REF_EMULATE_BF16)
+        return dsv4_error(DSV4_ERR_USAGE, "%s: emulate %d (want DSV4_REF_EMULATE_NONE or _BF16)", who,
+                          (int)o->emulate);
+    if (o->weights != DSV4_REF_WEIGHTS_LAZY && o->weights != DSV4_REF_WEIGHTS_UPFRONT)
+        return dsv4_error(DSV4_ERR_USAGE, "%s: weights %d (want DSV4_REF_WEIGHTS_LAZY or _UPFRONT)", who,
+                          (int)o->weights);
+    const dsv4_opt_follow *fl = o->follow;
+    if (fl && (dsv4_opt_follow_width(fl, DSV4_OPT_FOLLOW_TOPK) != f->index_topk ||
+               dsv4_opt_follow_width(fl, DSV4_OPT_FOLLOW_ROUTER) != f->num_experts_per_tok))
+        return dsv4_error(DSV4_ERR_USAGE, "%s: the follow table of %s was loaded for another config "
+                          "(index_topk %d, experts per token %d; the model has %d, %d)", who,
+                          dsv4_opt_follow_path(fl), dsv4_opt_follow_width(fl, DSV4_OPT_FOLLOW_TOPK),
+                          dsv4_opt_follow_width(fl, DSV4_OPT_FOLLOW_ROUTER), f->index_topk, f->num_experts_per_tok);
+    return 0;
+}
+
+void dsv4_ref_producer_set(dsv4_ref *r, int emu, const char *extra, const dsv4_opt_follow *follow)
+{
+    if (!emu && !follow && !(extra && *extra)) return;
+    size_t len = (size_t)snprintf(r->producer, sizeof r->producer, "%s", r->vt->producer);
+    if (emu) len += (size_t)snprintf(r->producer + len, sizeof r->producer - len, " emulate=bf16");
+    if (extra) len += (size_t)snprintf(r->producer + len, sizeof r->producer - len, "%s", extra);
+    if (follow) {
+        const char *fp = dsv4_opt_follow_path(follow), *base = strrchr(fp, '/');
+        snprintf(r->producer + len, sizeof r->producer - len, " follow=%s", base ? base + 1 : fp);
+    }
 }
 
 /* ------------------------------------------------------------------------------ device-neutral API */
 void dsv4_ref_free(dsv4_ref *r)
 {
     if (!r) return;
+#ifdef DSV4_TEST_FAULTS
+    if (r->vt == &dsv4_ref_cpu_vtable) dsv4_ref_fault_report();
+#endif
     if (r->vt && r->vt->free_impl) r->vt->free_impl(r->impl);
     dsv4_ref_release(r);
 }

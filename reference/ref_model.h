@@ -26,6 +26,8 @@ typedef struct dsv4_ref_vtable {
     int (*forward)(dsv4_ref *r, const int32_t *tokens, int n, dsv4_probe_sink *probe, float *logits_last);
     int (*dump_entries)(dsv4_ref *r, dsv4_probe_sink *probe);
     void (*free_impl)(void *impl);
+    /* what decision following did so far (dsv4_ref_follow_stats_get) */
+    void (*follow_stats)(const dsv4_ref *r, dsv4_ref_follow_stats *s);
 } dsv4_ref_vtable;
 
 struct dsv4_ref {
@@ -44,44 +46,57 @@ long dsv4_ref_alloc_count(void);
 /* The shapes both reference paths rely on (kv heads, layers, hc_mult, groups, rope dims, window, experts, scoring);
  * everything else is checked tensor by tensor when bound. DSV4_ERR_* with a message naming the value. */
 int dsv4_ref_check_config(const dsv4_config *f, int max_tokens);
+/* The options given to either path's init (dsv4_ref_options), checked against the model's config before anything
+ * is set up: emulate one of the enum's values; a follow table loaded for this config's widths (index_topk, experts
+ * per token). who names the caller in the message. DSV4_ERR_USAGE naming the value. */
+int dsv4_ref_options_check(const dsv4_config *f, const dsv4_ref_options *o, const char *who);
+/* r->producer = the path's producer + " emulate=bf16" (emu) + extra (may be NULL: e.g. " fault=X" of the test-only
+ * build) + " follow=<the follow dump's file name>" (follow may be NULL); left "" when none is set. */
+void dsv4_ref_producer_set(dsv4_ref *r, int emu, const char *extra, const dsv4_opt_follow *follow);
+/* Decision following's merge (the rule of kernels/follow.cu): the dump's row tgt [k] merged into the own row [k]:
+ * ids both hold keep their slots (the attention and the MoE sum in slot order), the dump's other ids fill the
+ * remaining slots in the dump's order (-1 when none is left). tmp [4k] scratch. Returns 1 when the row changed. */
+int dsv4_ref_follow_merge(int32_t *row, const int32_t *tgt, int k, int32_t *tmp);
 
 /* ------------------------------------------------------------------------------------------- cpu */
-/* The f32 tensors of layer L that both reference paths bind, one X(field, numel, condition, name format) each, in
- * binding order (the GPU path's arena follows it). Expanded inside a binder that defines the size names D, H, d,
- * qr, G, o_r, HI, dI, E, n, mix and the layer's w->attn / w->mlp / w->ratio; the routed experts and tid2eid are
- * bound by each path (their storage differs). */
+/* The f32 tensors of layer L that both reference paths bind, one X(field, numel, condition, bf16, name format) each,
+ * in binding order (the GPU path's arena follows it). bf16 = 1: the optimized path holds the tensor in bf16, so the
+ * bf16 emulation rounds it (docs/verify.md "The bf16 emulation of the reference"; both paths read this column, so
+ * they round the same set). Expanded inside a binder that defines the size names D, H, d, qr, G, o_r, HI, dI, E,
+ * NI, n, mix and the layer's w->attn / w->mlp / w->ratio; the routed experts (bf16 in the optimized path too),
+ * tid2eid, the embedding and the head are bound by each path (their storage differs). */
 #define DSV4_REF_LAYER_TENSORS(X)                                                                                \
-    X(hc_attn.fn, mix * n * D, 1, "layers.%d.hc_attn_fn")                                                        \
-    X(hc_attn.base, mix, 1, "layers.%d.hc_attn_base")                                                            \
-    X(hc_attn.scale, 3, 1, "layers.%d.hc_attn_scale")                                                            \
-    X(hc_ffn.fn, mix * n * D, 1, "layers.%d.hc_ffn_fn")                                                          \
-    X(hc_ffn.base, mix, 1, "layers.%d.hc_ffn_base")                                                              \
-    X(hc_ffn.scale, 3, 1, "layers.%d.hc_ffn_scale")                                                              \
-    X(attn_norm, D, 1, "layers.%d.attn_norm.weight")                                                             \
-    X(ffn_norm, D, 1, "layers.%d.ffn_norm.weight")                                                               \
-    X(wq_a, qr * D, 1, "layers.%d.attn.wq_a.weight")                                                             \
-    X(q_norm, qr, 1, "layers.%d.attn.q_norm.weight")                                                             \
-    X(wq_b, H * d * qr, 1, "layers.%d.attn.wq_b.weight")                                                         \
-    X(wkv, d * D, 1, "layers.%d.attn.wkv.weight")                                                                \
-    X(kv_norm, d, 1, "layers.%d.attn.kv_norm.weight")                                                            \
-    X(wo_a, G * o_r * (H * d / G), 1, "layers.%d.attn.wo_a.weight")                                              \
-    X(wo_b, D * G * o_r, 1, "layers.%d.attn.wo_b.weight")                                                        \
-    X(sinks, H, 1, "layers.%d.attn.attn_sink")                                                                   \
-    X(cmp_wkv, DSV4_REF_CMP_WIDTH(w, d) * D, w->ratio > 0, "layers.%d.attn.compressor.wkv.weight")               \
-    X(cmp_wgate, DSV4_REF_CMP_WIDTH(w, d) * D, w->ratio > 0, "layers.%d.attn.compressor.wgate.weight")           \
-    X(cmp_ape, (size_t)w->ratio * DSV4_REF_CMP_WIDTH(w, d), w->ratio > 0, "layers.%d.attn.compressor.ape")       \
-    X(cmp_norm, d, w->ratio > 0, "layers.%d.attn.compressor.norm.weight")                                        \
-    X(idx_wq_b, HI * dI * qr, w->attn == DSV4_ATTN_CSA, "layers.%d.attn.indexer.wq_b.weight")                    \
-    X(idx_wproj, HI * D, w->attn == DSV4_ATTN_CSA, "layers.%d.attn.indexer.weights_proj.weight")                 \
-    X(idx_wkv, 2 * dI * D, w->attn == DSV4_ATTN_CSA, "layers.%d.attn.indexer.compressor.wkv.weight")             \
-    X(idx_wgate, 2 * dI * D, w->attn == DSV4_ATTN_CSA, "layers.%d.attn.indexer.compressor.wgate.weight")         \
-    X(idx_ape, (size_t)w->ratio * 2 * dI, w->attn == DSV4_ATTN_CSA, "layers.%d.attn.indexer.compressor.ape")     \
-    X(idx_norm, dI, w->attn == DSV4_ATTN_CSA, "layers.%d.attn.indexer.compressor.norm.weight")                   \
-    X(gate_w, E * D, 1, "layers.%d.ffn.gate.weight")                                                             \
-    X(gate_bias, E, w->mlp != DSV4_MLP_HASH_MOE, "layers.%d.ffn.gate.bias")                                      \
-    X(sh_w1, NI * D, 1, "layers.%d.ffn.shared_experts.w1.weight")                                                \
-    X(sh_w3, NI * D, 1, "layers.%d.ffn.shared_experts.w3.weight")                                                \
-    X(sh_w2, D * NI, 1, "layers.%d.ffn.shared_experts.w2.weight")
+    X(hc_attn.fn, mix * n * D, 1, 0, "layers.%d.hc_attn_fn")                                                     \
+    X(hc_attn.base, mix, 1, 0, "layers.%d.hc_attn_base")                                                         \
+    X(hc_attn.scale, 3, 1, 0, "layers.%d.hc_attn_scale")                                                         \
+    X(hc_ffn.fn, mix * n * D, 1, 0, "layers.%d.hc_ffn_fn")                                                       \
+    X(hc_ffn.base, mix, 1, 0, "layers.%d.hc_ffn_base")                                                           \
+    X(hc_ffn.scale, 3, 1, 0, "layers.%d.hc_ffn_scale")                                                           \
+    X(attn_norm, D, 1, 0, "layers.%d.attn_norm.weight")                                                          \
+    X(ffn_norm, D, 1, 0, "layers.%d.ffn_norm.weight")                                                            \
+    X(wq_a, qr * D, 1, 1, "layers.%d.attn.wq_a.weight")                                                          \
+    X(q_norm, qr, 1, 0, "layers.%d.attn.q_norm.weight")                                                          \
+    X(wq_b, H * d * qr, 1, 1, "layers.%d.attn.wq_b.weight")                                                      \
+    X(wkv, d * D, 1, 1, "layers.%d.attn.wkv.weight")                                                             \
+    X(kv_norm, d, 1, 0, "layers.%d.attn.kv_norm.weight")                                                         \
+    X(wo_a, G * o_r * (H * d / G), 1, 1, "layers.%d.attn.wo_a.weight")                                           \
+    X(wo_b, D * G * o_r, 1, 1, "layers.%d.attn.wo_b.weight")                                                     \
+    X(sinks, H, 1, 0, "layers.%d.attn.attn_sink")                                                                \
+    X(cmp_wkv, DSV4_REF_CMP_WIDTH(w, d) * D, w->ratio > 0, 1, "layers.%d.attn.compressor.wkv.weight")            \
+    X(cmp_wgate, DSV4_REF_CMP_WIDTH(w, d) * D, w->ratio > 0, 1, "layers.%d.attn.compressor.wgate.weight")        \
+    X(cmp_ape, (size_t)w->ratio * DSV4_REF_CMP_WIDTH(w, d), w->ratio > 0, 0, "layers.%d.attn.compressor.ape")    \
+    X(cmp_norm, d, w->ratio > 0, 0, "layers.%d.attn.compressor.norm.weight")                                     \
+    X(idx_wq_b, HI * dI * qr, w->attn == DSV4_ATTN_CSA, 1, "layers.%d.attn.indexer.wq_b.weight")                 \
+    X(idx_wproj, HI * D, w->attn == DSV4_ATTN_CSA, 1, "layers.%d.attn.indexer.weights_proj.weight")              \
+    X(idx_wkv, 2 * dI * D, w->attn == DSV4_ATTN_CSA, 1, "layers.%d.attn.indexer.compressor.wkv.weight")          \
+    X(idx_wgate, 2 * dI * D, w->attn == DSV4_ATTN_CSA, 1, "layers.%d.attn.indexer.compressor.wgate.weight")      \
+    X(idx_ape, (size_t)w->ratio * 2 * dI, w->attn == DSV4_ATTN_CSA, 0, "layers.%d.attn.indexer.compressor.ape")  \
+    X(idx_norm, dI, w->attn == DSV4_ATTN_CSA, 0, "layers.%d.attn.indexer.compressor.norm.weight")                \
+    X(gate_w, E * D, 1, 1, "layers.%d.ffn.gate.weight")                                                          \
+    X(gate_bias, E, w->mlp != DSV4_MLP_HASH_MOE, 0, "layers.%d.ffn.gate.bias")                                   \
+    X(sh_w1, NI * D, 1, 1, "layers.%d.ffn.shared_experts.w1.weight")                                             \
+    X(sh_w3, NI * D, 1, 1, "layers.%d.ffn.shared_experts.w3.weight")                                             \
+    X(sh_w2, D * NI, 1, 1, "layers.%d.ffn.shared_experts.w2.weight")
 /* The compressor's width: CSA pools two overlapping windows (2·d), HCA one (d). */
 #define DSV4_REF_CMP_WIDTH(w, d) ((size_t)((w)->attn == DSV4_ATTN_CSA ? 2 : 1) * (d))
 

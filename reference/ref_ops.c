@@ -14,10 +14,18 @@
 #include <math.h>
 #include <string.h>
 
+#include "ref_fault.h"
 #include "ref_ops.h"
 
 void dsv4_ref_linear(float *y, const float *x, const float *w, int S, int n_in, int n_out)
 {
+    if (DSV4_FAULT(ALT_ORDER) && n_in >= 2) { /* test builds only (ref_fault.h): the inputs summed in two halves */
+        const int h = n_in / 2;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, S, n_out, h, 1.0f, x, n_in, w, n_in, 0.0f, y, n_out);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, S, n_out, n_in - h, 1.0f, x + h, n_in, w + h, n_in, 1.0f,
+                    y, n_out);
+        return;
+    }
     if (S == 1)
         cblas_sgemv(CblasRowMajor, CblasNoTrans, n_out, n_in, 1.0f, w, n_in, x, 1, 0.0f, y, 1);
     else

@@ -13,7 +13,7 @@
  *
  * Invariants that fail quietly:
  * - Both modes give the same f32 values: the loader's dequantisation (model/dtype.c) either way, and the bf16
- *   emulation rounds the same tensors (emu_bf16_held) after the same dequantisation.
+ *   emulation rounds the same tensors (emu_rounds) after the same dequantisation.
  * - A lazy layer's views (c->lw[L]) are valid only while L is the loaded layer: loading another layer or the head
  *   sets them to NULL, so a stale use faults instead of reading another layer's weights.
  * - Every tensor is looked up and its size checked at init (the counting pass), so a missing or mis-shaped tensor
@@ -32,37 +32,14 @@
 enum { LOADED_NONE = -1, LOADED_HEAD = -2 };
 
 /* ---------------------------------------------------------------------------------- bf16 emulation */
-static int ends_with(const char *s, const char *suf)
+/* Does the emulation round this weight? Only those the optimized path holds in bf16 (`held`: the bf16 column of
+ * DSV4_REF_LAYER_TENSORS, which ref-gpu's upload reads too; the routed experts, embed and head; not the mHC
+ * weights, norms, sinks, ape biases, router bias or hc_head: fp32 there too), and of those not the FP8 e4m3 or FP4
+ * (I8) ones on disk: the optimized path's default (auto) weights mode keeps those in their formats and its kernels
+ * multiply by the exact dequantised values (qweight.cuh; with e8m0 scales they are exact in bf16 anyway). */
+static int emu_rounds(int emu, int held, const dsv4_tensor *t)
 {
-    size_t a = strlen(s), b = strlen(suf);
-    return a >= b && !memcmp(s + a - b, suf, b);
-}
-
-/* The weights the optimized path holds in bf16 (opt_layout.c weights_layout / layer_weights), which the bf16
- * emulation rounds (docs/verify.md "The bf16 emulation of the reference"): the embedding and head, the x-projection
- * [wq_a | wkv | compressor wkv, wgate | indexer wkv, wgate, weights_proj], wq_b, the indexer wq_b, wo_a, wo_b, the
- * ffn projection [gate | shared w1 | w3], shared w2 and the routed experts. NOT rounded (fp32 there too): mHC
- * fn/base/scale and hc_head, every norm weight, sinks, the ape biases, the router bias. */
-static int emu_bf16_held(const char *name)
-{
-    static const char *const suffix[] = {
-        ".attn.wq_a.weight", ".attn.wkv.weight", ".compressor.wkv.weight", ".compressor.wgate.weight",
-        ".indexer.weights_proj.weight", ".indexer.wq_b.weight", ".attn.wq_b.weight", ".attn.wo_a.weight",
-        ".attn.wo_b.weight", ".ffn.gate.weight", ".shared_experts.w1.weight", ".shared_experts.w3.weight",
-        ".shared_experts.w2.weight",
-    };
-    if (!strcmp(name, "embed.weight") || !strcmp(name, "head.weight") || strstr(name, ".ffn.experts.")) return 1;
-    for (size_t i = 0; i < sizeof suffix / sizeof suffix[0]; i++)
-        if (ends_with(name, suffix[i])) return 1;
-    return 0;
-}
-
-/* A tensor FP8 e4m3 or FP4 (I8) on disk is left as it is by the emulation: the optimized path's default (auto)
- * weights mode keeps those in their formats and its kernels multiply by the exact dequantised values (qweight.cuh;
- * with e8m0 scales they are exact in bf16 anyway). */
-static int emu_rounds(int emu, const char *name, const dsv4_tensor *t)
-{
-    return emu && emu_bf16_held(name) && t->dtype != DSV4_DTYPE_F8_E4M3 && t->dtype != DSV4_DTYPE_I8;
+    return emu && held && t->dtype != DSV4_DTYPE_F8_E4M3 && t->dtype != DSV4_DTYPE_I8;
 }
 
 /* ------------------------------------------------------------------------------------ binding */
@@ -79,9 +56,10 @@ typedef struct wbind {
     double loader; /* counting, upfront: floats the loader's cache will hold */
 } wbind;
 
-static int wbind_one(wbind *b, const float **out, size_t numel, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int wbind_one(wbind *b, const float **out, size_t numel, const char *fmt, ...)
+static int wbind_one(wbind *b, const float **out, size_t numel, int held, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+/* One weight: `held` 1 when the optimized path holds it in bf16 (emu_rounds). */
+static int wbind_one(wbind *b, const float **out, size_t numel, int held, const char *fmt, ...)
 {
     char name[160];
     va_list ap;
@@ -94,7 +72,7 @@ static int wbind_one(wbind *b, const float **out, size_t numel, const char *fmt,
     if (dsv4_tensor_numel(t) != numel)
         return dsv4_error(DSV4_ERR_SHAPE, "%s: tensor %s has %zu elements, the reference expects %zu", t->file, name,
                           dsv4_tensor_numel(t), numel);
-    const int round = emu_rounds(b->emu, name, t);
+    const int round = emu_rounds(b->emu, held, t);
     if (!round && dsv4_tensor_f32_mapped(t)) {
         if (b->bind) *out = t->data;
         return 0;
@@ -137,14 +115,14 @@ static int wbind_layer(wbind *b, const dsv4_config *f, int L, dsv4_ref_layer_w *
     size_t G = f->o_groups, o_r = f->o_lora_rank, HI = f->index_n_heads, dI = f->index_head_dim;
     size_t E = f->n_routed_experts, NI = f->moe_intermediate_size;
     size_t n = f->hc_mult, mix = (2 + n) * n;
-#define BIND_LISTED(field, numel, cond, name)                                                                    \
-    if (cond) DSV4_TRY(wbind_one(b, &w->field, (size_t)(numel), name, L));
+#define BIND_LISTED(field, numel, cond, bf16, name)                                                              \
+    if (cond) DSV4_TRY(wbind_one(b, &w->field, (size_t)(numel), bf16, name, L));
     DSV4_REF_LAYER_TENSORS(BIND_LISTED)
 #undef BIND_LISTED
     for (size_t e = 0; experts && e < E; e++) {
-        DSV4_TRY(wbind_one(b, &w->w1[e], NI * D, "layers.%d.ffn.experts.%zu.w1.weight", L, e));
-        DSV4_TRY(wbind_one(b, &w->w3[e], NI * D, "layers.%d.ffn.experts.%zu.w3.weight", L, e));
-        DSV4_TRY(wbind_one(b, &w->w2[e], D * NI, "layers.%d.ffn.experts.%zu.w2.weight", L, e));
+        DSV4_TRY(wbind_one(b, &w->w1[e], NI * D, 1, "layers.%d.ffn.experts.%zu.w1.weight", L, e));
+        DSV4_TRY(wbind_one(b, &w->w3[e], NI * D, 1, "layers.%d.ffn.experts.%zu.w3.weight", L, e));
+        DSV4_TRY(wbind_one(b, &w->w2[e], D * NI, 1, "layers.%d.ffn.experts.%zu.w2.weight", L, e));
     }
     return 0;
 }
@@ -153,19 +131,19 @@ static int wbind_layer(wbind *b, const dsv4_config *f, int L, dsv4_ref_layer_w *
 static int wbind_expert(wbind *b, const dsv4_config *f, int L, int e, const float **w)
 {
     size_t D = f->hidden_size, NI = f->moe_intermediate_size;
-    DSV4_TRY(wbind_one(b, &w[0], NI * D, "layers.%d.ffn.experts.%d.w1.weight", L, e));
-    DSV4_TRY(wbind_one(b, &w[1], NI * D, "layers.%d.ffn.experts.%d.w3.weight", L, e));
-    return wbind_one(b, &w[2], D * NI, "layers.%d.ffn.experts.%d.w2.weight", L, e);
+    DSV4_TRY(wbind_one(b, &w[0], NI * D, 1, "layers.%d.ffn.experts.%d.w1.weight", L, e));
+    DSV4_TRY(wbind_one(b, &w[1], NI * D, 1, "layers.%d.ffn.experts.%d.w3.weight", L, e));
+    return wbind_one(b, &w[2], D * NI, 1, "layers.%d.ffn.experts.%d.w2.weight", L, e);
 }
 
 /* The global tensors other than embed and head: the final norm and hc_head. */
 static int wbind_globals(wbind *b, const dsv4_config *f, const float **norm, const float **hc)
 {
     size_t D = f->hidden_size, n = f->hc_mult;
-    DSV4_TRY(wbind_one(b, norm, D, "norm.weight"));
-    DSV4_TRY(wbind_one(b, &hc[0], n * n * D, "hc_head_fn"));
-    DSV4_TRY(wbind_one(b, &hc[1], n, "hc_head_base"));
-    return wbind_one(b, &hc[2], 1, "hc_head_scale");
+    DSV4_TRY(wbind_one(b, norm, D, 0, "norm.weight"));
+    DSV4_TRY(wbind_one(b, &hc[0], n * n * D, 0, "hc_head_fn"));
+    DSV4_TRY(wbind_one(b, &hc[1], n, 0, "hc_head_base"));
+    return wbind_one(b, &hc[2], 1, 0, "hc_head_scale");
 }
 
 /* The head's tensor: the embedding when the config ties them. */
@@ -205,12 +183,12 @@ int dsv4_ref_weights_measure(dsv4_model *m, const dsv4_config *f, int emu, int u
     sz->globals = (double)g.off;
     DSV4_TRY(wbind_globals(&all, f, &v, hc));
     wbind em = {.m = m, .emu = emu}, hd = {.m = m, .emu = emu};
-    DSV4_TRY(wbind_one(&em, &v, VD, "embed.weight"));
-    DSV4_TRY(wbind_one(&hd, &v, VD, "%s", head_name(f)));
+    DSV4_TRY(wbind_one(&em, &v, VD, 1, "embed.weight"));
+    DSV4_TRY(wbind_one(&hd, &v, VD, 1, "%s", head_name(f)));
     sz->embed_row = em.off ? (double)f->hidden_size : 0;
     sz->head = (double)hd.off;
-    DSV4_TRY(wbind_one(&all, &v, VD, "embed.weight"));
-    if (!f->tie_word_embeddings) DSV4_TRY(wbind_one(&all, &v, VD, "head.weight"));
+    DSV4_TRY(wbind_one(&all, &v, VD, 1, "embed.weight"));
+    if (!f->tie_word_embeddings) DSV4_TRY(wbind_one(&all, &v, VD, 1, "head.weight"));
     sz->upfront_arena = (double)all.off;
     sz->upfront_loader = all.loader;
     int n_hash = 0;
@@ -263,9 +241,9 @@ int dsv4_ref_weights_init(dsv4_ref_cpu *c, int upfront)
                    .cap = ws->arena_floats};
         for (int L = 0; L < f->num_hidden_layers; L++) DSV4_TRY(wbind_layer(&b, f, L, &c->lw[L], 1));
         DSV4_TRY(wbind_globals(&b, f, &c->norm, hc));
-        DSV4_TRY(wbind_one(&b, &c->embed, VD, "embed.weight"));
+        DSV4_TRY(wbind_one(&b, &c->embed, VD, 1, "embed.weight"));
         if (f->tie_word_embeddings) c->head = c->embed;
-        else DSV4_TRY(wbind_one(&b, &c->head, VD, "head.weight"));
+        else DSV4_TRY(wbind_one(&b, &c->head, VD, 1, "head.weight"));
     } else {
         /* the arena: the largest layer's dense tensors, or the head, whichever is larger (never both at once) */
         ws->arena_floats = (size_t)(sz.layer > sz.head ? sz.layer : sz.head);
@@ -283,10 +261,10 @@ int dsv4_ref_weights_init(dsv4_ref_cpu *c, int upfront)
         /* embed and head served whole only from the mmap; else a row per token, the head when it is used */
         const dsv4_tensor *t;
         DSV4_TRY(dsv4_model_tensor(c->model, "embed.weight", &t));
-        ws->embed_round = emu_rounds(c->emu, "embed.weight", t);
+        ws->embed_round = emu_rounds(c->emu, 1, t);
         if (!ws->embed_round && dsv4_tensor_f32_mapped(t)) c->embed = t->data;
         DSV4_TRY(dsv4_model_tensor(c->model, head_name(f), &t));
-        if (!emu_rounds(c->emu, head_name(f), t) && dsv4_tensor_f32_mapped(t)) c->head = t->data;
+        if (!emu_rounds(c->emu, 1, t) && dsv4_tensor_f32_mapped(t)) c->head = t->data;
     }
     c->hc_head_fn = hc[0];
     c->hc_head_base = hc[1];
@@ -380,7 +358,7 @@ int dsv4_ref_weights_head(dsv4_ref_cpu *c, const float **head)
     if (ws->loaded != LOADED_HEAD) {
         arena_evict(c);
         wbind b = {.m = c->model, .emu = c->emu, .bind = 1, .arena = ws->arena, .cap = ws->arena_floats};
-        DSV4_TRY(wbind_one(&b, &ws->head, (size_t)c->cfg.vocab_size * c->cfg.hidden_size, "%s",
+        DSV4_TRY(wbind_one(&b, &ws->head, (size_t)c->cfg.vocab_size * c->cfg.hidden_size, 1, "%s",
                            head_name(&c->cfg)));
         ws->loaded = LOADED_HEAD;
     }

@@ -10,7 +10,8 @@
  *   --follow dump of other weights (once followed silently); a --prompt-tokens folder (once "no token ids") and
  *   a token past the vocabulary (once refused by the path without naming the file); a --dump naming the run's
  *   --tokens-from or --follow dump (once replaced by the new dump); --path opt with no GPU (once a failed
- *   cudaSetDevice with its source line); each other usage error named (a bad --path or --graph, --gpus off the
+ *   cudaSetDevice with its source line); --emulate and --follow with --path ref-gpu, refused until issue 34, taken
+ *   (the run gets as far as the device) and named in the help; each other usage error named (a bad --path or --graph, --gpus off the
  *   optimized path, neither or both token sources, a descending --dump-positions range, --decode past the
  *   forced tokens, --forced with a prompt file, a word of a prompt file that is not a token id, a stray
  *   argument (once "unknown option").
@@ -371,6 +372,37 @@ START_TEST(run_without_a_gpu_says_so)
 }
 END_TEST
 
+/* ref-gpu takes --emulate and --follow (it refused them before issue 34): with no device visible the run gets past
+ * the options and the follow dump (opened and checked first) to the GPU, which is missing; the help says so. */
+START_TEST(run_ref_gpu_takes_emulate_and_follow)
+{
+    const char *pre;
+    char *dir = prompt_dir(&pre);
+    char args[16400], sel[4200], opt[4400];
+    snprintf(sel, sizeof sel, "%s/sel.h5", dir);
+    snprintf(args, sizeof args, "%s --decode 1 --probes topk_idx,router_ids --dump %s", pre, sel);
+    expect_cli(0, args, NEED("dump:"), NULL);
+    expect_cli(0, "run --help", NEED("ref-cpu and ref-gpu only:", "decision following (every path)"), NULL);
+    setenv("CUDA_VISIBLE_DEVICES", "-1", 1);
+    for (int i = 0; i < 3; i++) {
+        if (i == 0) snprintf(opt, sizeof opt, "--emulate bf16");
+        else snprintf(opt, sizeof opt, "%s--follow %s", i == 2 ? "--emulate bf16 " : "", sel);
+        snprintf(args, sizeof args, "%s --decode 1 --path ref-gpu %s", pre, opt);
+        char cmd[20000], *out = NULL;
+        snprintf(cmd, sizeof cmd, "%s %s 2>&1", dsv4_test_bin(), args);
+        int st = dsv4_test_run(cmd, &out);
+        printf("$ %s -> %d\n%s", cmd, st, out ? out : "");
+        ck_assert_msg(st == 1 || st == 2, "%s: exit %d", cmd, st);
+        ck_assert_msg(out && (strstr(out, "no CUDA") || strstr(out, "has 0 CUDA devices")) &&
+                          !strstr(out, "is an option of"),
+                      "%s: want the run to reach the missing GPU, past the options\n%s", cmd, out ? out : "");
+        free(out);
+    }
+    unsetenv("CUDA_VISIBLE_DEVICES");
+    dsv4_test_rmtree(dir);
+}
+END_TEST
+
 START_TEST(run_notes_positions_past_max_position_embeddings)
 {
     /* golden/tiny with max_position_embeddings 16: a 3-token prompt + 20 decode steps runs, and says so */
@@ -554,6 +586,7 @@ int main(void)
     tcase_add_test(tc, run_names_each_usage_error);
     tcase_add_test(tc, run_refuses_a_dump_over_its_inputs);
     tcase_add_test(tc, run_without_a_gpu_says_so);
+    tcase_add_test(tc, run_ref_gpu_takes_emulate_and_follow);
     tcase_add_test(tc, run_notes_positions_past_max_position_embeddings);
     tcase_add_test(tc, a_forgotten_value_is_not_the_next_option);
     tcase_add_test(tc, a_list_option_given_twice_is_refused);

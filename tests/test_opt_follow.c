@@ -6,9 +6,9 @@
  * Bad inputs give errors that name the file and what is wrong: a missing file, a dump of another model (layer
  * count, index_topk), a dataset of the wrong width, a router row with a repeated or out-of-range expert, a top-k
  * id of an entry that does not exist yet at that position. The bad dumps are written here with the dump writer
- * (tiny's config, one dataset each). The command line refuses --follow with the GPU reference, a dump of another
- * model and a dump of other tokens, with exit status 2, before any GPU is needed; --emulate
- * outside ref-cpu and a ref-cpu follow of other tokens likewise.
+ * (tiny's config, one dataset each). The command line refuses a dump of another model and a dump of other tokens
+ * with every path (the GPU reference follows too, since issue 34), with exit status 2, before any GPU is needed;
+ * --emulate with the optimized path (the bf16 path itself) and an unknown --emulate value likewise.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
@@ -251,11 +251,17 @@ START_TEST(cli_refuses_bad_follow)
     char a[4096];
     const char *g = dsv4_test_source_path("");
     char *root = strdup(g);
-    snprintf(a, sizeof a, "--path ref-gpu --tokens-from %sgolden/tiny/forced.h5 --follow %sgolden/tiny/forced.h5",
+    /* ref-gpu takes --follow and --emulate now: a bad dump is refused before the GPU is set up (no "CUDA") */
+    snprintf(a, sizeof a, "--path ref-gpu --emulate bf16 --tokens-from %sgolden/tiny/forced.h5 --follow "
+             "%sgolden/tiny/greedy.h5", root, root);
+    expect_cli_error(a, (const char *const[]){"greedy.h5", "its token at position", NULL});
+    snprintf(a, sizeof a, "--path ref-gpu --tokens-from %sgolden/tiny/forced.h5 --follow %sgolden/topk512/forced.h5",
              root, root);
-    expect_cli_error(a, (const char *const[]){"--follow is an option of --path opt and ref-cpu", NULL});
+    expect_cli_error(a, (const char *const[]){"topk512/forced.h5", "num_hidden_layers", NULL});
     snprintf(a, sizeof a, "--path opt --tokens-from %sgolden/tiny/forced.h5 --emulate bf16", root);
-    expect_cli_error(a, (const char *const[]){"--emulate is an option of --path ref-cpu", NULL});
+    expect_cli_error(a, (const char *const[]){"--emulate is an option of --path ref-cpu and ref-gpu (not of opt", NULL});
+    snprintf(a, sizeof a, "--path ref-gpu --tokens-from %sgolden/tiny/forced.h5 --emulate bf8", root);
+    expect_cli_error(a, (const char *const[]){"want none or bf16", NULL});
     snprintf(a, sizeof a, "--path ref-cpu --tokens-from %sgolden/tiny/forced.h5 --emulate bf8", root);
     expect_cli_error(a, (const char *const[]){"want none or bf16", NULL});
     snprintf(a, sizeof a, "--path ref-cpu --tokens-from %sgolden/tiny/forced.h5 --follow %sgolden/tiny/greedy.h5",

@@ -11,6 +11,11 @@
  *   follow:       following the plain reference's own dump (emulate off) is bitwise the plain run, with every
  *                 row of the table used and none changed; following the bf16 emulation's dump changes rows (the
  *                 emulation flips a few near-tie picks on tiny) and so changes the run.
+ *   the GPU init: dsv4_ref_gpu_init_opts (and dsv4_ref_cpu_init_opts) refuse options that do not fit the model (a
+ *                 follow table of another config, an emulate outside the enum) with DSV4_ERR_USAGE naming the path
+ *                 and the value, before any device is touched; options that fit get as far as the device: with none
+ *                 visible (CUDA_VISIBLE_DEVICES=-1) DSV4_ERR_CUDA "no CUDA device", in a build without CUDA
+ *                 DSV4_ERR_UNSUPPORTED "this build has no CUDA". The GPU runs themselves: tests/gpu/.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
@@ -250,6 +255,63 @@ START_TEST(follow_own_dump_is_plain)
 }
 END_TEST
 
+/* init with o: must fail with `code` and a message holding each of the needles; *out stays NULL */
+static void expect_init_error(int gpu, dsv4_model *m, const dsv4_ref_options *o, int code, const char *const *needles)
+{
+    dsv4_ref *r = (dsv4_ref *)&r; /* not NULL: init must clear it */
+    const int rc = gpu ? dsv4_ref_gpu_init_opts(m, 64, o, &r) : dsv4_ref_cpu_init_opts(m, 64, o, &r);
+    const char *msg = dsv4_last_error();
+    printf("%s init: %d: %s\n", gpu ? "gpu" : "cpu", rc, msg);
+    ck_assert_msg(rc == code, "%s init returned %d, want %d: %s", gpu ? "gpu" : "cpu", rc, code, msg);
+    ck_assert_ptr_null(r);
+    for (int i = 0; needles[i]; i++) ck_assert_msg(strstr(msg, needles[i]), "'%s' lacks '%s'", msg, needles[i]);
+}
+
+START_TEST(gpu_init_checks_options_first)
+{
+    setenv("CUDA_VISIBLE_DEVICES", "-1", 1); /* before this (forked) process's first CUDA call: no device anywhere */
+    dsv4_model *tiny = dsv4_test_open_golden("tiny"), *t512 = dsv4_test_open_golden("topk512");
+    dsv4_opt_follow *other = NULL, *own = NULL;
+    ck_assert_int_eq(dsv4_opt_follow_load(dsv4_test_source_path("golden/topk512/forced.h5"), dsv4_model_config(t512),
+                                          &other), 0);
+    ck_assert_int_eq(dsv4_opt_follow_load(dsv4_test_source_path("golden/tiny/forced.h5"), dsv4_model_config(tiny),
+                                          &own), 0);
+    dsv4_ref_options o;
+    dsv4_ref_options_default(&o);
+    o.follow = other; /* index_topk 512, 2 experts per token: tiny has 4 and 3 */
+    for (int gpu = 0; gpu < 2; gpu++)
+        expect_init_error(gpu, tiny, &o, DSV4_ERR_USAGE,
+                          (const char *const[]){gpu ? "ref-gpu: " : "reference: ", "topk512/forced.h5",
+                                                "loaded for another config", "index_topk 512", NULL});
+    dsv4_ref_options_default(&o);
+    o.emulate = (dsv4_ref_emulate)7;
+    for (int gpu = 0; gpu < 2; gpu++)
+        expect_init_error(gpu, tiny, &o, DSV4_ERR_USAGE,
+                          (const char *const[]){gpu ? "ref-gpu: emulate 7" : "reference: emulate 7", NULL});
+    o.emulate = DSV4_REF_EMULATE_BF16;
+    o.follow = own;
+#ifdef DSV4_HAVE_CUDA
+    const int code = DSV4_ERR_CUDA;
+    const char *const why[] = {"ref-gpu: no CUDA device", NULL};
+#else
+    const int code = DSV4_ERR_UNSUPPORTED;
+    const char *const why[] = {"ref-gpu: this build has no CUDA", NULL};
+#endif
+    expect_init_error(1, tiny, &o, code, why);
+    expect_init_error(1, tiny, NULL, code, why);
+    dsv4_ref *r = NULL;
+    ck_assert_int_eq(dsv4_ref_gpu_init(tiny, 64, &r), code);
+    ck_assert_ptr_null(r);
+    dsv4_ref_follow_stats fs;
+    dsv4_ref_follow_stats_get(NULL, &fs);
+    ck_assert(fs.topk_rows == 0 && fs.router_rows == 0 && fs.stopped_at == -1);
+    dsv4_opt_follow_free(other);
+    dsv4_opt_follow_free(own);
+    dsv4_model_free(tiny);
+    dsv4_model_free(t512);
+}
+END_TEST
+
 static void setup(void) { tmpdir = dsv4_test_mkdtemp("ref_emulate"); }
 static void teardown(void)
 {
@@ -266,6 +328,7 @@ int main(void)
     tcase_add_test(tc, emulate_off_is_plain);
     tcase_add_test(tc, emulate_bf16_is_bf16_sized);
     tcase_add_test(tc, follow_own_dump_is_plain);
+    tcase_add_test(tc, gpu_init_checks_options_first);
     suite_add_tcase(s, tc);
     return dsv4_test_main(s);
 }

@@ -68,6 +68,7 @@ void dsv4_verify_result_free(dsv4_verify_result *r)
     if (!r) return;
     file_free(&r->golden);
     file_free(&r->candidate);
+    file_free(&r->base);
     free(r->layer_attention);
     free(r->layer_mlp);
     free(r->positions);
@@ -154,6 +155,25 @@ static void extra_int_probe_exact(dsv4_verify_probe *p)
     p->n_gates = 1;
 }
 
+/* Baseline mode: the float probes are judged against the baseline's errors (baseline.c), not by fixed gates; what
+ * keeps the profile's rules here are the selections (topk_idx, router_ids, the logits' argmax) and the int probes. */
+static void baseline_gates(dsv4_verify_probe *p)
+{
+    switch (p->kind) {
+    case DSV4_VERIFY_KIND_DENSE:
+    case DSV4_VERIFY_KIND_ENTRIES:
+    case DSV4_VERIFY_KIND_ROUTER_WEIGHTS: p->n_gates = 0; break;
+    case DSV4_VERIFY_KIND_LOGITS: {
+        int n = 0;
+        for (int g = 0; g < p->n_gates; g++)
+            if (p->gates[g].metric == DSV4_METRIC_ARGMAX) p->gates[n++] = p->gates[g];
+        p->n_gates = n;
+        break;
+    }
+    default: break;
+    }
+}
+
 /* The union of both files' datasets, filtered, in model order. */
 static int build_probes(dsv4_cmp_ctx *x)
 {
@@ -200,6 +220,7 @@ static int build_probes(dsv4_cmp_ctx *x)
                                                  &p->tie_rel)))
                 return rc;
             extra_int_probe_exact(p);
+            if (x->o->baseline) baseline_gates(p);
             memcpy(p->after_gates, p->gates, sizeof p->gates);
             p->after_tie_abs = p->tie_abs;
             p->after_tie_rel = p->tie_rel;
@@ -403,11 +424,14 @@ int dsv4_cmp_read_rows(dsv4_cmp_ctx *x, const dsv4_dump *d, const char *name, co
 }
 
 /* ------------------------------------------------------------------------------------------------ judging */
-static int key_before(int pos_a, int rank_a, int order_a, int entry_a, const dsv4_verify_divergence *b, int rank_b,
-                      int order_b)
+/* Model order, position-major; layer-major in baseline mode (a baseline gate judges a layer's probe over all its
+ * positions, so there the earliest failing layer is the root cause). */
+static int key_before(int layer_major, int pos_a, int rank_a, int order_a, int entry_a,
+                      const dsv4_verify_divergence *b, int rank_b, int order_b)
 {
     if (!b->found) return 1;
     int pb = b->position < 0 ? INT_MAX : b->position;
+    if (layer_major && rank_a != rank_b) return rank_a < rank_b;
     if (pos_a != pb) return pos_a < pb;
     if (rank_a != rank_b) return rank_a < rank_b;
     if (order_a != order_b) return order_a < order_b;
@@ -614,7 +638,7 @@ void dsv4_cmp_judge(dsv4_cmp_ctx *x, dsv4_verify_probe *p, int ri, const void *g
     int rank = layer_rank(r, p->layer);
     int rank_b = r->first.found ? (r->first.probe_index < 0 ? -1 : layer_rank(r, r->first.layer)) : 0;
     int order_b = r->first.found && r->first.probe_index >= 0 ? r->probes[r->first.probe_index].order : -1;
-    if (!key_before(pos, rank, p->order, row->entry, &r->first, rank_b, order_b)) return;
+    if (!key_before(x->o->baseline != NULL, pos, rank, p->order, row->entry, &r->first, rank_b, order_b)) return;
     dsv4_verify_divergence *d = &r->first;
     d->found = 1;
     d->position = row->position;
@@ -918,6 +942,14 @@ int dsv4_verify_run(const char *golden_path, const char *candidate_path, const d
         dsv4_verify_options_init(&def);
         o = &def;
     }
+    if (o->baseline) return dsv4_verify_baseline_run(golden_path, candidate_path, o, out);
+    return dsv4_cmp_run(golden_path, candidate_path, o, out);
+}
+
+int dsv4_cmp_run(const char *golden_path, const char *candidate_path, const dsv4_verify_options *o,
+                 dsv4_verify_result **out)
+{
+    *out = NULL;
     dsv4_cmp_progress prog = {.fn = o->progress, .ctx = o->progress_ctx};
     int rc = verify_passes(golden_path, candidate_path, o, out, &prog);
     if (!rc && prog.fn && prog.planned && prog.done < prog.total) { /* a pass planned but never reached */

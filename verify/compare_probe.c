@@ -112,6 +112,28 @@ static int aux_sources(const dsv4_cmp_ctx *x, const dsv4_verify_probe *p, char *
     return 0;
 }
 
+/* indexer_scores: the layer's typical score, the RMS of the golden's visible scores at its last stored position
+ * (the row holding the most entries), which floors every row's norm in rel_l2 (dsv4_verify_scores_f32). This one
+ * row is read outside the byte count of the progress plan and the report. 0 when there is none. */
+static int score_scale(dsv4_cmp_ctx *x, dsv4_verify_probe *p, size_t eg)
+{
+    p->row_scale = 0;
+    if (p->kind != DSV4_VERIFY_KIND_DENSE || strcmp(p->probe, "indexer_scores") || eg == 0) return 0;
+    float *row = malloc(eg * sizeof *row);
+    if (!row) return dsv4_error(DSV4_ERR_NOMEM, "verify: out of memory");
+    int rc = dsv4_dump_read_rows(x->g, p->dataset, x->r->golden.n_positions - 1, 1, row);
+    double s2 = 0;
+    size_t n = 0;
+    for (size_t i = 0; !rc && i < eg; i++)
+        if (isfinite(row[i])) {
+            s2 += (double)row[i] * row[i];
+            n++;
+        }
+    free(row);
+    if (!rc && n) p->row_scale = sqrt(s2 / (double)n);
+    return rc;
+}
+
 static int per_position(dsv4_cmp_ctx *x, dsv4_verify_probe *p)
 {
     dsv4_verify_result *r = x->r;
@@ -128,7 +150,7 @@ static int per_position(dsv4_cmp_ctx *x, dsv4_verify_probe *p)
     size_t row_bytes = 4 * ((eg > ec ? eg : ec) + ag.elems + ac.elems);
     void *gb = NULL, *cb = NULL, *gab = NULL, *cab = NULL;
     size_t gcap = 0, ccap = 0, gacap = 0, cacap = 0;
-    int rc = 0;
+    int rc = x->scan ? 0 : score_scale(x, p, eg);
     for (int i = 0; i < r->n_positions && !rc && !(x->scan && x->scan_hit);) {
         int j = block_end(x, i, row_bytes), nb = j - i;
         if ((rc = grow_buf(&gb, &gcap, (size_t)nb * eg * 4)) || (rc = grow_buf(&cb, &ccap, (size_t)nb * ec * 4))) break;
@@ -182,7 +204,7 @@ static int per_position(dsv4_cmp_ctx *x, dsv4_verify_probe *p)
                 break;
             case DSV4_VERIFY_KIND_INT: dsv4_verify_int((const int32_t *)gf, (const int32_t *)cf, w, row); break;
             default:
-                dsv4_verify_dense_f32(gf, cf, w, row);
+                dsv4_verify_scores_f32(gf, cf, w, p->row_scale, row); /* dense; indexer_scores floored */
                 if (eg > ec) extra_columns(gf, w, (int64_t)eg, row);
                 if (ec > eg) extra_columns(cf, w, (int64_t)ec, row);
                 break;

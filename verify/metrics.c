@@ -20,7 +20,7 @@
 
 static const char *const dsv4_verify_metric_names[] = {
     "max_abs", "rel_l2",  "nmse",     "cosine", "nonfinite", "strict", "accepted",
-    "recall",  "jaccard", "mismatch", "argmax", "top5",      "kl",     "structure",
+    "recall",  "jaccard", "mismatch", "argmax", "top5",      "kl",     "structure", "scale",
 };
 _Static_assert(sizeof dsv4_verify_metric_names / sizeof dsv4_verify_metric_names[0] == DSV4_METRIC_COUNT,
                "one name per dsv4_verify_metric");
@@ -78,6 +78,7 @@ void dsv4_verify_row_clear(dsv4_verify_row *row, int position, int entry)
     row->failed = 0;
     row->after_tie = 0;
     row->after_tie_saved = 0;
+    row->g_norm2 = 0;
 }
 
 void dsv4_verify_dense_f32(const float *g, const float *c, int64_t n, dsv4_verify_row *row)
@@ -116,6 +117,29 @@ void dsv4_verify_dense_f32(const float *g, const float *c, int64_t n, dsv4_verif
         row->v[DSV4_METRIC_COSINE] = gc / sqrt(g2 * c2);
     else
         row->v[DSV4_METRIC_COSINE] = (g2 == 0 && c2 == 0) ? 1.0 : 0.0;
+    /* <c - g, g> / <g, g>, with <c, g> and <g, g> summed above */
+    row->v[DSV4_METRIC_SCALE] = g2 > 0 ? (gc - g2) / g2 : 0.0;
+    row->g_norm2 = g2;
+}
+
+void dsv4_verify_scores_f32(const float *g, const float *c, int64_t n, double scale, dsv4_verify_row *row)
+{
+    dsv4_verify_dense_f32(g, c, n, row);
+    if (!(scale > 0)) return;
+    int64_t pairs = 0;
+    double d2 = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (isfinite(g[i]) && isfinite(c[i])) {
+            double d = (double)c[i] - (double)g[i];
+            d2 += d * d;
+            pairs++;
+        }
+    /* the row's norm, floored at the norm a row of this many entries has at the layer's typical score */
+    double floor2 = (double)pairs * scale * scale, den2 = row->g_norm2 > floor2 ? row->g_norm2 : floor2;
+    if (den2 > 0) {
+        row->v[DSV4_METRIC_REL_L2] = sqrt(d2 / den2);
+        row->v[DSV4_METRIC_NMSE] = d2 / den2;
+    }
 }
 
 static int cmp_i32(const void *a, const void *b)

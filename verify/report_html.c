@@ -454,6 +454,34 @@ static void table_probes(FILE *f, const dsv4_verify_result *r)
     fprintf(f, "</table>\n");
 }
 
+/* Baseline mode: each float probe's two statistics against the baseline's, and the gates. */
+static void table_baseline(FILE *f, const dsv4_verify_result *r)
+{
+    char sentence[768], b1[32], b2[32], b3[32];
+    if (!r->baseline) return;
+    fprintf(f, "<h2>Against the baseline</h2>\n<p>");
+    esc(f, dsv4_verify_base_sentence(r, sentence, sizeof sentence));
+    fprintf(f, "</p>\n<table>\n<tr><th>dataset</th><th>rows</th><th>RMS rel_l2 candidate</th><th>baseline</th>"
+               "<th>ratio</th><th>scale candidate</th><th>baseline</th><th>difference / se</th></tr>\n");
+    for (int i = 0; i < r->n_probes; i++) {
+        const dsv4_verify_probe *p = &r->probes[i];
+        const dsv4_verify_base_stat *b = &p->base;
+        if (!b->n_rows) continue;
+        fprintf(f, "<tr><td>");
+        esc(f, p->dataset);
+        fprintf(f, "</td><td>%d</td><td class=\"%s\">%s</td><td>%s</td><td class=\"%s\">%.2f</td>", b->n_rows,
+                b->failed & 1u ? "bad" : "ok", dsv4_verify_fmt(DSV4_METRIC_REL_L2, b->cand_rms, b1, sizeof b1),
+                dsv4_verify_fmt(DSV4_METRIC_REL_L2, b->base_rms, b2, sizeof b2), b->failed & 1u ? "bad" : "ok",
+                b->base_rms > 0 ? b->cand_rms / b->base_rms : NAN);
+        fprintf(f, "<td class=\"%s\">%+.2e</td><td>%+.2e</td><td class=\"%s\">%s</td></tr>\n",
+                b->failed & 2u ? "bad" : "ok", b->cand_scale, b->base_scale, b->failed & 2u ? "bad" : "ok",
+                isnan(b->scale_se) ? "not gated (few rows)"
+                                   : (snprintf(b3, sizeof b3, "%.1f", fabs(b->cand_scale - b->base_scale) / b->scale_se),
+                                      b3));
+    }
+    fprintf(f, "</table>\n");
+}
+
 static void table_layers(FILE *f, const dsv4_verify_result *r)
 {
     const char *labels[DSV4_VERIFY_MAX_COLUMNS];
@@ -523,11 +551,27 @@ int dsv4_verify_write_html(const dsv4_verify_result *r, const char *path)
         fprintf(f, ", prompt %d + decode %d, %d stored positions</td></tr>\n", fs[i]->prompt_len, fs[i]->n_decode,
                 fs[i]->n_positions);
     }
+    if (r->baseline) {
+        fprintf(f, "<tr><th>baseline</th><td>");
+        esc(f, r->base.path);
+        fprintf(f, "</td><td>");
+        esc(f, r->base.producer);
+        fprintf(f, "</td><td>");
+        esc(f, r->base.mode);
+        fprintf(f, ", prompt %d + decode %d, %d stored positions</td></tr>\n", r->base.prompt_len, r->base.n_decode,
+                r->base.n_positions);
+    }
     fprintf(f, "<tr><th>profile</th><td colspan=\"3\">");
     esc(f, r->profile_name);
     fprintf(f, " (");
     esc(f, r->profile_source);
-    fprintf(f, ")%s</td></tr>\n</table>\n", r->digests_differ ? "; weights differ (allowed)" : "");
+    fprintf(f, ")%s%s</td></tr>\n</table>\n", r->baseline ? ": selections only; float probes against the baseline" : "",
+            r->digests_differ ? "; weights differ (allowed)" : "");
+    if (dsv4_verify_profile_note(r)[0]) {
+        fprintf(f, "<p>Note: ");
+        esc(f, dsv4_verify_profile_note(r));
+        fprintf(f, "</p>\n");
+    }
     if (r->status == DSV4_VERIFY_ERROR) {
         fprintf(f, "<p class=\"verdict2\">");
         esc(f, r->error);
@@ -576,6 +620,7 @@ int dsv4_verify_write_html(const dsv4_verify_result *r, const char *path)
         plot_topk(f, r);
         plot_logits(f, r);
         plot_map(f, r);
+        table_baseline(f, r);
         table_layers(f, r);
         table_probes(f, r);
         fprintf(f, "<p>Every number of every row: <code>dsv4 verify --json</code>. How to read this page: "

@@ -118,6 +118,28 @@ static json_t *row_obj(const dsv4_verify_probe *p, const dsv4_verify_row *row)
     return o;
 }
 
+/* Baseline mode: the probe's statistic over its rows and its two gates (docs/verify.md "Baseline mode"). */
+static json_t *base_obj(const dsv4_verify_probe *p)
+{
+    const dsv4_verify_base_stat *b = &p->base;
+    json_t *fl = json_array();
+    if (b->failed & 1u) json_array_append_new(fl, json_string("rms"));
+    if (b->failed & 2u) json_array_append_new(fl, json_string("scale"));
+    json_t *o = json_pack("{s:i, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:b, s:o}", "rows", b->n_rows,
+                          "candidate_rms", num(b->cand_rms), "baseline_rms", num(b->base_rms), "ratio",
+                          num(b->base_rms > 0 ? b->cand_rms / b->base_rms : NAN), "rms_tolerance", num(b->rms_tol),
+                          "candidate_scale", num(b->cand_scale), "baseline_scale", num(b->base_scale), "scale_se",
+                          num(b->scale_se), "scale_tolerance", num(b->scale_tol), "pass", !b->failed, "failed", fl);
+    if (b->worst_row >= 0) {
+        const dsv4_verify_row *wr = &p->rows[b->worst_row];
+        json_t *w = json_pack("{s:i, s:o, s:o}", "position", wr->position, "candidate", num(b->worst_cand),
+                              "baseline", num(b->worst_base));
+        if (wr->entry >= 0) json_object_set_new(w, "entry", json_integer(wr->entry));
+        json_object_set_new(o, "worst_row", w);
+    }
+    return o;
+}
+
 static json_t *probe_obj(const dsv4_verify_probe *p)
 {
     static const char *const presence[] = {"both", "golden", "candidate"};
@@ -140,7 +162,9 @@ static json_t *probe_obj(const dsv4_verify_probe *p)
         json_object_set_new(o, "after_tie_tie_rel", num(p->after_tie_rel));
     }
     if (p->note[0]) json_object_set_new(o, "note", text(p->note));
+    if (p->row_scale > 0) json_object_set_new(o, "row_scale", num(p->row_scale));
     if (p->presence != DSV4_VERIFY_IN_BOTH) return o;
+    if (p->base.n_rows) json_object_set_new(o, "baseline", base_obj(p));
     json_t *worst = json_object(), *mean = json_object();
     for (int m = 0; m < DSV4_METRIC_COUNT; m++) {
         if (p->worst_row[m] < 0) continue;
@@ -152,7 +176,7 @@ static json_t *probe_obj(const dsv4_verify_probe *p)
     }
     json_object_set_new(o, "worst", worst);
     json_object_set_new(o, "mean", mean);
-    json_object_set_new(o, "pass", json_boolean(p->n_failed_rows == 0));
+    json_object_set_new(o, "pass", json_boolean(p->n_failed_rows == 0 && !p->base.failed));
     json_object_set_new(o, "failed_rows", json_integer(p->n_failed_rows));
     json_object_set_new(o, "after_tie_rows", json_integer(p->n_after_tie_rows));
     json_object_set_new(o, "passed_only_after_tie", json_integer(p->n_after_tie_saved));
@@ -172,6 +196,20 @@ static json_t *result_obj(const dsv4_verify_result *r)
     json_object_set_new(o, "candidate", file_obj(&r->candidate));
     json_object_set_new(o, "profile",
                         json_pack("{s:o, s:o}", "name", text(r->profile_name), "source", text(r->profile_source)));
+    if (dsv4_verify_profile_note(r)[0]) json_object_set_new(o, "profile_note", text(dsv4_verify_profile_note(r)));
+    if (r->baseline) {
+        char sentence[768];
+        json_t *b = file_obj(&r->base);
+        json_object_set_new(b, "gates", json_pack("{s:f, s:f, s:f, s:f, s:i}", "rms_factor",
+                                                  DSV4_VERIFY_BASE_RMS_FACTOR, "rms_floor", DSV4_VERIFY_BASE_RMS_FLOOR,
+                                                  "scale_z", DSV4_VERIFY_BASE_SCALE_Z, "scale_floor",
+                                                  DSV4_VERIFY_BASE_SCALE_FLOOR, "scale_min_rows",
+                                                  DSV4_VERIFY_BASE_SCALE_MIN_ROWS));
+        json_object_set_new(b, "checks", json_integer(r->base_checks));
+        json_object_set_new(b, "failed_checks", json_integer(r->base_failed));
+        json_object_set_new(b, "summary", text(dsv4_verify_base_sentence(r, sentence, sizeof sentence)));
+        json_object_set_new(o, "baseline", b);
+    }
     json_object_set_new(o, "weights_differ", json_boolean(r->digests_differ));
     json_object_set_new(o, "seconds", json_real(r->seconds));
     json_object_set_new(o, "bytes_read", json_integer(r->bytes_read));

@@ -22,6 +22,8 @@ static void cell_text(const dsv4_verify_cell *c, char *buf, size_t n)
     char v[32];
     if (c->probe < 0)
         snprintf(buf, n, ".");
+    else if (c->base && !c->structure && !c->nonfinite)
+        snprintf(buf, n, "x%.2f%s", c->value, c->failed ? "!" : "");
     else if (c->structure)
         snprintf(buf, n, "struct!");
     else if (c->nonfinite)
@@ -70,11 +72,11 @@ static void print_table(FILE *f, const dsv4_verify_result *r, int color)
     if (!nl) return;
     int width[DSV4_VERIFY_MAX_COLUMNS];
     dsv4_verify_metric metric[DSV4_VERIFY_MAX_COLUMNS];
-    int mixed[DSV4_VERIFY_MAX_COLUMNS], any_mixed = 0;
+    int mixed[DSV4_VERIFY_MAX_COLUMNS], base[DSV4_VERIFY_MAX_COLUMNS], any_mixed = 0;
     const char *head[DSV4_VERIFY_MAX_COLUMNS]; /* the second header line: the metric, or "mixed" */
     for (int j = 0; j < nl; j++) {
         metric[j] = DSV4_METRIC_REL_L2;
-        mixed[j] = 0;
+        mixed[j] = base[j] = 0;
         int found = 0, widest = 0; /* a cell wider than the column ("struct!" in a narrow one) widens it */
         for (int l = 0; l < r->n_layers; l++) {
             dsv4_verify_cell c;
@@ -82,21 +84,27 @@ static void print_table(FILE *f, const dsv4_verify_result *r, int color)
             dsv4_verify_cell_at(r, l, labels[j], &c);
             /* the cells of a column may be of different metrics (the 6 mHC probes, or a layer's own --tol): then
              * no one metric heads it */
-            if (c.probe >= 0 && found && c.metric != metric[j]) mixed[j] = any_mixed = 1;
-            if (c.probe >= 0 && !found) metric[j] = c.metric, found = 1;
+            if (c.probe >= 0 && found && (c.metric != metric[j] || c.base != base[j])) mixed[j] = any_mixed = 1;
+            if (c.probe >= 0 && !found) metric[j] = c.metric, base[j] = c.base, found = 1;
             cell_text(&c, txt, sizeof txt);
             if ((int)strlen(txt) > widest) widest = (int)strlen(txt);
         }
-        head[j] = mixed[j] ? "mixed" : metric_abbrev(metric[j]);
+        head[j] = mixed[j] ? "mixed" : base[j] ? "ratio" : metric_abbrev(metric[j]);
         width[j] = narrow_metric(metric[j]) && !mixed[j] ? 6 : 8;
         if (widest + 1 > width[j]) width[j] = widest + 1;
         if ((int)strlen(labels[j]) + 1 > width[j]) width[j] = (int)strlen(labels[j]) + 1;
         if ((int)strlen(head[j]) + 1 > width[j]) width[j] = (int)strlen(head[j]) + 1;
     }
-    fprintf(
-        f,
-        "\nper layer: worst over positions of each probe's gated metric (! fails; hc = worst of the 6 mHC probes%s)\n",
-        r->n_after_tie_saved ? "; ~ passes only under the after_tie gates" : "");
+    if (r->baseline)
+        fprintf(f, "\nper layer: the candidate's RMS rel_l2 over positions / the baseline's (! fails a baseline gate: "
+                   "x%g + %g, or a scale bias;\nhc = the worst of the 6 mHC probes); selections: the profile's "
+                   "strict/mism counts\n",
+                DSV4_VERIFY_BASE_RMS_FACTOR, DSV4_VERIFY_BASE_RMS_FLOOR);
+    else
+        fprintf(f,
+                "\nper layer: worst over positions of each probe's gated metric (! fails; hc = worst of the 6 mHC "
+                "probes%s)\n",
+                r->n_after_tie_saved ? "; ~ passes only under the after_tie gates" : "");
     fprintf(f, "%-3s %-9s", "L", "type");
     for (int j = 0; j < nl; j++) fprintf(f, "%-*s", width[j], labels[j]);
     fprintf(f, "\n%-13s", "");
@@ -133,7 +141,7 @@ static void print_table(FILE *f, const dsv4_verify_result *r, int color)
         char txt[32];
         dsv4_verify_cell_at(r, -1, dsv4_verify_probe_label(p->probe), &c);
         cell_text(&c, txt, sizeof txt);
-        fprintf(f, "%s %s %s %s%s%s", first ? "final:" : " ", p->probe, metric_abbrev(c.metric),
+        fprintf(f, "%s %s %s %s%s%s", first ? "final:" : " ", p->probe, c.base ? "ratio" : metric_abbrev(c.metric),
                 c.failed ? RED(color) : "", txt, c.failed ? OFF(color) : "");
         first = 0;
     }
@@ -206,8 +214,16 @@ int dsv4_verify_write_text(const dsv4_verify_result *r, FILE *f, int color)
         fprintf(f, "candidate  %s  [%s; %s, prompt %d + decode %d]\n", c->path ? c->path : "?",
                 c->producer ? c->producer : "?", c->mode ? c->mode : "?", c->prompt_len, c->n_decode);
     }
+    if (r->baseline) {
+        const dsv4_verify_file *b = &r->base;
+        fprintf(f, "baseline   %s", b->path ? b->path : "?");
+        if (b->producer)
+            fprintf(f, "  [%s; %s, prompt %d + decode %d]", b->producer, b->mode, b->prompt_len, b->n_decode);
+        fprintf(f, "\n");
+    }
     if (r->profile_name[0])
-        fprintf(f, "profile    %s (%s)%s\n", r->profile_name, r->profile_source,
+        fprintf(f, "profile    %s (%s)%s%s\n", r->profile_name, r->profile_source,
+                r->baseline ? ": selections only; float probes against the baseline" : "",
                 r->digests_differ ? "; WEIGHTS DIFFER (--allow-different-weights)" : "");
     if (r->status == DSV4_VERIFY_ERROR) {
         fprintf(f, "\n%sVERDICT: COULD NOT COMPARE%s: %s\n", RED(color), OFF(color), r->error);
@@ -216,9 +232,13 @@ int dsv4_verify_write_text(const dsv4_verify_result *r, FILE *f, int color)
     int lo = r->positions[0], hi = r->positions[r->n_positions - 1];
     fprintf(f, "compared   %d positions (%d..%d), %d layers, %d probes, %ld checks in %.2f s (%.1f MB read)\n",
             r->n_positions, lo, hi, r->n_layers, r->n_compared, r->n_checks, r->seconds, r->bytes_read / 1e6);
-    int failing = 0;
-    for (int i = 0; i < r->n_probes; i++) failing += r->probes[i].n_failed_rows > 0;
-    if (r->status == DSV4_VERIFY_PASS) {
+    const int failing = dsv4_verify_failing_probes(r);
+    if (r->status == DSV4_VERIFY_PASS && r->baseline)
+        fprintf(f, "\n%sVERDICT: PASS%s  every float probe within the baseline's error, every selection within the %s "
+                   "profile%s\n",
+                GREEN(color), OFF(color), r->profile_name,
+                (r->n_only_golden || r->n_only_candidate) ? " (but see the probes in only one file)" : "");
+    else if (r->status == DSV4_VERIFY_PASS) {
         int saved = r->first_tie.found && r->n_after_tie_saved;
         fprintf(f, "\n%sVERDICT: PASS%s  every gated metric within the %s profile%s%s\n", GREEN(color), OFF(color),
                 r->profile_name, saved ? " (its after_tie gates after the tie below)" : "",
@@ -240,6 +260,9 @@ int dsv4_verify_write_text(const dsv4_verify_result *r, FILE *f, int color)
                 dsv4_verify_fmt(d->metric, d->value, v, sizeof v), dsv4_verify_metric_is_min(d->metric) ? "<" : ">",
                 dsv4_verify_fmt(d->metric, d->tolerance, t, sizeof t), d->detail);
     }
+    char sentence[768];
+    if (r->baseline) fprintf(f, "%s\n", dsv4_verify_base_sentence(r, sentence, sizeof sentence));
+    if (dsv4_verify_profile_note(r)[0]) fprintf(f, "note: %s\n", dsv4_verify_profile_note(r));
     if (r->first_tie.found) {
         /* plainly: from the tie on, the gates were not the normal ones */
         const dsv4_verify_tie *t = &r->first_tie;

@@ -41,6 +41,14 @@ void dsv4_verify_cell_at(const dsv4_verify_result *r, int layer, const char *lab
         double tol = p->n_gates ? p->gates[0].tol : NAN;
         double v = p->worst[m];
         double ratio = p->n_gates ? dsv4_verify_gate_ratio(m, v, tol) : 0;
+        const dsv4_verify_base_stat *b = &p->base;
+        if (r->baseline && b->n_rows) { /* the RMS ratio, against its gate's ratio (the floor aside) */
+            m = DSV4_METRIC_REL_L2;
+            v = b->base_rms > 0 ? b->cand_rms / b->base_rms : (b->cand_rms > 0 ? INFINITY : 1.0);
+            tol = DSV4_VERIFY_BASE_RMS_FACTOR;
+            ratio = b->cand_rms / b->rms_tol;
+            cell->failed |= b->failed != 0;
+        }
         cell->after_tie_saved |= p->n_after_tie_saved > 0;
         if (p->n_failed_rows) {
             cell->failed = 1;
@@ -51,6 +59,7 @@ void dsv4_verify_cell_at(const dsv4_verify_result *r, int layer, const char *lab
         }
         if (cell->probe < 0 || ratio > cell->ratio) {
             cell->probe = i;
+            cell->base = r->baseline && b->n_rows;
             cell->metric = m;
             cell->value = v;
             cell->tol = tol;
@@ -165,6 +174,53 @@ const char *dsv4_verify_where(const dsv4_verify_result *r, const dsv4_verify_div
     else
         snprintf(buf, n, "%s, %s", pos, p->dataset);
     return buf;
+}
+
+int dsv4_verify_failing_probes(const dsv4_verify_result *r)
+{
+    int n = 0;
+    for (int i = 0; i < r->n_probes; i++) n += r->probes[i].n_failed_rows > 0 || r->probes[i].base.failed;
+    return n;
+}
+
+const char *dsv4_verify_base_sentence(const dsv4_verify_result *r, char *buf, size_t n)
+{
+    buf[0] = 0;
+    if (!r->baseline || r->status == DSV4_VERIFY_ERROR) return buf;
+    int judged = 0, wr = -1, wz = -1;
+    double ratio = 0, z = 0;
+    for (int i = 0; i < r->n_probes; i++) {
+        const dsv4_verify_base_stat *b = &r->probes[i].base;
+        if (!b->n_rows) continue;
+        judged++;
+        const double q = b->base_rms > 0 ? b->cand_rms / b->base_rms : 0;
+        if (wr < 0 || q > ratio) ratio = q, wr = i;
+        if (!isnan(b->scale_se) && b->scale_se > 0) {
+            const double zz = fabs(b->cand_scale - b->base_scale) / b->scale_se;
+            if (wz < 0 || zz > z) z = zz, wz = i;
+        }
+    }
+    int len = snprintf(buf, n,
+                       "baseline mode: %d float probes judged against the baseline's error on the same rows (RMS "
+                       "rel_l2 within x%g + %g; scale bias within %g standard errors + %g where >= %d rows); "
+                       "selections by the %s profile's rules.",
+                       judged, DSV4_VERIFY_BASE_RMS_FACTOR, DSV4_VERIFY_BASE_RMS_FLOOR, DSV4_VERIFY_BASE_SCALE_Z,
+                       DSV4_VERIFY_BASE_SCALE_FLOOR, DSV4_VERIFY_BASE_SCALE_MIN_ROWS, r->profile_name);
+    if (wr >= 0 && len > 0 && (size_t)len < n)
+        len += snprintf(buf + len, n - (size_t)len, " Largest RMS ratio x%.2f (%.120s)", ratio, r->probes[wr].dataset);
+    if (wz >= 0 && len > 0 && (size_t)len < n)
+        len += snprintf(buf + len, n - (size_t)len, ", largest scale difference %.1f se (%.120s)", z,
+                        r->probes[wz].dataset);
+    if (wr >= 0 && len > 0 && (size_t)len < n) snprintf(buf + len, n - (size_t)len, ".");
+    return buf;
+}
+
+const char *dsv4_verify_profile_note(const dsv4_verify_result *r)
+{
+    if (r->baseline || strcmp(r->profile_name, "bf16")) return "";
+    return "the bf16 profile's tolerances are fixed numbers, calibrated on the shipped golden sets (2x the bf16 "
+           "emulation's worst there); on another model a correct bf16 path may exceed them: judge it with --baseline "
+           "(docs/verify.md \"Baseline mode\")";
 }
 
 const char *dsv4_verify_tie_where(const dsv4_verify_result *r, char *buf, size_t n)

@@ -69,6 +69,14 @@ void dsv4_cmp_progress_probe_end(dsv4_cmp_ctx *x);
  * (the scan alone in a tie_only pass). */
 double dsv4_cmp_pass_plan(const dsv4_cmp_ctx *x);
 
+/* dsv4_verify_run without baseline mode's second comparison (compare.c): one golden vs candidate comparison; with
+ * o->baseline set, the float probes' gates are left to the caller and the first divergence is layer-major. */
+int dsv4_cmp_run(const char *golden_path, const char *candidate_path, const dsv4_verify_options *o,
+                 dsv4_verify_result **out);
+/* baseline.c: dsv4_verify_run with o->baseline set. */
+int dsv4_verify_baseline_run(const char *golden_path, const char *candidate_path, const dsv4_verify_options *o,
+                             dsv4_verify_result **out);
+
 /* A new row for p (grows p->rows); NULL when out of memory. */
 dsv4_verify_row *dsv4_cmp_new_row(dsv4_verify_probe *p, int position, int entry);
 /* Elements in one row of a dataset: the product of its shape past the first dimension. */

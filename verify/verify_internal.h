@@ -44,6 +44,7 @@ typedef struct dsv4_verify_cell {
     int failed;                /* any row of any probe of the cell failed any gate */
     int nonfinite, structure;  /* a row failed because of NaN/Inf / structure */
     int after_tie_saved;       /* some check of the cell passed only under the after_tie gates */
+    int base;                  /* baseline mode: value is the RMS ratio candidate / baseline of the probe shown */
 } dsv4_verify_cell;
 
 #define DSV4_VERIFY_MAX_COLUMNS 24
@@ -72,6 +73,15 @@ void dsv4_verify_logits_summarise(const dsv4_verify_result *r, dsv4_verify_logit
 const char *dsv4_verify_layer_type(const dsv4_verify_result *r, int layer, char *buf, size_t n);
 /* "position 17, layer 3 (csa/moe), attn_out" / "position 20, tokens" / "entry 4 (closes position 19), ..." */
 const char *dsv4_verify_where(const dsv4_verify_result *r, const dsv4_verify_divergence *d, char *buf, size_t n);
+
+/* Probes that failed a gate: rows, or (baseline mode) the probe's baseline statistic. */
+int dsv4_verify_failing_probes(const dsv4_verify_result *r);
+/* Baseline mode: one sentence on the gates and on the margins (the largest RMS ratio and scale difference in
+ * standard errors, with their probes). "" outside baseline mode. */
+const char *dsv4_verify_base_sentence(const dsv4_verify_result *r, char *buf, size_t n);
+/* Without a baseline, for the bf16 profile: that its tolerances are fixed numbers calibrated on the shipped golden
+ * sets, and that --baseline judges other models. "" otherwise. */
+const char *dsv4_verify_profile_note(const dsv4_verify_result *r);
 
 /* "position 2136, layer 1 (csa/moe), topk_idx" for r->first_tie (which must be found). */
 const char *dsv4_verify_tie_where(const dsv4_verify_result *r, char *buf, size_t n);

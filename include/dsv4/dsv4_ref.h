@@ -18,11 +18,12 @@ extern "C" {
 typedef struct dsv4_ref dsv4_ref;
 typedef struct dsv4_opt_follow dsv4_opt_follow; /* the follow table of dsv4_opt.h (optimized/opt_follow.c) */
 
-/* What the CPU reference rounds besides its own fp32 arithmetic (docs/verify.md "The bf16 emulation of the
+/* What the reference rounds besides its own fp32 arithmetic (docs/verify.md "The bf16 emulation of the
  * reference"). NONE: the plain fp32 reference, bitwise what it was before the option existed. BF16: every value the
  * optimized path holds in bf16 (its weights, residual streams, GEMM inputs, caches, attention P and outputs) is
  * rounded to bf16 (round to nearest even) at that place, so the reference becomes an independent model of the bf16
- * design's rounding error. The CPU reference only. */
+ * design's rounding error. Both references, at the same places (the CPU one, ref_forward.c, is the specification;
+ * the GPU one differs from it only in its fp32 summation orders, which the roundings amplify to bf16 size). */
 typedef enum dsv4_ref_emulate { DSV4_REF_EMULATE_NONE, DSV4_REF_EMULATE_BF16 } dsv4_ref_emulate;
 
 /* How the CPU reference holds its weights (docs/reference.md "Weights as on disk, dequantised when used"). Both give
@@ -102,6 +103,11 @@ int dsv4_ref_cpu_init_opts(dsv4_model *m, int max_tokens, const dsv4_ref_options
 /* GPU variant on the current CUDA device; DSV4_ERR_UNSUPPORTED in a build without CUDA, DSV4_ERR_CUDA
  * when no device is present. */
 int dsv4_ref_gpu_init(dsv4_model *m, int max_tokens, dsv4_ref **out);
+/* The same with options (NULL: the defaults, i.e. dsv4_ref_gpu_init), as dsv4_ref_cpu_init_opts: emulate BF16
+ * uploads bf16-rounded weights (no extra copy) and rounds the activations where the CPU emulation does; follow as
+ * there. Options that do not fit the model (a follow table of another config, an emulate outside the enum) are
+ * DSV4_ERR_USAGE before any device is touched, in a build without CUDA too. */
+int dsv4_ref_gpu_init_opts(dsv4_model *m, int max_tokens, const dsv4_ref_options *o, dsv4_ref **out);
 void dsv4_ref_free(dsv4_ref *r);
 
 /* Prefill tokens [n] at positions 0..n-1 (only valid as the first call; 1 <= n <= max_tokens). Probes go to
@@ -117,13 +123,13 @@ int dsv4_ref_position(const dsv4_ref *r);
 /* Write the per-entry probes (compressed_kv, indexer_kv of every compress layer) to the sink; called once
  * at the end of a run. */
 int dsv4_ref_dump_entries(dsv4_ref *r, dsv4_probe_sink *probe);
-/* "dsv4 0.1 reference cpu fp32" / "... gpu fp32"; the CPU reference appends " emulate=bf16" and
- * " follow=<dump file name>" when those options are set. */
+/* "dsv4 0.1 reference cpu fp32" / "... gpu fp32"; " emulate=bf16" and " follow=<dump file name>" are appended
+ * when those options are set. */
 const char *dsv4_ref_producer(const dsv4_ref *r);
 
 /* What following did so far (options.follow): rows of the table used, of them the rows whose own selection
  * differed (so the rest ran on the dump's), and the position where following stopped (-1: never). All 0 / -1
- * without following (and for the GPU reference). */
+ * without following. */
 typedef struct dsv4_ref_follow_stats {
     long topk_rows, topk_changed;
     long router_rows, router_changed;

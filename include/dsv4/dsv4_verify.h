@@ -54,6 +54,8 @@ typedef enum dsv4_verify_metric {
     DSV4_METRIC_TOP5,      /* min: logits: |top5(g) n top5(c)| / 5 */
     DSV4_METRIC_KL,        /* logits: KL(softmax g || softmax c) in nats, computed in double */
     DSV4_METRIC_STRUCTURE, /* 1 when a row cannot be compared (shape differs, entry row missing) */
+    DSV4_METRIC_SCALE,     /* <c - g, g> / <g, g>: the row's least-squares scale error (c ~ (1 + scale) g); signed,
+                            * informative per row, what baseline mode's bias gate pools (docs/verify.md) */
     DSV4_METRIC_COUNT
 } dsv4_verify_metric;
 
@@ -102,7 +104,31 @@ typedef struct dsv4_verify_row {
     int after_tie;          /* 1: the row comes after the first tie-accepted top-k difference (model order) and
                              * was judged with the profile's after_tie gates */
     unsigned after_tie_saved; /* bit m set: metric m breaks its normal gate and passed only under after_tie */
+    double g_norm2;         /* dense rows: ||g||^2 over the finite pairs (the weight of the row's scale), else 0 */
 } dsv4_verify_row;
+
+/* Baseline mode (dsv4_verify_options.baseline, docs/verify.md "Baseline mode"): a float probe of a layer judged over
+ * all its compared rows against a precision-matched baseline's errors on the same rows, instead of fixed gates. */
+typedef struct dsv4_verify_base_stat {
+    int n_rows;            /* rows compared in both runs (0: the probe has no baseline statistic) */
+    double cand_rms;       /* RMS over the rows of the candidate's rel_l2 against the golden */
+    double base_rms;       /* the same for the baseline */
+    double rms_tol;        /* the gate on cand_rms: RMS_FACTOR * base_rms + RMS_FLOOR (the constants below) */
+    double cand_scale, base_scale; /* pooled scale error sum(<c - g, g>) / sum(<g, g>) of each run */
+    double scale_se;       /* standard error of cand_scale - base_scale from both runs' row scatter (NAN: too few
+                            * rows) */
+    double scale_tol;      /* the gate on |cand_scale - base_scale|: Z * scale_se + floor; NAN when not gated */
+    unsigned failed;       /* bit 0: the rms gate, bit 1: the scale gate */
+    int worst_row;         /* row of p->rows where the candidate's rel_l2 exceeds the baseline's the most, -1 none */
+    double worst_cand, worst_base; /* the two rel_l2 values of that row */
+} dsv4_verify_base_stat;
+
+/* The baseline gates (docs/verify.md "Baseline mode" says how they were chosen). */
+#define DSV4_VERIFY_BASE_RMS_FACTOR 2.0  /* candidate RMS error at most 2x the baseline's ... */
+#define DSV4_VERIFY_BASE_RMS_FLOOR 1e-4  /* ... + 1e-4 (fp32-level, for probes the baseline computes exactly) */
+#define DSV4_VERIFY_BASE_SCALE_Z 6.0     /* |scale difference| at most 6 standard errors ... */
+#define DSV4_VERIFY_BASE_SCALE_FLOOR 1e-4 /* ... + 1e-4 */
+#define DSV4_VERIFY_BASE_SCALE_MIN_ROWS 8 /* the scale gate needs this many rows to estimate its standard error */
 
 typedef struct dsv4_verify_probe {
     char dataset[DSV4_VERIFY_NAME_MAX]; /* "layers/3/attn_out", "final/logits"; longer names are not compared */
@@ -129,6 +155,8 @@ typedef struct dsv4_verify_probe {
     int n_failed_rows;
     int first_failed_row; /* in model order (rows are ascending), -1 none */
     char note[320];       /* a remark for the reader, e.g. why every top-k mismatch is strict */
+    double row_scale;     /* indexer_scores: the layer's score scale that floors each row's norm (rel_l2), else 0 */
+    dsv4_verify_base_stat base; /* baseline mode: the probe's statistic (base.n_rows 0: none) */
 } dsv4_verify_probe;
 
 /* The first (position, layer, probe) that breaks its tolerance. */
@@ -189,6 +217,10 @@ typedef struct dsv4_verify_result {
     long n_after_tie_saved;      /* of those, checks that fail the normal gate: passed only thanks to after_tie */
     double seconds;       /* wall time of the comparison */
     long long bytes_read; /* uncompressed bytes read from both files */
+    /* baseline mode (options.baseline): the baseline file; base_checks/base_failed count the probes' gates */
+    int baseline;
+    dsv4_verify_file base;
+    long base_checks, base_failed;
 } dsv4_verify_result;
 
 typedef struct dsv4_verify_options {
@@ -210,6 +242,12 @@ typedef struct dsv4_verify_options {
      * (an unreadable file, say). Called about twice per 8 MB block read, so it should return quickly. */
     dsv4_progress_fn progress;
     void *progress_ctx;
+    /* Baseline mode (docs/verify.md "Baseline mode"): a precision-matched implementation of the same tokens and
+     * weights (normally `dsv4 run --path ref-cpu --emulate bf16 --follow GOLDEN`). Every float probe of a layer is
+     * then judged over its positions against the baseline's error on the same rows (the base_stat gates) instead
+     * of the profile's fixed tolerances; selections (topk_idx, router_ids, logits argmax), non-finite values and
+     * structure keep their rules. The first divergence is layer-major. NULL: off. */
+    const char *baseline;
 } dsv4_verify_options;
 
 void dsv4_verify_options_init(dsv4_verify_options *o);
@@ -235,9 +273,14 @@ int dsv4_verify_write_html(const dsv4_verify_result *r, const char *path);
 /* Reset a row: v[] = NAN, indices -1, failed = 0. */
 void dsv4_verify_row_clear(dsv4_verify_row *row, int position, int entry);
 
-/* Dense f32 rows g, c [n]: max_abs (+ index), rel_l2, nmse, cosine, nonfinite (+ first index). Pairs where
- * g == c == +-inf (e.g. the -inf of invisible indexer entries) are equal and skipped. */
+/* Dense f32 rows g, c [n]: max_abs (+ index), rel_l2, nmse, cosine, scale, nonfinite (+ first index), g_norm2.
+ * Pairs where g == c == +-inf (e.g. the -inf of invisible indexer entries) are equal and skipped. */
 void dsv4_verify_dense_f32(const float *g, const float *c, int64_t n, dsv4_verify_row *row);
+/* indexer_scores rows g, c [n]: the dense metrics, with rel_l2 (and nmse) taken against the larger of ||g|| and
+ * sqrt(finite pairs) * scale, scale > 0 being the layer's typical score (docs/verify.md "indexer_scores"): a row
+ * of one or two entries whose head sum cancels to near 0 selects every entry, and its relative error means
+ * nothing. scale <= 0: plain dense metrics. */
+void dsv4_verify_scores_f32(const float *g, const float *c, int64_t n, double scale, dsv4_verify_row *row);
 
 /* topk_idx rows g, c [k] i32 (-1 = no pick). gscores [n_scores] f32: the golden indexer_scores row, or NULL
  * (then every pick outside G is strict). Fills strict, accepted, recall, jaccard. */

@@ -424,6 +424,11 @@ int synth_copy_dataset(const char *path, const char *src, const char *dst)
 
 int synth_copy_perturbed(const char *src, const char *dst, int layer, double rel, uint64_t seed)
 {
+    return synth_copy_transformed(src, dst, layer, rel, 1.0, seed);
+}
+
+int synth_copy_transformed(const char *src, const char *dst, int layer, double rel, double scale, uint64_t seed)
+{
     dsv4_dump *d;
     int rc = dsv4_dump_open(src, &d);
     if (rc) return rc;
@@ -445,7 +450,9 @@ int synth_copy_perturbed(const char *src, const char *dst, int layer, double rel
         if ((rc = dsv4_dump_info(d, name, &info))) break;
         int l = -1;
         if (sscanf(name, "layers/%d/", &l) != 1) l = -1;
-        int hit = l == layer && (layer >= 0 || !strncmp(name, "final/", 6)) && info.dtype == DSV4_DTYPE_F32;
+        const int final = !strncmp(name, "final/", 6);
+        int hit = (layer == SYNTH_ALL_LAYERS ? l >= 0 || final : l == layer && (layer >= 0 || final)) &&
+                  info.dtype == DSV4_DTYPE_F32;
         size_t row = 1;
         for (int k = 1; k < info.ndim; k++) row *= (size_t)info.shape[k];
         int per_entry = strstr(name, "/compressed_kv") || strstr(name, "/indexer_kv");
@@ -456,6 +463,8 @@ int synth_copy_perturbed(const char *src, const char *dst, int layer, double rel
         }
         rc = dsv4_dump_read_rows(d, name, 0, info.shape[0], buf);
         if (!rc && hit) perturb(buf, info.shape[0] * (int64_t)row, rel, mix(seed + (uint64_t)i));
+        if (!rc && hit && scale != 1.0)
+            for (int64_t k = 0; k < info.shape[0] * (int64_t)row; k++) ((float *)buf)[k] *= (float)scale;
         if (!rc && per_entry) rc = dsv4_dump_writer_array(w, name, info.dtype, info.ndim, info.shape, buf);
         for (int64_t r = 0; !rc && !per_entry && r < info.shape[0]; r++)
             rc = dsv4_dump_writer_row(w, name, (int)r, info.dtype, info.ndim - 1, info.shape + 1,

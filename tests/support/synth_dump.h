@@ -55,6 +55,9 @@ int synth_copy_dataset(const char *path, const char *src, const char *dst);
 /* Copy dump src to dst through the dump reader and writer, adding relative rms noise `rel` to every float
  * probe of layer `layer` only (final/ when layer == -1). Every other byte of probe data is kept. */
 int synth_copy_perturbed(const char *src, const char *dst, int layer, double rel, uint64_t seed);
+/* The same, and then every value of those probes times `scale`; layer SYNTH_ALL_LAYERS: every layer and final/. */
+#define SYNTH_ALL_LAYERS (-2)
+int synth_copy_transformed(const char *src, const char *dst, int layer, double rel, double scale, uint64_t seed);
 /* The config.json text synth_write embeds for spec s (malloc'd). */
 char *synth_config_json(const synth_spec *s);
 /* The text report of r (dsv4_verify_write_text, not verbose) as a malloc'd string, also printed to stdout: a
