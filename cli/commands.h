@@ -8,6 +8,7 @@ int dsv4_cmd_inspect(int argc, char **argv);
 int dsv4_cmd_verify(int argc, char **argv);
 int dsv4_cmd_run(int argc, char **argv);
 int dsv4_cmd_bench(int argc, char **argv);
+int dsv4_cmd_replay(int argc, char **argv);
 
 /* The value of the option argv[i]: argv[i + 1], or NULL when there is none or it is itself a long option, so
  * that a forgotten value is "needs a value" and not the next option taken as one (`verify ... --json --quiet`

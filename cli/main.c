@@ -16,6 +16,7 @@ static const dsv4_subcommand dsv4_subcommands[] = {
     {"inspect", dsv4_cmd_inspect, "summarise a model folder and check its tensors against its config"},
     {"run", dsv4_cmd_run, "run a path (ref-cpu, ref-gpu, opt) on a prompt and write an HDF5 dump"},
     {"verify", dsv4_cmd_verify, "compare two dumps layer by layer: errors, top-k agreement, logits"},
+    {"replay", dsv4_cmd_replay, "judge a free-running candidate layer by layer on its own inputs"},
     {"bench", dsv4_cmd_bench, "decode throughput of the optimized path on a Flash-shaped random model"},
 };
 

@@ -40,7 +40,7 @@ static void run_usage(FILE *f)
             "                [--index-context live|max] [--kv bf16|fp8] [--max-context N] [--batch C]\n"
             "                [--dump-seq I] [--graph on|off] [--gpus N] [--weights auto|bf16|fp8]\n"
             "                [--quantize none|fp8] [--follow DUMP.h5 [--allow-different-weights]]\n"
-            "                [--probes NAMES] [--emulate none|bf16]\n\n"
+            "                [--probes NAMES] [--emulate none|bf16] [--replay CAND.h5]\n\n"
             "Runs the model over a prompt (one prefill) and N one-token decode steps, and writes every probe of\n"
             "dump-format.md for the chosen positions to OUT.h5.\n\n"
             "  --model DIR            model folder: config.json + *.safetensors\n"
@@ -70,7 +70,13 @@ static void run_usage(FILE *f)
             "                         or experts (docs/optimized.md). Following stops at the first position whose\n"
             "                         token is not DUMP's (or past DUMP's tokens). DUMP must hold the model's\n"
             "                         weights_digest\n"
-            "  --allow-different-weights  follow a DUMP of other weights (same shapes) all the same\n"
+            "  --allow-different-weights  follow (or replay) a DUMP of other weights (same shapes) all the same\n"
+            "  --replay CAND.h5       layer-local replay (ref-cpu; docs/verify.md \"Layer-local replay\"): run\n"
+            "                         CAND's tokens in one forward, every layer starting from CAND's streams\n"
+            "                         and running on its window KV, entries, top-k and router choices, so the\n"
+            "                         dump holds what each layer adds to CAND's own state; CAND needs every\n"
+            "                         position of out, kv, attn_out, attn_hc_post/comb, router_ids, topk_idx\n"
+            "                         and its compressed/indexer entries. dsv4 replay judges CAND with it\n"
             "ref-cpu and ref-gpu only:\n"
             "  --emulate none|bf16    bf16: round to bf16 exactly where the optimized path holds bf16 (weights,\n"
             "                         residual streams, GEMM inputs, caches, attention P and outputs; docs/verify.md\n"
@@ -228,7 +234,7 @@ static int32_t argmax_lowest(const float *v, int n)
 }
 
 typedef struct run_args {
-    const char *model, *path, *tokens_from, *prompt_tokens, *positions, *dump, *follow, *probes;
+    const char *model, *path, *tokens_from, *prompt_tokens, *positions, *dump, *follow, *probes, *replay;
     int decode, greedy, forced, decode_from;
     int allow_different_weights; /* --follow a dump of another weights_digest */
     dsv4_opt_options opt; /* --path opt */
@@ -281,6 +287,7 @@ static int parse_args(int argc, char **argv, run_args *a)
         else if (!strcmp(o, "--dump-positions")) TAKE(positions);
         else if (!strcmp(o, "--dump")) TAKE(dump);
         else if (!strcmp(o, "--follow")) TAKE(follow);
+        else if (!strcmp(o, "--replay")) TAKE(replay);
         else if (!strcmp(o, "--probes")) TAKE(probes);
         else if (!strcmp(o, "--emulate")) {
             if (!v) return dsv4_error(DSV4_ERR_USAGE, "%s needs a value", o);
@@ -328,6 +335,20 @@ static int parse_args(int argc, char **argv, run_args *a)
 #undef TAKE
     }
     if (!a->model) return dsv4_error(DSV4_ERR_USAGE, "--model DIR is required (see dsv4 run --help)");
+    if (a->replay) { /* the candidate's tokens, every position, one forward over them all */
+        if (strcmp(a->path, "ref-cpu"))
+            return dsv4_error(DSV4_ERR_USAGE, "--replay runs on --path ref-cpu (not %s)", a->path);
+        if (a->follow || a->ref.emulate != DSV4_REF_EMULATE_NONE || a->prompt_tokens || a->decode >= 0 ||
+            a->decode_from >= 0 || a->greedy || a->positions)
+            return dsv4_error(DSV4_ERR_USAGE, "--replay takes the candidate's tokens and stores every position: not "
+                              "with --follow, --emulate, --prompt-tokens, --decode, --decode-from, --greedy or "
+                              "--dump-positions");
+        if (a->tokens_from && strcmp(a->tokens_from, a->replay))
+            return dsv4_error(DSV4_ERR_USAGE, "--replay %s runs that dump's tokens: --tokens-from names another",
+                              a->replay);
+        a->tokens_from = a->replay;
+        a->positions = "all";
+    }
     if (!!a->tokens_from == !!a->prompt_tokens)
         return dsv4_error(DSV4_ERR_USAGE, "give exactly one of --tokens-from and --prompt-tokens");
     if (a->greedy && a->forced) return dsv4_error(DSV4_ERR_USAGE, "--greedy and --forced exclude each other");
@@ -337,8 +358,8 @@ static int parse_args(int argc, char **argv, run_args *a)
         return dsv4_error(DSV4_ERR_USAGE, "%s is an option of --path opt (not of %s)", a->opt_only, a->path);
     if (a->opt.n_gpus > 0 && strcmp(a->path, "opt"))
         return dsv4_error(DSV4_ERR_USAGE, "--gpus is for --path opt (the references run on one device)");
-    if (a->allow_different_weights && !a->follow)
-        return dsv4_error(DSV4_ERR_USAGE, "--allow-different-weights applies to --follow");
+    if (a->allow_different_weights && !a->follow && !a->replay)
+        return dsv4_error(DSV4_ERR_USAGE, "--allow-different-weights applies to --follow and --replay");
     if (a->ref.emulate != DSV4_REF_EMULATE_NONE && !strcmp(a->path, "opt"))
         return dsv4_error(DSV4_ERR_USAGE, "--emulate is an option of --path ref-cpu and ref-gpu (not of %s: it is the "
                           "bf16 path itself)", a->path);
@@ -465,6 +486,20 @@ static int run_opt_steps(dsv4_opt *op, const dsv4_opt_options *oo, run_plan *pl,
 /* --follow: load the table and check the dump ran the same prompt (forced runs: every common token), so the
  * choices followed are about this text; a greedy run is checked over the prompt, the step stops at a token that
  * differs later. */
+/* --replay: load the candidate's state (refused, naming what it lacks, when replay cannot run on it) and check that
+ * it is a dump of this model's weights (its tokens are the run's: --replay implies --tokens-from). */
+static int replay_open(const char *path, const dsv4_config *cfg, const char *digest, int allow_different_weights,
+                       dsv4_ref_replay **out)
+{
+    int rc = dsv4_ref_replay_load(path, cfg, out);
+    if (rc) return rc;
+    const char *theirs = dsv4_ref_replay_weights_digest(*out);
+    if (!allow_different_weights && strcmp(theirs, digest))
+        return dsv4_error(DSV4_ERR_USAGE, "--replay %s: its weights_digest %s is not the model's %s (a candidate of "
+                          "other weights; --allow-different-weights replays it anyway)", path, theirs, digest);
+    return 0;
+}
+
 static int follow_open(const char *path, const dsv4_config *cfg, const run_plan *pl, const char *digest,
                        int allow_different_weights, dsv4_opt_follow **out)
 {
@@ -521,6 +556,7 @@ int dsv4_cmd_run(int argc, char **argv)
     dsv4_ref *ref = NULL;
     dsv4_opt *op = NULL;
     dsv4_opt_follow *follow = NULL;
+    dsv4_ref_replay *replay = NULL;
     dsv4_dump_writer *w = NULL;
     dsv4_probe_sink *sink = NULL;
     int32_t *positions = NULL;
@@ -536,6 +572,7 @@ int dsv4_cmd_run(int argc, char **argv)
         goto out;
     }
     int K = a.decode_from >= 0 ? a.decode_from : pl.P;
+    if (a.replay) K = pl.T; /* one forward over every token: the candidate's state is injected layer by layer */
     const int use_opt = !strcmp(a.path, "opt");
     if (use_opt) K = 0; /* the optimized path feeds the prompt as one-token steps (parse_args refused K > 0) */
 
@@ -587,8 +624,8 @@ int dsv4_cmd_run(int argc, char **argv)
         printf("dsv4 run: %s memory plan: %s\n", a.path, dsv4_ref_plan_describe(&plan, pl.T, K, line, sizeof line));
         fflush(stdout);
     }
-    char digest[65] = ""; /* hashes every weight byte: only when a dump or --follow needs it, once */
-    if (a.dump || a.follow) {
+    char digest[65] = ""; /* hashes every weight byte: only when a dump, --follow or --replay needs it, once */
+    if (a.dump || a.follow || a.replay) {
         cli_progress dpr;
         cli_progress_init(&dpr, "dsv4 run");
         int cached = 0;
@@ -610,6 +647,8 @@ int dsv4_cmd_run(int argc, char **argv)
     } else {
         if (a.follow && (rc = follow_open(a.follow, cfg, &pl, digest, a.allow_different_weights, &follow))) goto out;
         a.ref.follow = follow;
+        if (a.replay && (rc = replay_open(a.replay, cfg, digest, a.allow_different_weights, &replay))) goto out;
+        a.ref.replay = replay;
         if (!strcmp(a.path, "ref-cpu")) rc = dsv4_ref_cpu_init_opts(m, pl.T, &a.ref, &ref);
         else rc = dsv4_ref_gpu_init_opts(m, pl.T, &a.ref, &ref);
     }
@@ -641,7 +680,7 @@ int dsv4_cmd_run(int argc, char **argv)
         char kbuf[32];
         snprintf(kbuf, sizeof kbuf, "%d", K);
         if ((rc = dsv4_dump_writer_attr(w, "prefill_len", kbuf))) goto out;
-        if ((follow || a.ref.emulate != DSV4_REF_EMULATE_NONE) && (rc = write_command_attr(w, argc, argv)))
+        if ((follow || replay || a.ref.emulate != DSV4_REF_EMULATE_NONE) && (rc = write_command_attr(w, argc, argv)))
             goto out; /* says which dump it followed, what it rounded */
         if ((rc = dsv4_probe_sink_init(w, cfg, positions, n_pos, pl.T, &sink))) goto out;
         if ((rc = dsv4_probe_sink_keep(sink, a.probes))) goto out;
@@ -720,6 +759,7 @@ out:
     dsv4_ref_free(ref);
     dsv4_opt_free(op);
     dsv4_opt_follow_free(follow);
+    dsv4_ref_replay_free(replay);
     dsv4_model_free(m);
     free(logits);
     free(positions);

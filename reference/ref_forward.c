@@ -23,6 +23,11 @@
  *   emulation off not one operation differs from the plain reference.
  * - Decision following (c->follow): the own top-k / router picks are probed first, then the dump's row is merged in
  *   (dsv4_ref_follow_merge, the rule of kernels/follow.cu), so a row that agrees leaves the step bitwise unchanged.
+ * - Layer-local replay (c->replay, docs/verify.md "Layer-local replay"): the candidate's state is injected where
+ *   the layer would read its own: the streams at each layer's start (and before the head), the window KV after the
+ *   own kv is probed, each compressed / indexer entry after the own one is kept for the dump, the top-k and router
+ *   choices as following applies them, and the attention output with the mHC post / comb before the mid-layer
+ *   post. Everything probed is then this reference's output on the candidate's inputs.
  * - DSV4_FAULT(...) sites plant the bugs of ref_fault.h in the emulation; they exist only in the test-only binary
  *   dsv4_faults (everywhere else the condition is the constant 0).
  */
@@ -46,6 +51,40 @@
 
 /* Is position p following the dump? Until the first position whose token is not the dump's (set per call). */
 static int follow_on(const dsv4_ref_cpu *c, int p) { return c->follow && (c->follow_stop < 0 || p < c->follow_stop); }
+
+/* The choice row to run on at (L, p) instead of the own one: the follow table's, or the replayed candidate's (a top-k
+ * row of -1 only is no choice); NULL: keep the own. */
+static const int32_t *choice_row(const dsv4_ref_cpu *c, dsv4_opt_follow_kind kind, int L, int p, int k)
+{
+    if (follow_on(c, p)) return dsv4_opt_follow_row(c->follow, kind, L, p);
+    if (!c->replay) return NULL;
+    const int32_t *row =
+        dsv4_ref_replay_row(c->replay, kind == DSV4_OPT_FOLLOW_TOPK ? DSV4_REF_REPLAY_TOPK : DSV4_REF_REPLAY_ROUTER,
+                            L, p);
+    for (int j = 0; row && j < k; j++)
+        if (row[j] != -1) return row;
+    return NULL;
+}
+
+/* Replay: rows [S] of the candidate's `kind` at layer L from position p0, each `width` floats, into dst (stride
+ * `stride` floats). */
+static void replay_rows(const dsv4_ref_cpu *c, dsv4_ref_replay_kind kind, int L, int p0, int S, float *dst,
+                        size_t width, size_t stride)
+{
+    for (int s = 0; s < S; s++)
+        memcpy(dst + (size_t)s * stride, dsv4_ref_replay_row(c->replay, kind, L, p0 + s), width * sizeof(float));
+}
+
+/* Replay: the entries [from, to) this layer just made go to `own` (what the dump shows), and the candidate's take
+ * their place in the pool (what the layer reads from now on). */
+static void replay_entries(const dsv4_ref_cpu *c, dsv4_ref_replay_kind kind, int L, float *pool, float *own, int from,
+                           int to, size_t d)
+{
+    for (int w = from; w < to; w++) {
+        memcpy(own + (size_t)w * d, pool + (size_t)w * d, d * sizeof(float));
+        memcpy(pool + (size_t)w * d, dsv4_ref_replay_row(c->replay, kind, L, w), d * sizeof(float));
+    }
+}
 
 /* ref_model.h: the GPU reference merges with this function too, so both follow by one rule. */
 int dsv4_ref_follow_merge(int32_t *row, const int32_t *tgt, int k, int32_t *tmp)
@@ -167,9 +206,11 @@ static int indexer_all(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int L, int p0, int
     int np = c->n_pairs, topk = f->index_topk > 0 ? f->index_topk : 1;
     dsv4_ref_linear(sc->ikv, sc->xn, w->idx_wkv, S, D, 2 * dI);
     dsv4_ref_linear(sc->ig, sc->xn, w->idx_wgate, S, D, 2 * dI);
+    const int ifrom = st->n_ientries;
     int rc = compress_all(c, sc, L, &st->icmp, sc->ikv, sc->ig, w->idx_ape, w->idx_norm, st->ipool, &st->n_ientries,
                           st->pool_cap, p0, S);
     if (rc) return rc;
+    if (c->replay) replay_entries(c, DSV4_REF_REPLAY_IDX, L, st->ipool, st->own_ipool, ifrom, st->n_ientries, dI);
     dsv4_ref_linear(sc->qI, sc->qr, w->idx_wq_b, S, qr, HI * dI);
     for (int s = 0; s < S; s++)
         for (int h = 0; h < HI; h++)
@@ -198,7 +239,7 @@ static int indexer_all(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int L, int p0, int
             PROBE_I32("topk_idx", p, idx, (size_t)sc->n_topk[s]);
         }
         /* following: after the probe (the dump records the own picks), the gather reads the dump's */
-        const int32_t *row = follow_on(c, p) ? dsv4_opt_follow_row(c->follow, DSV4_OPT_FOLLOW_TOPK, L, p) : NULL;
+        const int32_t *row = choice_row(c, DSV4_OPT_FOLLOW_TOPK, L, p, topk);
         if (!row) continue;
         for (int i = sc->n_topk[s]; i < topk; i++) idx[i] = -1; /* the row as wide as the dump's (the gather skips -1) */
         c->fstats.topk_rows++;
@@ -245,16 +286,19 @@ static int attention_all(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int L, int p0, i
         dsv4_ref_rmsnorm(kv, kv, w->kv_norm, d, eps);
         dsv4_ref_rope_apply(kv, d, np, cosv + (size_t)s * np, sinv + (size_t)s * np, 0);
         if (dsv4_probe_wants(probe, p0 + s)) PROBE("kv", p0 + s, kv, d); /* emu: o->kvf, the fp32 copy */
+        if (c->replay) /* the candidate's KV is what the window holds from here on */
+            memcpy(kv, dsv4_ref_replay_row(c->replay, DSV4_REF_REPLAY_KV, L, p0 + s), (size_t)d * sizeof(float));
         if (c->emu) emu_store_cache(kv, d, L, p0 + s); /* emu: ly->kvc ring slot (bf16 cache), what attention reads */
     }
 
     if (w->ratio > 0) {
-        int width = st->cmp.width;
+        int width = st->cmp.width, from = st->n_entries;
         dsv4_ref_linear(sc->ckv, sc->xn, w->cmp_wkv, S, D, width);
         dsv4_ref_linear(sc->cg, sc->xn, w->cmp_wgate, S, D, width);
         rc = compress_all(c, sc, L, &st->cmp, sc->ckv, sc->cg, w->cmp_ape, w->cmp_norm, st->pool, &st->n_entries,
                           st->pool_cap, p0, S);
         if (rc) return rc;
+        if (c->replay) replay_entries(c, DSV4_REF_REPLAY_CMP, L, st->pool, st->own_pool, from, st->n_entries, d);
     }
     if (w->attn == DSV4_ATTN_CSA && (rc = indexer_all(c, sc, L, p0, S, probe))) return rc;
 
@@ -404,8 +448,7 @@ static int moe_all(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int L, int p0, const i
         }
         /* following: after the probes, the experts run the dump's ids, weighted by the own scores of those ids
          * (dsv4_ref_route's formula and order, as follow.cu re-weights) */
-        const int32_t *row = follow_on(c, p0 + s) ? dsv4_opt_follow_row(c->follow, DSV4_OPT_FOLLOW_ROUTER, L, p0 + s)
-                                                  : NULL;
+        const int32_t *row = choice_row(c, DSV4_OPT_FOLLOW_ROUTER, L, p0 + s, k);
         if (!row) continue;
         c->fstats.router_rows++;
         int32_t *ids = sc->rids + (size_t)s * k;
@@ -446,8 +489,15 @@ static int layer_forward(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int L, int p0, c
     DSV4_TRY(dsv4_ref_weights_layer(c, L)); /* lazy: the layer's dense tensors dequantised now, once per call */
     const dsv4_ref_layer_w *w = &c->lw[L];
     int n = c->cfg.hc_mult, D = c->cfg.hidden_size;
+    /* replay: the layer starts from the candidate's streams (layer 0 from the embedding, as the candidate's) */
+    if (c->replay && L > 0) replay_rows(c, DSV4_REF_REPLAY_OUT, L - 1, p0, S, sc->X, (size_t)n * D, (size_t)n * D);
     int rc = mhc_pre_all(c, sc, L, &w->hc_attn, w->attn_norm, p0, S, 1, probe);
     if (rc || (rc = attention_all(c, sc, L, p0, S, probe))) return rc;
+    if (c->replay) { /* the streams between the sublayers: the candidate's attention output, post and comb */
+        replay_rows(c, DSV4_REF_REPLAY_ATTN_OUT, L, p0, S, sc->aout, (size_t)D, (size_t)D);
+        replay_rows(c, DSV4_REF_REPLAY_HC_POST, L, p0, S, sc->post, (size_t)n, (size_t)n);
+        replay_rows(c, DSV4_REF_REPLAY_HC_COMB, L, p0, S, sc->comb, (size_t)n * n, (size_t)n * n);
+    }
     mhc_post_all(c, sc, sc->aout, S);
     if ((rc = mhc_pre_all(c, sc, L, &w->hc_ffn, w->ffn_norm, p0, S, 0, probe))) return rc;
     if ((rc = moe_all(c, sc, L, p0, tokens, S, probe))) return rc;
@@ -474,6 +524,15 @@ int dsv4_ref_cpu_forward_scratch(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int p0, 
         dsv4_ref_rope_cos_sin(c->inv_main, np, p0 + s, sc->cos_m + (size_t)s * np, sc->sin_m + (size_t)s * np);
         dsv4_ref_rope_cos_sin(c->inv_cmp, np, p0 + s, sc->cos_c + (size_t)s * np, sc->sin_c + (size_t)s * np);
     }
+    if (c->replay) { /* the candidate's state belongs to its tokens: another token is a caller's mistake */
+        int nt;
+        const int32_t *rt = dsv4_ref_replay_tokens(c->replay, &nt);
+        for (int s = 0; s < S; s++)
+            if (p0 + s >= nt || rt[p0 + s] != tokens[s])
+                return dsv4_error(DSV4_ERR_USAGE, "replay of %s: position %d is not the candidate's token (%d, "
+                                  "candidate %d)", dsv4_ref_replay_path(c->replay), p0 + s, tokens[s],
+                                  p0 + s < nt ? rt[p0 + s] : -1);
+    }
     if (c->follow) { /* following stops for good at the first position whose token is not the dump's */
         int nt;
         const int32_t *ft = dsv4_opt_follow_tokens(c->follow, &nt);
@@ -485,6 +544,8 @@ int dsv4_ref_cpu_forward_scratch(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int p0, 
         if (rc) return rc;
         if (c->layer_progress) c->layer_progress(c->progress_ctx, L + 1, f->num_hidden_layers);
     }
+    if (c->replay) /* the head on the candidate's last streams */
+        replay_rows(c, DSV4_REF_REPLAY_OUT, f->num_hidden_layers - 1, p0, S, sc->X, (size_t)n * D, (size_t)n * D);
     const int L = -1; /* the PROBE macros' layer: /final */
     const float *head = NULL; /* asked for at the first position that needs logits: once per call */
     for (int s = 0; s < S; s++) {

@@ -106,6 +106,10 @@ static size_t layout_state(dsv4_ref_cpu *c, int max_tokens, float *mem)
         s->pool_cap = max_tokens / w->ratio;
         if (mem) s->pool = mem + off;
         off += (size_t)s->pool_cap * d;
+        if (c->replay) {
+            if (mem) s->own_pool = mem + off;
+            off += (size_t)s->pool_cap * d;
+        }
         size_t n = dsv4_ref_compressor_state_floats(w->ratio, (int)d, csa);
         if (mem) dsv4_ref_compressor_init(&s->cmp, w->ratio, (int)d, csa, mem + off);
         off += n;
@@ -115,6 +119,10 @@ static size_t layout_state(dsv4_ref_cpu *c, int max_tokens, float *mem)
         if (s->pool_cap > c->pool_cap_max) c->pool_cap_max = s->pool_cap;
         if (mem) s->ipool = mem + off;
         off += (size_t)s->pool_cap * dI;
+        if (c->replay) {
+            if (mem) s->own_ipool = mem + off;
+            off += (size_t)s->pool_cap * dI;
+        }
         n = dsv4_ref_compressor_state_floats(w->ratio, (int)dI, 1);
         if (mem) dsv4_ref_compressor_init(&s->icmp, w->ratio, (int)dI, 1, mem + off);
         off += n;
@@ -222,10 +230,13 @@ static int cpu_dump_entries(dsv4_ref *r, dsv4_probe_sink *probe)
     for (int L = 0; L < c->cfg.num_hidden_layers; L++) {
         const dsv4_ref_layer_state *s = &c->ls[L];
         if (c->lw[L].ratio <= 0 || s->n_entries == 0) continue;
-        int rc = dsv4_probe_entries(probe, L, "compressed_kv", s->pool, s->n_entries, c->cfg.head_dim);
+        /* replay: the entries made here from the candidate's inputs, not the candidate's own the pool holds */
+        int rc = dsv4_probe_entries(probe, L, "compressed_kv", c->replay ? s->own_pool : s->pool, s->n_entries,
+                                    c->cfg.head_dim);
         if (rc) return rc;
         if (c->lw[L].attn != DSV4_ATTN_CSA || s->n_ientries == 0) continue;
-        rc = dsv4_probe_entries(probe, L, "indexer_kv", s->ipool, s->n_ientries, c->cfg.index_head_dim);
+        rc = dsv4_probe_entries(probe, L, "indexer_kv", c->replay ? s->own_ipool : s->ipool, s->n_ientries,
+                                c->cfg.index_head_dim);
         if (rc) return rc;
     }
     return 0;
@@ -273,6 +284,7 @@ static int cpu_init(dsv4_model *m, int max_tokens, const dsv4_ref_options *opt, 
     c->layer_progress = opt->layer_progress;
     c->progress_ctx = opt->progress_ctx;
     c->follow = opt->follow;
+    c->replay = opt->replay;
     c->follow_stop = -1;
     c->fstats.stopped_at = -1;
 
@@ -336,11 +348,15 @@ int dsv4_ref_cpu_init_opts(dsv4_model *m, int max_tokens, const dsv4_ref_options
         dsv4_ref_free(r);
         return rc;
     }
-    char extra[64] = ""; /* a dump of a planted fault says so */
+    char extra[160] = ""; /* a dump of a planted fault says so, and a replay whose candidate it replayed */
 #ifdef DSV4_TEST_FAULTS
     if (dsv4_ref_test_fault != DSV4_FAULT_NONE)
         snprintf(extra, sizeof extra, " fault=%s", dsv4_ref_fault_name(dsv4_ref_test_fault));
 #endif
+    if (c->replay) {
+        const char *rp = dsv4_ref_replay_path(c->replay), *base = strrchr(rp, '/');
+        snprintf(extra + strlen(extra), sizeof extra - strlen(extra), " replay=%.120s", base ? base + 1 : rp);
+    }
     dsv4_ref_producer_set(r, c->emu, extra, c->follow); /* what was rounded and whose choices were followed */
     *out = r;
     return 0;
@@ -361,6 +377,13 @@ int dsv4_ref_options_check(const dsv4_config *f, const dsv4_ref_options *o, cons
     if (o->weights != DSV4_REF_WEIGHTS_LAZY && o->weights != DSV4_REF_WEIGHTS_UPFRONT)
         return dsv4_error(DSV4_ERR_USAGE, "%s: weights %d (want DSV4_REF_WEIGHTS_LAZY or _UPFRONT)", who,
                           (int)o->weights);
+    if (o->replay) {
+        int n = 0;
+        dsv4_ref_replay_tokens(o->replay, &n);
+        if (o->emulate != DSV4_REF_EMULATE_NONE || o->follow)
+            return dsv4_error(DSV4_ERR_USAGE, "%s: replay runs the plain fp32 reference on the candidate's own "
+                              "choices: not with emulate or follow", who);
+    }
     const dsv4_opt_follow *fl = o->follow;
     if (fl && (dsv4_opt_follow_width(fl, DSV4_OPT_FOLLOW_TOPK) != f->index_topk ||
                dsv4_opt_follow_width(fl, DSV4_OPT_FOLLOW_ROUTER) != f->num_experts_per_tok))

@@ -145,6 +145,9 @@ typedef struct dsv4_ref_layer_state {
     float *ipool;      /* [pool_cap, d_I] indexer keys (csa) */
     int n_ientries;
     dsv4_ref_compressor icmp;
+    /* replay only (else NULL): the entries this reference makes from the candidate's inputs, [pool_cap, d] and
+     * [pool_cap, d_I]; the pools above then hold the candidate's, which the layer reads */
+    float *own_pool, *own_ipool;
 } dsv4_ref_layer_state;
 
 /* Scratch of one forward call over up to S tokens, carved from one allocation. */
@@ -235,6 +238,7 @@ typedef struct dsv4_ref_cpu {
     dsv4_progress_fn layer_progress; /* NULL: none; called after each layer of a forward call */
     void *progress_ctx;
     const dsv4_opt_follow *follow; /* borrowed, NULL: off */
+    const dsv4_ref_replay *replay; /* borrowed, NULL: off (layer-local replay, ref_forward.c) */
     int follow_stop;          /* first position whose token is not the dump's, -1: none yet */
     dsv4_ref_follow_stats fstats;
 } dsv4_ref_cpu;

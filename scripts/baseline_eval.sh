@@ -14,6 +14,9 @@
 #                  rounded apart instead of fused, so other bf16 rounding flips)
 #   -j N           models evaluated N at a time (default 1)
 #   -r RESULTS     run nothing: the summary (and -g) of the RESULT lines in RESULTS, from an earlier run
+#   -m MODE        follow (default): every run follows the golden's choices and is judged by `dsv4 verify
+#                  --baseline`; replay: every run is free-running and judged by `dsv4 replay --baseline`
+#                  (layer-local replay, docs/verify.md), the baseline free-running too
 #   -f FIXED_BIN   the dsv4 whose fixed bf16 profile judges the "fixed" column (default: BUILD's; docs/verify.md
 #                  uses the build from before baseline mode, whose indexer_scores rel_l2 had no floor)
 #   -g             gate: exit 1 unless every faithful candidate passes and every candidate named in $GATED_FAULTS
@@ -27,10 +30,10 @@
 # candidate. Exit status: 0, or 1 when -g is given and the gate fails, 2 on bad usage.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-build=$root/build work="" opt="" cands="" gate=0 fixed_bin="" jobs=1 from=""
+build=$root/build work="" opt="" cands="" gate=0 fixed_bin="" jobs=1 from="" mode=follow
 FAULTS=(rope-sign sink-dropped sinkhorn-short compressor-ape topk-drop-last expert-scale kv-truncate swiglu-noclamp)
 GATED_FAULTS=${GATED_FAULTS:-rope-sign sink-dropped compressor-ape topk-drop-last kv-truncate swiglu-noclamp}
-while getopts "b:w:o:c:f:j:r:g" opt_; do
+while getopts "b:w:o:c:f:j:r:m:g" opt_; do
     case $opt_ in
     b) build=$OPTARG ;;
     w) work=$OPTARG ;;
@@ -39,12 +42,14 @@ while getopts "b:w:o:c:f:j:r:g" opt_; do
     f) fixed_bin=$OPTARG ;;
     j) jobs=$OPTARG ;;
     r) from=$OPTARG ;;
+    m) mode=$OPTARG ;;
     g) gate=1 ;;
     *) echo "usage: baseline_eval.sh [-b BUILD] [-w WORK] [-o OPT_DIR] [-c CANDIDATES] [-f FIXED_BIN] [-g] MODEL..." >&2
        exit 2 ;;
     esac
 done
 shift $((OPTIND - 1))
+case $mode in follow | replay) ;; *) echo "baseline_eval.sh: -m follow or replay, not '$mode'" >&2; exit 2 ;; esac
 [ $# -ge 1 ] || [ -n "$from" ] || { echo "baseline_eval.sh: give at least one model folder" >&2; exit 2; }
 BIN=$build/dsv4 FBIN=$build/dsv4_faults
 fixed_bin=${fixed_bin:-$BIN}
@@ -62,10 +67,12 @@ list=(alt-order prescott "${FAULTS[@]}")
 
 results=$work/results.txt
 : >"$results"
-verdict() { # golden candidate [baseline]: prints "exit first_layer/probe ratio z" (the largest RMS ratio and scale
-    # difference in standard errors over the probes, in baseline mode)
+verdict() { # golden candidate [baseline MODEL]: prints "exit first_layer/probe ratio z" (the largest RMS ratio and
+    # scale difference in standard errors over the probes, in baseline mode); replay mode: `dsv4 replay`
     local js=$2.verdict${3:+-base}.json
-    if [ -n "${3:-}" ]; then "$BIN" verify --profile bf16 "$1" "$2" --baseline "$3" --quiet --json "$js" 2>/dev/null
+    if [ -n "${3:-}" ] && [ "$mode" = replay ]; then
+        "$BIN" replay --model "$4" "$2" --baseline "$3" --quiet --json "$js" >/dev/null 2>&1
+    elif [ -n "${3:-}" ]; then "$BIN" verify --profile bf16 "$1" "$2" --baseline "$3" --quiet --json "$js" 2>/dev/null
     else "$fixed_bin" verify --profile bf16 "$1" "$2" --quiet --json "$js" 2>/dev/null; fi
     local rc=$?
     if [ $rc -gt 1 ]; then echo "$rc - - -"; return; fi
@@ -96,7 +103,9 @@ eval_model() { # MODEL_DIR: its RESULT lines, also into $work/NAME/results.txt; 
     d=$work/$name
     mkdir -p "$d"
     : >"$d/results.txt"
-    if ! "$BIN" run --model "$m" --path ref-cpu --emulate bf16 --tokens-from "$g" --follow "$g" --dump "$d/base.h5" \
+    local follow=(--follow "$g")
+    [ "$mode" = replay ] && follow=() # free-running: replay judges each layer on the run's own inputs
+    if ! "$BIN" run --model "$m" --path ref-cpu --emulate bf16 --tokens-from "$g" "${follow[@]}" --dump "$d/base.h5" \
         >"$d/base.log" 2>&1; then
         echo "baseline_eval.sh: $name: the baseline run failed:" >&2
         tail -n 3 "$d/base.log" >&2
@@ -111,13 +120,13 @@ eval_model() { # MODEL_DIR: its RESULT lines, also into $work/NAME/results.txt; 
             kind=faithful bin=$BIN coretype=Prescott fault=""
         fi
         if ! DSV4_TEST_FAULT=$fault DSV4_TEST_FAULT_SCALE=$scale OPENBLAS_CORETYPE=$coretype "$bin" run --model "$m" \
-            --path ref-cpu --emulate bf16 --tokens-from "$g" --follow "$g" --dump "$d/$c.h5" >"$d/$c.log" 2>&1; then
+            --path ref-cpu --emulate bf16 --tokens-from "$g" "${follow[@]}" --dump "$d/$c.h5" >"$d/$c.log" 2>&1; then
             echo "baseline_eval.sh: $name: candidate $c failed:" >&2
             tail -n 3 "$d/$c.log" >&2
             return 2
         fi
         acted=$(sed -n 's/.*first acted at layer \([0-9]*\).*/\1/p' "$d/$c.log")
-        read -r rc first ratio z <<<"$(verdict "$g" "$d/$c.h5" "$d/base.h5")"
+        read -r rc first ratio z <<<"$(verdict "$g" "$d/$c.h5" "$d/base.h5" "$m")"
         read -r fixed _ <<<"$(verdict "$g" "$d/$c.h5")"
         echo "RESULT model=$name cand=$c kind=$kind exit=$rc first=$first acted=${acted:--} fixed=$fixed" \
             "ratio=$ratio z=$z" |
@@ -126,7 +135,7 @@ eval_model() { # MODEL_DIR: its RESULT lines, also into $work/NAME/results.txt; 
     if [ -n "$opt" ] && [ -d "$opt/$name" ]; then
         for f in "$opt/$name"/*.h5; do
             v=opt-$(basename "$f" .h5)
-            read -r rc first ratio z <<<"$(verdict "$g" "$f" "$d/base.h5")"
+            read -r rc first ratio z <<<"$(verdict "$g" "$f" "$d/base.h5" "$m")"
             read -r fixed _ <<<"$(verdict "$g" "$f")"
             echo "RESULT model=$name cand=$v kind=faithful exit=$rc first=$first acted=- fixed=$fixed" \
                 "ratio=$ratio z=$z" |

@@ -155,6 +155,28 @@ static int probe_stat(dsv4_verify_probe *p, const dsv4_verify_probe *q)
     return -1;
 }
 
+/* 1 (why says so) when the two goldens do not hold the same tokens and positions, 0 when they do, < 0 when one
+ * cannot be read: rows of the two comparisons are paired by position. */
+static int same_tokens(const char *a, const char *b, char *why, size_t n)
+{
+    dsv4_dump *da = NULL, *db = NULL;
+    int rc = dsv4_dump_open(a, &da);
+    if (!rc) rc = dsv4_dump_open(b, &db);
+    int nta = 0, ntb = 0, npa = 0, npb = 0, differ = 0;
+    if (!rc) {
+        const int32_t *ta = dsv4_dump_tokens(da, &nta), *tb = dsv4_dump_tokens(db, &ntb);
+        const int32_t *pa = dsv4_dump_positions(da, &npa), *pb = dsv4_dump_positions(db, &npb);
+        differ = nta != ntb || npa != npb || memcmp(ta, tb, (size_t)nta * sizeof *ta) ||
+                 memcmp(pa, pb, (size_t)npa * sizeof *pa);
+        if (differ)
+            snprintf(why, n, "its golden %.150s holds other tokens or positions than the candidate's golden (%d tokens, "
+                     "%d positions against %d, %d): the two runs' rows cannot be paired", b, ntb, npb, nta, npa);
+    }
+    dsv4_dump_free(da);
+    dsv4_dump_free(db);
+    return rc ? rc : differ;
+}
+
 /* Layer-major order of a failure: (layer rank, probe order). */
 static int before(const dsv4_verify_result *r, const dsv4_verify_probe *p, const dsv4_verify_divergence *d)
 {
@@ -249,7 +271,8 @@ int dsv4_verify_baseline_run(const char *golden_path, const char *candidate_path
     dsv4_verify_options ob = *o;
     ob.baseline = NULL;
     ob.progress = NULL; /* the progress line follows the candidate's comparison */
-    if ((ret = dsv4_cmp_run(golden_path, o->baseline, &ob, &rb))) return ret;
+    const char *bgolden = o->baseline_golden ? o->baseline_golden : golden_path;
+    if ((ret = dsv4_cmp_run(bgolden, o->baseline, &ob, &rb))) return ret;
     if (rb->candidate.path) { /* the baseline's file info (it opened), moved */
         free(rc->base.path);
         rc->base = rb->candidate;
@@ -258,6 +281,10 @@ int dsv4_verify_baseline_run(const char *golden_path, const char *candidate_path
     char why[480];
     if (rb->status == DSV4_VERIFY_ERROR)
         refuse(rc, o->baseline, rb->error);
+    else if (o->baseline_golden && (ret = same_tokens(golden_path, bgolden, why, sizeof why)) != 0) {
+        if (ret < 0) return ret;
+        refuse(rc, o->baseline, why);
+    }
     else if (rb->token_diff_position >= 0) {
         snprintf(why, sizeof why, "its tokens differ from the golden's at position %d (golden %d, baseline %d): a "
                  "baseline must run the golden's tokens (e.g. --tokens-from GOLDEN --forced)",

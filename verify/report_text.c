@@ -22,6 +22,8 @@ static void cell_text(const dsv4_verify_cell *c, char *buf, size_t n)
     char v[32];
     if (c->probe < 0)
         snprintf(buf, n, ".");
+    else if (c->base && !c->structure && !c->nonfinite && isnan(c->value))
+        snprintf(buf, n, "x-%s", c->failed ? "!" : ""); /* both errors under the floor */
     else if (c->base && !c->structure && !c->nonfinite)
         snprintf(buf, n, "x%.2f%s", c->value, c->failed ? "!" : "");
     else if (c->structure)
@@ -97,9 +99,9 @@ static void print_table(FILE *f, const dsv4_verify_result *r, int color)
     }
     if (r->baseline)
         fprintf(f, "\nper layer: the candidate's RMS rel_l2 over positions / the baseline's (! fails a baseline gate: "
-                   "x%g + %g, or a scale bias;\nhc = the worst of the 6 mHC probes); selections: the profile's "
-                   "strict/mism counts\n",
-                DSV4_VERIFY_BASE_RMS_FACTOR, DSV4_VERIFY_BASE_RMS_FLOOR);
+                   "x%g + %g, or a scale bias;\nx- both under %g; hc = the worst of the 6 mHC probes); selections: "
+                   "the profile's strict/mism counts\n",
+                DSV4_VERIFY_BASE_RMS_FACTOR, DSV4_VERIFY_BASE_RMS_FLOOR, DSV4_VERIFY_BASE_RMS_FLOOR);
     else
         fprintf(f,
                 "\nper layer: worst over positions of each probe's gated metric (! fails; hc = worst of the 6 mHC "

@@ -44,7 +44,10 @@ void dsv4_verify_cell_at(const dsv4_verify_result *r, int layer, const char *lab
         const dsv4_verify_base_stat *b = &p->base;
         if (r->baseline && b->n_rows) { /* the RMS ratio, against its gate's ratio (the floor aside) */
             m = DSV4_METRIC_REL_L2;
-            v = b->base_rms > 0 ? b->cand_rms / b->base_rms : (b->cand_rms > 0 ? INFINITY : 1.0);
+            /* a ratio of two fp32-level errors (both under the floor) means nothing: NAN, shown "x-" */
+            v = b->cand_rms <= DSV4_VERIFY_BASE_RMS_FLOOR && b->base_rms <= DSV4_VERIFY_BASE_RMS_FLOOR
+                    ? NAN
+                    : b->base_rms > 0 ? b->cand_rms / b->base_rms : INFINITY;
             tol = DSV4_VERIFY_BASE_RMS_FACTOR;
             ratio = b->cand_rms / b->rms_tol;
             cell->failed |= b->failed != 0;

@@ -16,6 +16,7 @@ extern "C" {
 #endif
 
 typedef struct dsv4_ref dsv4_ref;
+typedef struct dsv4_ref_replay dsv4_ref_replay; /* a candidate's state for layer-local replay (below) */
 typedef struct dsv4_opt_follow dsv4_opt_follow; /* the follow table of dsv4_opt.h (optimized/opt_follow.c) */
 
 /* What the reference rounds besides its own fp32 arithmetic (docs/verify.md "The bf16 emulation of the
@@ -51,7 +52,38 @@ typedef struct dsv4_ref_options {
      * (ids both chose keep their slots; router weights recomputed from the own scores for the dump's ids).
      * Following stops at the first position whose token is not the dump's. Borrowed while the reference lives. */
     const dsv4_opt_follow *follow;
+    /* NULL: off. Else layer-local replay (docs/verify.md "Layer-local replay"; the CPU reference, emulate NONE, no
+     * follow, one forward over all the candidate's tokens): every layer starts from the candidate's streams and runs
+     * on its window KV, compressed and indexer entries, top-k and router choices and inter-sublayer streams, so the
+     * probes are what each layer adds to the CANDIDATE's state; the per-entry probes are the entries this reference
+     * makes from the candidate's inputs. Borrowed while the reference lives. */
+    const dsv4_ref_replay *replay;
 } dsv4_ref_options;
+
+/* ---- Layer-local replay's input (reference/ref_replay.c) ----------------------------------------------------
+ * The rows of a candidate dump that replay injects. DSV4_ERR_USAGE, naming every missing probe (or the first missing
+ * position), when the dump lacks what replay needs: every position 0..T-1 of out, kv, attn_out, attn_hc_post,
+ * attn_hc_comb, router_ids and (CSA) topk_idx, and every entry of compressed_kv (CSA, HCA) and indexer_kv (CSA). */
+typedef enum dsv4_ref_replay_kind {
+    DSV4_REF_REPLAY_OUT,      /* f32 [hc_mult * D] the layer's output streams */
+    DSV4_REF_REPLAY_KV,       /* f32 [head_dim] the window KV vector */
+    DSV4_REF_REPLAY_ATTN_OUT, /* f32 [D] */
+    DSV4_REF_REPLAY_HC_POST,  /* f32 [hc_mult] attn_hc_post */
+    DSV4_REF_REPLAY_HC_COMB,  /* f32 [hc_mult * hc_mult] attn_hc_comb */
+    DSV4_REF_REPLAY_TOPK,     /* i32 [index_topk] */
+    DSV4_REF_REPLAY_ROUTER,   /* i32 [experts per token] */
+    DSV4_REF_REPLAY_CMP,      /* f32 [head_dim] per entry: compressed_kv */
+    DSV4_REF_REPLAY_IDX,      /* f32 [index_head_dim] per entry: indexer_kv */
+    DSV4_REF_REPLAY_COUNT
+} dsv4_ref_replay_kind;
+int dsv4_ref_replay_load(const char *path, const dsv4_config *cfg, dsv4_ref_replay **out);
+void dsv4_ref_replay_free(dsv4_ref_replay *r);
+const char *dsv4_ref_replay_path(const dsv4_ref_replay *r);
+const char *dsv4_ref_replay_weights_digest(const dsv4_ref_replay *r);
+const int32_t *dsv4_ref_replay_tokens(const dsv4_ref_replay *r, int *n);
+/* Row `row` (a position, or an entry for the per-entry kinds) of `kind` at layer L: f32 or int32 by kind; NULL when
+ * out of range or the layer has none. */
+const void *dsv4_ref_replay_row(const dsv4_ref_replay *r, dsv4_ref_replay_kind kind, int layer, int64_t row);
 
 /* The defaults: emulate NONE, weights LAZY, no following, no progress. */
 void dsv4_ref_options_default(dsv4_ref_options *o);

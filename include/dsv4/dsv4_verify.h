@@ -248,6 +248,10 @@ typedef struct dsv4_verify_options {
      * of the profile's fixed tolerances; selections (topk_idx, router_ids, logits argmax), non-finite values and
      * structure keep their rules. The first divergence is layer-major. NULL: off. */
     const char *baseline;
+    /* The golden the baseline is compared with, when it is not the candidate's (layer-local replay: each run is
+     * judged against the reference's replay of its own state, docs/verify.md "Layer-local replay"). It must hold the
+     * golden's tokens and positions. NULL: the golden. */
+    const char *baseline_golden;
 } dsv4_verify_options;
 
 void dsv4_verify_options_init(dsv4_verify_options *o);

@@ -1,0 +1,181 @@
+/* ref_replay.c - the candidate state that layer-local replay injects into the CPU reference (issue 40, docs/verify.md
+ * "Layer-local replay"; dsv4_ref.h).
+ *
+ * A free-running candidate cannot follow the reference's choices, so after one near-tie flip its caches differ and
+ * a comparison against the reference's own trajectory compounds every earlier difference. Replay judges each layer
+ * on the candidate's OWN inputs instead: the reference runs the sequence once more, and at every layer it starts from
+ * the candidate's residual streams, reads the candidate's window KV and compressed / indexer entries, runs on the
+ * candidate's top-k and router choices, and rebuilds the streams between the two sublayers from the candidate's
+ * attention output and mHC post / comb. What it computes (and dumps) is then what layer L adds to the candidate's
+ * state; the candidate's own probes are compared with it.
+ *
+ * What a candidate must dump (dsv4_ref_replay_load refuses it otherwise, naming what is missing), every position
+ * 0..T-1 of its /tokens: per layer `out`, `kv`, `attn_out`, `attn_hc_post`, `attn_hc_comb`, `router_ids`, and
+ * `topk_idx` (CSA layers); the per-entry `compressed_kv` (CSA, HCA) and `indexer_kv` (CSA) of every entry closed by
+ * T. The rest of its probes are compared when present.
+ *
+ * Invariants that fail quietly:
+ * - Every position is needed, not only the compared ones: layer L at p reads the window KV of the W positions
+ *   before it and the compressor state of the partial windows before it, both made from earlier positions.
+ * - Rows are held whole in memory ([T, width] per dataset): for the small models of the CPU; a 16K-token Flash-width
+ *   candidate needs the GPU reference's streamed form.
+ * - A top-k row of -1 only (prefill rows before the first entry) is "no choice": the reference keeps its own (none).
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dsv4/dsv4_dump.h"
+#include "dsv4/dsv4_ref.h"
+
+static const char *const replay_names[DSV4_REF_REPLAY_COUNT] = {"out", "kv", "attn_out", "attn_hc_post",
+                                                               "attn_hc_comb", "topk_idx", "router_ids",
+                                                               "compressed_kv", "indexer_kv"};
+_Static_assert(sizeof replay_names / sizeof replay_names[0] == DSV4_REF_REPLAY_COUNT, "one name per replay kind");
+
+struct dsv4_ref_replay {
+    char *path;
+    char digest[65];
+    int n_layers, n_tokens;
+    int32_t *tokens;                                    /* [n_tokens] */
+    int width[DSV4_REF_REPLAY_COUNT][DSV4_MAX_LAYERS];  /* elements per row (0: the layer has no such rows) */
+    int64_t rows[DSV4_REF_REPLAY_COUNT][DSV4_MAX_LAYERS]; /* rows held: n_tokens, or entries for the pools */
+    void *data[DSV4_REF_REPLAY_COUNT][DSV4_MAX_LAYERS]; /* [rows, width] f32 or (topk_idx, router_ids) i32 */
+};
+
+static int is_ids(int kind) { return kind == DSV4_REF_REPLAY_TOPK || kind == DSV4_REF_REPLAY_ROUTER; }
+
+/* Which kinds layer L needs, and each row's width (0: none), from the config. */
+static int needed_width(const dsv4_config *f, int kind, int L)
+{
+    const int csa = f->attn_type[L] == DSV4_ATTN_CSA, compress = f->compress_ratio[L] > 0;
+    switch (kind) {
+    case DSV4_REF_REPLAY_OUT: return f->hc_mult * f->hidden_size;
+    case DSV4_REF_REPLAY_KV: return f->head_dim;
+    case DSV4_REF_REPLAY_ATTN_OUT: return f->hidden_size;
+    case DSV4_REF_REPLAY_HC_POST: return f->hc_mult;
+    case DSV4_REF_REPLAY_HC_COMB: return f->hc_mult * f->hc_mult;
+    case DSV4_REF_REPLAY_TOPK: return csa && f->index_topk > 0 ? f->index_topk : 0;
+    case DSV4_REF_REPLAY_ROUTER: return f->num_experts_per_tok;
+    case DSV4_REF_REPLAY_CMP: return compress ? f->head_dim : 0;
+    case DSV4_REF_REPLAY_IDX: return csa ? f->index_head_dim : 0;
+    default: return 0;
+    }
+}
+
+/* Append "name" to the list of what is missing (the first few, then a count). */
+static void note_missing(char *list, size_t n, int *count, const char *what)
+{
+    size_t len = strlen(list);
+    if (*count < 8 && len + 2 < n) snprintf(list + len, n - len, "%s%s", *count ? ", " : "", what);
+    (*count)++;
+}
+
+int dsv4_ref_replay_load(const char *path, const dsv4_config *cfg, dsv4_ref_replay **out)
+{
+    DSV4_CHECK(path && cfg && out, "dsv4_ref_replay_load: NULL argument");
+    *out = NULL;
+    dsv4_dump *d = NULL;
+    int rc = dsv4_dump_open(path, &d);
+    if (rc) return rc;
+    dsv4_ref_replay *r = calloc(1, sizeof *r);
+    const dsv4_config *dc = NULL;
+    if (!r || !(r->path = strdup(path))) rc = dsv4_error(DSV4_ERR_NOMEM, "%s: out of memory", path);
+    if (!rc) rc = dsv4_dump_config(d, &dc);
+    if (!rc && (dc->num_hidden_layers != cfg->num_hidden_layers || dc->hidden_size != cfg->hidden_size ||
+                dc->hc_mult != cfg->hc_mult || dc->head_dim != cfg->head_dim || dc->index_topk != cfg->index_topk ||
+                dc->num_experts_per_tok != cfg->num_experts_per_tok))
+        rc = dsv4_error(DSV4_ERR_SHAPE, "%s: the candidate's config is another model's (layers, widths, top-k or "
+                        "experts per token differ from the model's)", path);
+    int n_tok = 0, n_pos = 0;
+    const int32_t *tok = rc ? NULL : dsv4_dump_tokens(d, &n_tok), *pos = rc ? NULL : dsv4_dump_positions(d, &n_pos);
+    if (!rc) {
+        snprintf(r->digest, sizeof r->digest, "%s", dsv4_dump_attr(d, "weights_digest"));
+        r->n_layers = cfg->num_hidden_layers;
+        r->n_tokens = n_tok;
+        /* every position 0..T-1, in order: the state of layer L at p is made from all earlier positions */
+        int first_gap = -1;
+        for (int i = 0; i < n_tok && first_gap < 0; i++)
+            if (i >= n_pos || pos[i] != i) first_gap = i;
+        if (n_tok < 1 || first_gap >= 0)
+            rc = dsv4_error(DSV4_ERR_USAGE, "%s: replay needs every position 0..%d stored; the candidate stores %d "
+                            "positions and lacks position %d (dump it with --dump-positions all)",
+                            path, n_tok - 1, n_pos, first_gap < 0 ? 0 : first_gap);
+    }
+    if (!rc && !(r->tokens = malloc((size_t)n_tok * sizeof *r->tokens)))
+        rc = dsv4_error(DSV4_ERR_NOMEM, "%s: out of memory", path);
+    if (!rc) memcpy(r->tokens, tok, (size_t)n_tok * sizeof *tok);
+    /* what is missing, all of it in one message */
+    char missing[640] = "";
+    int n_missing = 0;
+    for (int L = 0; !rc && L < r->n_layers; L++)
+        for (int k = 0; k < DSV4_REF_REPLAY_COUNT; k++) {
+            const int w = needed_width(cfg, k, L);
+            if (!w) continue;
+            char name[96];
+            snprintf(name, sizeof name, "layers/%d/%s", L, replay_names[k]);
+            dsv4_dataset_info info;
+            const int entries = k == DSV4_REF_REPLAY_CMP || k == DSV4_REF_REPLAY_IDX;
+            const int64_t want = entries ? n_tok / cfg->compress_ratio[L] : n_tok;
+            if (!dsv4_dump_has(d, name)) {
+                note_missing(missing, sizeof missing, &n_missing, name);
+                continue;
+            }
+            if ((rc = dsv4_dump_info(d, name, &info))) break;
+            int64_t width = 1;
+            for (int j = 1; j < info.ndim; j++) width *= info.shape[j];
+            if (info.dtype != (is_ids(k) ? DSV4_DTYPE_I32 : DSV4_DTYPE_F32) || width != w || info.shape[0] < want) {
+                rc = dsv4_error(DSV4_ERR_USAGE, "%s: %s is %s with %lld rows of %lld; replay needs %s rows of %d, %lld "
+                                "of them (%s)", path, name, dsv4_dtype_name(info.dtype), (long long)info.shape[0],
+                                (long long)width, is_ids(k) ? "int32" : "f32", w, (long long)want,
+                                entries ? "every entry closed by the last position" : "every position");
+                break;
+            }
+            r->width[k][L] = w;
+            r->rows[k][L] = want;
+            const size_t bytes = (size_t)want * (size_t)w * 4;
+            if (!(r->data[k][L] = malloc(bytes ? bytes : 1))) {
+                rc = dsv4_error(DSV4_ERR_NOMEM, "%s: out of memory for %s (%zu bytes)", path, name, bytes);
+                break;
+            }
+            if (want && (rc = dsv4_dump_read_rows(d, name, 0, want, r->data[k][L]))) break;
+        }
+    if (!rc && n_missing)
+        rc = dsv4_error(DSV4_ERR_USAGE, "%s: replay needs probes the candidate did not dump (%d): %s%s", path, n_missing,
+                        missing, n_missing > 8 ? ", ..." : "");
+    dsv4_dump_free(d);
+    if (rc) {
+        dsv4_ref_replay_free(r);
+        return rc;
+    }
+    *out = r;
+    return 0;
+}
+
+void dsv4_ref_replay_free(dsv4_ref_replay *r)
+{
+    if (!r) return;
+    for (int k = 0; k < DSV4_REF_REPLAY_COUNT; k++)
+        for (int L = 0; L < DSV4_MAX_LAYERS; L++) free(r->data[k][L]);
+    free(r->tokens);
+    free(r->path);
+    free(r);
+}
+
+const char *dsv4_ref_replay_path(const dsv4_ref_replay *r) { return r ? r->path : NULL; }
+const char *dsv4_ref_replay_weights_digest(const dsv4_ref_replay *r) { return r ? r->digest : NULL; }
+
+const int32_t *dsv4_ref_replay_tokens(const dsv4_ref_replay *r, int *n)
+{
+    if (n) *n = r ? r->n_tokens : 0;
+    return r ? r->tokens : NULL;
+}
+
+const void *dsv4_ref_replay_row(const dsv4_ref_replay *r, dsv4_ref_replay_kind kind, int layer, int64_t row)
+{
+    if (!r || (unsigned)kind >= DSV4_REF_REPLAY_COUNT || layer < 0 || layer >= r->n_layers || row < 0 ||
+        row >= r->rows[kind][layer] || !r->data[kind][layer])
+        return NULL;
+    return (const char *)r->data[kind][layer] + (size_t)row * (size_t)r->width[kind][layer] * 4;
+}
