@@ -365,7 +365,11 @@ def _check_open(f, res, complete):
 
     # required and omitted probes
     expected = schema.expected_probes(cfg)
-    missing = [n for n in expected if n not in present]
+
+    def no_entries(n):  # a pool with no entry over the run (T < ratio): a producer may leave it out
+        layer, probe = schema.split_dataset_name(n)
+        return layer >= 0 and schema.find_probe(layer, probe).per_entry and T // cfg.ratio[layer] == 0
+    missing = [n for n in expected if n not in present and not no_entries(n)]
     required = [n for n in missing if schema.split_dataset_name(n)[1] in
                 (schema.REQUIRED_FINAL_PROBES if n.startswith("final/") else schema.REQUIRED_LAYER_PROBES)]
     for n in required:

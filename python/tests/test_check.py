@@ -150,6 +150,12 @@ class CheckTest(unittest.TestCase):
         self.assertEqual(rc, 1)
         self.assertIn("missing (--complete): attn_hc_pre (layer 0)", out)
 
+    def test_a_run_too_short_for_an_entry_may_leave_the_pool_out(self):
+        path = os.path.join(self.dir, "short.h5")
+        synth.write(path, prompt_len=5, n_decode=2, omit=("layers/2/compressed_kv",))  # 7 tokens, HCA ratio 8
+        rc, out, _ = self.run_check(path, complete=True)
+        self.assertEqual(rc, 0, out)
+
     def test_extra_datasets_are_notes(self):
         path = os.path.join(self.dir, "extra.h5")
         shutil.copyfile(self.good, path)
