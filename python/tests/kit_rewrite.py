@@ -12,7 +12,6 @@ import fnmatch
 import sys
 
 import h5py
-import numpy as np
 
 from dsv4dump import DumpWriter, schema
 

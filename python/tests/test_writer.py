@@ -1,7 +1,6 @@
 """test_writer.py - DumpWriter writes what dump/writer.c writes, pads and refuses as the C probe sink does, and never
 leaves a half-written dump under the final name; weights_digest follows the format's rule."""
 import hashlib
-import io
 import os
 import shutil
 import tempfile
