@@ -7,7 +7,9 @@
 # every root attribute but `command`, every other file's bytes) and checks each new dump with
 # `python3 -m dsv4dump check --complete`. Prints one line per set:
 #   adapter-check tiny: bit-identical (2 dumps, 198 datasets, ...)      or  adapter-check tiny: DIFFERS: ...
-# and a last line "adapter-check: 5 of 5 sets bit-identical". Exit 0 only then. Logs: $OUT/adapter-*.log.
+# and "adapter-check: 5 of 5 sets bit-identical"; exit 0 only then. Then, informative, the worked example of
+# docs/external-engines.md (golden/tiny in bf16 on the GPU through dsv4dump.transformers.dump, checked by the kit;
+# the dump is returned as $OUT/tiny-tf-bf16.h5 to verify here). Logs: $OUT/adapter-*.log.
 #   device call: command "bash golden/adapter_check_on_device.sh 2>&1 | tee $OUT/adapter-check.log", carry nothing
 #   (about 1-2 minutes)
 set -u -o pipefail
@@ -53,4 +55,27 @@ for s in "${sets[@]}"; do
     fi
 done
 echo "adapter-check: ${same} of ${#sets[@]} sets bit-identical to the committed ones ($((SECONDS - t0)) s)"
+
+# informative (not in the exit status): docs/external-engines.md's worked example, the adapter on golden/tiny in bf16
+# on the GPU (the CPU when there is none), dumped with dsv4dump.transformers.dump and checked by the kit
+t1=$SECONDS
+if PYTHONPATH=python CUDA_VISIBLE_DEVICES=${ADAPTER_GPU:-0} python3 - "$work/tf-bf16.h5" >"$OUT/adapter-bf16.log" 2>&1 <<'PY'
+import sys, h5py, torch
+from transformers import DeepseekV4ForCausalLM
+from dsv4dump.transformers import dump
+dev = "cuda" if torch.cuda.is_available() else "cpu"
+model = DeepseekV4ForCausalLM.from_pretrained("golden/tiny", dtype=torch.bfloat16).to(dev).eval()
+tokens = h5py.File("golden/tiny/forced.h5", "r")["tokens"][()].tolist()
+dump(model, sys.argv[1], model_dir="golden/tiny", prompt=tokens[:21], n_decode=len(tokens) - 21, forced=tokens,
+     producer=f"transformers bf16 {dev}")
+print("device", dev)
+PY
+then
+    chk=$(PYTHONPATH=python python3 -m dsv4dump check --complete "$work/tf-bf16.h5" 2>&1 | tail -n 1)
+    echo "adapter-check bf16 example ($(grep -m1 '^device' "$OUT/adapter-bf16.log"), $((SECONDS - t1)) s): $chk"
+    cp "$work/tf-bf16.h5" "$OUT/tiny-tf-bf16.h5"
+else
+    echo "adapter-check bf16 example: FAILED (informative); the log's end:"
+    tail -n 8 "$OUT/adapter-bf16.log" | sed 's/^/    /'
+fi
 [ "$same" -eq ${#sets[@]} ]

@@ -192,8 +192,8 @@ class Capture:
         t = self._rows_of(t)
         for i, p in enumerate(self.positions):
             if p in self.store:
-                self.rows[name][p] = t[i].float().numpy().copy() if t.is_floating_point() else \
-                    t[i].numpy().astype(np.int32)
+                self.rows[name][p] = t[i].float().cpu().numpy().copy() if t.is_floating_point() else \
+                    t[i].cpu().numpy().astype(np.int32)
 
     def _on_layer(self, m, a, k, o):
         self._put(f"layers/{m.layer_idx}/out", o)
@@ -219,7 +219,9 @@ class Capture:
         again = (pre.unsqueeze(-1) * hs).sum(dim=2).to(hs.dtype)
         if not torch.equal(again, collapsed):
             d = float((again - collapsed).abs().max())
-            need(d <= 1e-6 * max(1.0, float(collapsed.abs().max())),
+            # fp32 (the golden): within 1e-6; a bf16/f16 model: within two units of its rounding
+            tol = 1e-6 if collapsed.dtype == torch.float32 else 2 * torch.finfo(collapsed.dtype).eps
+            need(d <= tol * max(1.0, float(collapsed.abs().max())),
                  f"layer {L} {which}_hc: recomputed pre does not reproduce the collapse (max diff {d:.3g})")
             self.log(f"note: layer {L} {which}_hc recomputed collapse differs by {d:.3g} (not bitwise)")
         self._put(f"layers/{L}/{which}_hc_pre", pre)
@@ -260,11 +262,11 @@ class Capture:
         if self.mode != "record":
             return
         kv = out[0]  # [B, 1, T, head_dim]: every entry so far (the cache's running pool)
-        self.entries[f"layers/{L}/compressed_kv"] = kv[0, 0].detach().float().numpy().copy()
+        self.entries[f"layers/{L}/compressed_kv"] = kv[0, 0].detach().float().cpu().numpy().copy()
 
     def _on_indexer(self, L, out):
         if self.mode == "nocache":
-            self.nocache_topk[L] = out[0].detach().numpy().astype(np.int64)
+            self.nocache_topk[L] = out[0].detach().cpu().numpy().astype(np.int64)
             return
         self._put(f"layers/{L}/topk_idx", out)
 
@@ -272,12 +274,12 @@ class Capture:
         if self.mode != "record":
             return
         ckv = args[1] if len(args) > 1 else kwargs["compressed_kv"]
-        self.entries[f"layers/{L}/indexer_kv"] = ckv[0].detach().float().numpy().copy()
+        self.entries[f"layers/{L}/indexer_kv"] = ckv[0].detach().float().cpu().numpy().copy()
         r = self.ratio[CSA]
         t = self._rows_of(out)
         for i, p in enumerate(self.positions):
             if p in self.store:
-                row = t[i].float().numpy().copy()
+                row = t[i].float().cpu().numpy().copy()
                 row[(p + 1) // r:] = -np.inf  # not visible to p: w >= (p+1) div 4
                 self.rows[f"layers/{L}/indexer_scores"][p] = row
 
@@ -335,6 +337,7 @@ def run_sequence(model, rec, prompt, forced, n_decode, mode, store, log=None):
     positions in `store`. Returns the tokens fed (all T), the logits [T, V] (fp32) and the cache."""
     _import_torch()
     log = log or rec.log
+    dev = next(model.parameters()).device  # the inputs go where the model is (the golden: the CPU)
     P = len(prompt)
     try:
         cache = DynamicCache(config=model.config)
@@ -349,7 +352,8 @@ def run_sequence(model, rec, prompt, forced, n_decode, mode, store, log=None):
     logits = []
     with torch.no_grad():
         rec.begin_forward(range(P))
-        out = model(input_ids=torch.tensor([prompt], dtype=torch.long), past_key_values=cache, use_cache=True)
+        out = model(input_ids=torch.tensor([prompt], dtype=torch.long, device=dev), past_key_values=cache,
+                    use_cache=True)
         rec.end_forward()
         if cache is None:
             cache = out.past_key_values
@@ -366,10 +370,10 @@ def run_sequence(model, rec, prompt, forced, n_decode, mode, store, log=None):
             extra = {}
             if seen != p:  # transformers derives position_ids from this; give them explicitly instead
                 log(f"  warning: cache.get_seq_length() = {seen} before position {p}; passing position_ids")
-                extra["position_ids"] = torch.tensor([[p]], dtype=torch.long)
+                extra["position_ids"] = torch.tensor([[p]], dtype=torch.long, device=dev)
             rec.begin_forward([p])
-            out = model(input_ids=torch.tensor([[tok]], dtype=torch.long), past_key_values=cache, use_cache=True,
-                        **extra)
+            out = model(input_ids=torch.tensor([[tok]], dtype=torch.long, device=dev), past_key_values=cache,
+                        use_cache=True, **extra)
             rec.end_forward()
             rec.put_logits(out.logits)
             logits.append(out.logits[0].float())
