@@ -19,7 +19,10 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: dsv4 verify GOLDEN.h5 CANDIDATE.h5 [options]\n\n"
                "Compares two dsv4-dump/1 files probe by probe, layer by layer, at the positions both store, and\n"
-               "reports the first (position, layer, probe) in model order that breaks its tolerance.\n\n"
+               "reports the first (position, layer, probe) in model order that breaks its tolerance. The format is\n"
+               "docs/dump-format.md; what one file holds and the other does not (a partial candidate: another\n"
+               "engine that cannot give every probe or position) is listed, not compared and, but for --require,\n"
+               "not failed.\n\n"
                "options:\n"
                "  --profile fp32|bf16|FILE   tolerance profile (default fp32, or bf16 with --baseline; files in\n"
                "                             verify/profiles/)\n"
@@ -39,6 +42,10 @@ static void usage(FILE *f)
                "  --probes GLOB[,GLOB...]    only datasets or probe names matching (e.g. 'attn_*,final/*')\n"
                "  --layers A-B               only layers A..B (A-, -B open; final/ counts as layer L)\n"
                "  --positions A-B            only positions A..B (per-entry rows by the position closing them)\n"
+               "  --require GLOB[,GLOB...]   probes the candidate must hold (dataset or probe names, globs), e.g.\n"
+               "                             'topk_idx,router_ids,final/logits': a golden dataset matching one that\n"
+               "                             the candidate lacks fails (structure, exit 1) instead of being listed;\n"
+               "                             a glob matching no golden dataset is an error (exit 2)\n"
                "  --allow-different-weights  compare dumps whose weights_digest differ\n"
                "  --tie-at POSITION:LAYER    a tie-accepted top-k difference established by another comparison\n"
                "                             (one that stores that position): later comparisons use the profile's\n"
@@ -52,7 +59,9 @@ static void usage(FILE *f)
                "top5, kl; another tool's int32 probe: mismatch (exact unless the profile's default sets it).\n"
                "NaN/Inf and shape differences always fail. After the first tie-accepted top-k pick\n"
                "(model order) every comparison uses the profile's after_tie gates; the report says where and how\n"
-               "many checks passed only thanks to them. See docs/verify.md.\n\n"
+               "many checks passed only thanks to them. See docs/verify.md; the dump format: docs/dump-format.md;\n"
+               "dumps from other engines (transformers, vLLM, SGLang, TensorRT-LLM, llama.cpp): the Python kit\n"
+               "python/dsv4dump and docs/external-engines.md.\n\n"
                "progress: a comparison that runs longer than 3 s ($DSV4_PROGRESS_AFTER_S, 'inf' = never) shows\n"
                "\"read X of Y MiB (Z%%), R MiB/s, ETA S s\" on stderr (in place on a terminal, a line every ~5 s\n"
                "otherwise): the bytes the comparison reads of the total it will read, filters applied.\n\n"
@@ -60,8 +69,8 @@ static void usage(FILE *f)
                "another option given twice takes its last value.\n\n"
                "exit status: 0 within tolerance, 1 diverged, 2 could not compare (unreadable file, wrong schema,\n"
                "different weights_digest, different prompts, no common positions or probes, a profile that leaves\n"
-               "a probe gated by nothing, a --baseline of other tokens or weights or lacking probes or positions)\n"
-               "or bad usage.\n");
+               "a probe gated by nothing, a --baseline of other tokens or weights or lacking probes or positions,\n"
+               "a --require glob that matches no dataset of the golden) or bad usage.\n");
 }
 
 /* "A-B", "A", "A-", "-B" -> lo/hi (-1 open). */
@@ -155,6 +164,9 @@ int dsv4_cmd_verify(int argc, char **argv)
         } else if (!strcmp(a, "--baseline")) {
             NEED_VALUE();
             o.baseline = argv[++i];
+        } else if (!strcmp(a, "--require")) {
+            NEED_VALUE();
+            o.require = argv[++i];
         } else if (!strcmp(a, "--tol")) {
             NEED_VALUE();
             tol[o.n_tol++] = argv[++i];

@@ -4,9 +4,9 @@
 Builds small random DeepseekV4Configs, randomises EVERY parameter and buffer (the default init is degenerate:
 tid2eid = 0, zero biases/sinks/position biases, mHC base 0 / scale 1, norms 1), saves the model folder with
 save_pretrained (config.json + model.safetensors), runs a prefill and then one-token decode steps in fp32 on
-the CPU with a DynamicCache, captures every probe of docs/dump-format.md (../shared/docs/dump-format.md)
-with forward hooks, checks the cached decode against transformers' own no-cache forward over the same
-tokens, and writes the dumps (h5py; chunked, gzip + shuffle; temp name then rename).
+the CPU with a DynamicCache, captures every probe of docs/dump-format.md with the hooks of the kit's transformers
+adapter (python/dsv4dump/transformers.py), checks the cached decode against transformers' own no-cache forward over
+the same tokens, and writes the dumps with the kit's DumpWriter (dump/writer.c's layout; temp name then rename).
 
 Sets (each a folder under --out):
   tiny      every attention type and both MoE kinds; forced.h5 (forced decode) and greedy.h5 (32 greedy steps)
@@ -20,13 +20,15 @@ Sets (each a folder under --out):
             boundaries) with its forced.h5 (every position stored) and arch.json (what was drawn). Models no
             tolerance constant was fitted to, for the baseline verdicts (docs/verify.md "Baseline mode")
 
-Usage (needs torch, transformers >= 5.8 with deepseek_v4, h5py, numpy; runs on the CPU):
+Usage (needs torch, transformers >= 5.8 with deepseek_v4, h5py, numpy, and python/dsv4dump of this repository, which
+it finds by itself; runs on the CPU):
   python3 golden/make_golden.py --set all --out golden          # every set
   python3 golden/make_golden.py --set tiny --out /tmp/repro     # one set
   python3 golden/make_golden.py --compare golden/tiny /tmp/repro/tiny   # bit-for-bit probe comparison
   python3 golden/make_golden.py --random-arch 101-110 --out /tmp/random  # drawn architectures random-101..110
   python3 golden/make_golden.py --random-arch 3 --describe               # what seed 3 draws (no torch needed)
-golden/regen_on_device.sh runs all of this on the device machine (see golden/README.md).
+golden/regen_on_device.sh runs all of this on the device machine (see golden/README.md);
+golden/adapter_check_on_device.sh regenerates every committed set into a temporary folder and compares each.
 Every check that fails raises: a set whose checks fail is left as <set>.failed, never under its name.
 """
 import argparse
@@ -45,6 +47,10 @@ import traceback
 from collections import Counter, defaultdict
 
 import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+from dsv4dump.transformers import Capture, run_sequence  # noqa: E402  (the repository's kit, torch imported lazily)
+from dsv4dump.writer import DumpWriter  # noqa: E402
 
 SCHEMA = "dsv4-dump/1"
 CSA = "compressed_sparse_attention"
@@ -284,250 +290,9 @@ def spec_inv_freq(cfg, kind):
 
 
 # ------------------------------------------------------------------------------------------------ probes
-class Recorder:
-    """Forward hooks on the transformers modules of model-spec §15(b); rows kept per absolute position."""
-
-    def __init__(self, model):
-        self.model = model
-        self.cfg = model.config
-        self.mode = "off"
-        self.positions = []
-        self.store = set()
-        self.rows = defaultdict(dict)
-        self.entries = {}
-        self.fired = Counter()
-        self.rope = {}
-        self.nocache_topk = {}
-        self.handles = []
-        self.expected = Counter()
-        self.ratio = self.cfg.compress_rates
-        self.hooked = []
-        self._register()
-
-    # -- registration
-    def _hook(self, module, key, fn, pre=False):
-        def wrapped(*a):
-            if self.mode == "off":
-                return None
-            if self.mode == "record":
-                self.fired[key] += 1
-            fn(module, *a)
-            return None
-        if pre:
-            h = module.register_forward_pre_hook(lambda m, args, kwargs: wrapped(args, kwargs), with_kwargs=True)
-        else:
-            h = module.register_forward_hook(lambda m, args, kwargs, out: wrapped(args, kwargs, out),
-                                             with_kwargs=True)
-        self.handles.append(h)
-        self.expected[key] += 1
-
-    def _register(self):
-        mm = self.model.model
-        expect_cls = {SLIDING: None, CSA: "DeepseekV4CSACompressor", HCA: "DeepseekV4HCACompressor"}
-        for L, layer in enumerate(mm.layers):
-            lt = self.cfg.layer_types[L]
-            att = layer.self_attn
-            comp = getattr(att, "compressor", None)
-            got = None if comp is None else type(comp).__name__
-            need(got == expect_cls[lt], f"layer {L} ({lt}): compressor {got}, expected {expect_cls[lt]}")
-            names = [("layer", type(layer).__name__), ("attn_hc", type(layer.attn_hc).__name__),
-                     ("ffn_hc", type(layer.ffn_hc).__name__), ("self_attn", type(att).__name__),
-                     ("self_attn.kv_norm", type(att.kv_norm).__name__), ("mlp", type(layer.mlp).__name__),
-                     ("mlp.gate", type(layer.mlp.gate).__name__)]
-            self._hook(layer, (L, "layer"), self._on_layer)
-            self._hook(layer.attn_hc, (L, "attn_hc"), lambda m, a, k, o, L=L: self._on_hc(L, "attn", m, a, k, o))
-            self._hook(layer.ffn_hc, (L, "ffn_hc"), lambda m, a, k, o, L=L: self._on_hc(L, "ffn", m, a, k, o))
-            self._hook(att, (L, "attn_pre"), lambda m, a, k, L=L: self._on_attn_pre(L, m, a, k), pre=True)
-            self._hook(att, (L, "attn"), lambda m, a, k, o, L=L: self._put(f"layers/{L}/attn_out", o[0]))
-            self._hook(att.kv_norm, (L, "kv"), lambda m, a, k, o, L=L: self._on_kv(L, o))
-            self._hook(layer.mlp, (L, "mlp"), lambda m, a, k, o, L=L: self._put(f"layers/{L}/ffn_out", o))
-            self._hook(layer.mlp.gate, (L, "gate"), lambda m, a, k, o, L=L: self._on_gate(L, o))
-            if comp is not None:
-                self._hook(comp, (L, "compressor"), lambda m, a, k, o, L=L: self._on_compressor(L, o))
-                names.append(("self_attn.compressor", type(comp).__name__))
-            if lt == CSA:
-                idx = comp.indexer
-                self._hook(idx, (L, "indexer"), lambda m, a, k, o, L=L: self._on_indexer(L, o))
-                self._hook(idx.scorer, (L, "scorer"), lambda m, a, k, o, L=L: self._on_scorer(L, a, k, o))
-                names += [("self_attn.compressor.indexer", type(idx).__name__),
-                          ("self_attn.compressor.indexer.scorer", type(idx.scorer).__name__)]
-            self.hooked.append((L, lt, self.cfg.mlp_layer_types[L], names))
-        self._hook(mm.hc_head, (-1, "hc_head"), lambda m, a, k, o: self._put("final/hc_head", o))
-        self._hook(mm.norm, (-1, "norm"), lambda m, a, k, o: self._put("final/norm", o))
-
-    def remove(self):
-        for h in self.handles:
-            h.remove()
-        self.handles = []
-
-    def describe(self):
-        for L, lt, mt, names in self.hooked:
-            log(f"hooks layer {L} ({lt}, {mt}): " + ", ".join(f"{n}={c}" for n, c in names))
-        log("hooks final: model.model.hc_head, model.model.norm; logits from the model output")
-
-    # -- per-forward bookkeeping
-    def begin_forward(self, positions):
-        self.positions = [int(p) for p in positions]
-        self.fired = Counter()
-
-    def end_forward(self):
-        if self.mode != "record":
-            return
-        missing = [k for k, n in self.expected.items() if self.fired[k] != n]
-        need(not missing, "hooks that did not fire exactly once in this forward: "
-             + ", ".join(f"{k}:{self.fired[k]}" for k in sorted(missing, key=str)))
-
-    # -- hook bodies
-    def _rows_of(self, t):
-        t = t.detach()
-        need(t.shape[0] == 1, f"batch of {t.shape[0]}")
-        t = t[0]
-        need(t.shape[0] == len(self.positions), f"{t.shape[0]} rows for {len(self.positions)} positions")
-        return t
-
-    def _put(self, name, t):
-        if self.mode != "record":
-            return
-        if isinstance(t, tuple):
-            t = t[0]
-        t = self._rows_of(t)
-        for i, p in enumerate(self.positions):
-            if p in self.store:
-                self.rows[name][p] = t[i].float().numpy().copy() if t.is_floating_point() else \
-                    t[i].numpy().astype(np.int32)
-
-    def _on_layer(self, m, a, k, o):
-        self._put(f"layers/{m.layer_idx}/out", o)
-
-    def _on_hc(self, L, which, m, args, kwargs, out):
-        if self.mode != "record":
-            return
-        hs = args[0] if args else kwargs["hidden_streams"]
-        if len(out) == 4:  # a transformers that returns pre as well
-            pre, post, comb, collapsed = out
-            self._put(f"layers/{L}/{which}_hc_pre", pre)
-            self._put(f"layers/{L}/{which}_hc_post", post)
-            self._put(f"layers/{L}/{which}_hc_comb", comb)
-            self._put(f"layers/{L}/{which}_in", collapsed)
-            return
-        post, comb, collapsed = out
-        # pre is consumed inside the module: recompute it with the module's own operations.
-        B, S = hs.shape[:2]
-        hc = m.hc_mult
-        flat = m.input_norm(hs.reshape(B, S, -1).float())
-        mix = F.linear(flat, m.fn.float())
-        pre = torch.sigmoid(mix[..., :hc] * m.scale[0] + m.base[:hc]) + m.hc_eps
-        again = (pre.unsqueeze(-1) * hs).sum(dim=2).to(hs.dtype)
-        if not torch.equal(again, collapsed):
-            d = float((again - collapsed).abs().max())
-            need(d <= 1e-6 * max(1.0, float(collapsed.abs().max())),
-                 f"layer {L} {which}_hc: recomputed pre does not reproduce the collapse (max diff {d:.3g})")
-            log(f"note: layer {L} {which}_hc recomputed collapse differs by {d:.3g} (not bitwise)")
-        self._put(f"layers/{L}/{which}_hc_pre", pre)
-        self._put(f"layers/{L}/{which}_hc_post", post)
-        self._put(f"layers/{L}/{which}_hc_comb", comb)
-        self._put(f"layers/{L}/{which}_in", collapsed)
-
-    def _on_attn_pre(self, L, m, args, kwargs):
-        if self.mode != "record":
-            return
-        pe = kwargs.get("position_embeddings", args[1] if len(args) > 1 else None)
-        need(pe is not None, f"layer {L}: self_attn got no position_embeddings")
-        kind = getattr(m, "rope_layer_type", "main" if self.cfg.layer_types[L] == SLIDING else "compress")
-        self.rope[L] = pe[kind] if isinstance(pe, dict) else pe
-        pid = kwargs.get("position_ids", args[2] if len(args) > 2 else None)
-        need(pid is not None, f"layer {L}: self_attn got no position_ids")
-        got = [int(x) for x in pid.reshape(-1)]
-        need(got == self.positions, f"layer {L}: position_ids {got[:4]}.. but expected {self.positions[:4]}..")
-
-    def _on_kv(self, L, out):
-        if self.mode != "record":
-            return
-        cos, sin = self.rope[L]
-        B, S, d = out.shape
-        kv = out.view(B, S, -1, d).transpose(1, 2)  # as DeepseekV4Attention.forward
-        kv = mdv4.apply_rotary_pos_emb(kv, cos, sin)  # [B, 1, S, d]
-        self._put(f"layers/{L}/kv", kv[:, 0])
-
-    def _on_gate(self, L, out):
-        if self.mode != "record":
-            return
-        _, weights, ids = out
-        S = len(self.positions)
-        self._put(f"layers/{L}/router_weights", weights.reshape(1, S, -1))
-        self._put(f"layers/{L}/router_ids", ids.reshape(1, S, -1))
-
-    def _on_compressor(self, L, out):
-        if self.mode != "record":
-            return
-        kv = out[0]  # [B, 1, T, head_dim]: every entry so far (the cache's running pool)
-        self.entries[f"layers/{L}/compressed_kv"] = kv[0, 0].detach().float().numpy().copy()
-
-    def _on_indexer(self, L, out):
-        if self.mode == "nocache":
-            self.nocache_topk[L] = out[0].detach().numpy().astype(np.int64)
-            return
-        self._put(f"layers/{L}/topk_idx", out)
-
-    def _on_scorer(self, L, args, kwargs, out):
-        if self.mode != "record":
-            return
-        ckv = args[1] if len(args) > 1 else kwargs["compressed_kv"]
-        self.entries[f"layers/{L}/indexer_kv"] = ckv[0].detach().float().numpy().copy()
-        r = self.ratio[CSA]
-        t = self._rows_of(out)
-        for i, p in enumerate(self.positions):
-            if p in self.store:
-                row = t[i].float().numpy().copy()
-                row[(p + 1) // r:] = -np.inf  # not visible to p: w >= (p+1) div 4
-                self.rows[f"layers/{L}/indexer_scores"][p] = row
-
-
-def run_sequence(model, rec, prompt, forced, n_decode, mode, store):
-    """Prefill `prompt`, then n_decode one-token steps (forced tokens or greedy). Returns tokens, logits,
-    the cache."""
-    P = len(prompt)
-    try:
-        cache = DynamicCache(config=model.config)
-    except TypeError as e:
-        log(f"  note: DynamicCache(config=...) failed ({e}); letting the model make its cache")
-        cache = None
-    rec.rows = defaultdict(dict)
-    rec.entries = {}
-    rec.store = set(store)
-    rec.mode = "record"
-    tokens = list(prompt)
-    logits = []
-    with torch.no_grad():
-        rec.begin_forward(range(P))
-        out = model(input_ids=torch.tensor([prompt], dtype=torch.long), past_key_values=cache, use_cache=True)
-        rec.end_forward()
-        if cache is None:
-            cache = out.past_key_values
-        need(out.logits.shape[1] == P, f"prefill returned logits for {out.logits.shape[1]} positions")
-        rec._put("final/logits", out.logits)
-        logits.append(out.logits[0].float())
-        log(f"  cache layers: {[type(l).__name__ for l in getattr(cache, 'layers', [])]}")
-        for step in range(n_decode):
-            p = P + step
-            tok = int(torch.argmax(logits[-1][-1])) if mode == "greedy" else int(forced[p])
-            if mode == "greedy":
-                tokens.append(tok)
-            seen = cache.get_seq_length()
-            extra = {}
-            if seen != p:  # transformers derives position_ids from this; give them explicitly instead
-                log(f"  warning: cache.get_seq_length() = {seen} before position {p}; passing position_ids")
-                extra["position_ids"] = torch.tensor([[p]], dtype=torch.long)
-            rec.begin_forward([p])
-            out = model(input_ids=torch.tensor([[tok]], dtype=torch.long), past_key_values=cache, use_cache=True,
-                        **extra)
-            rec.end_forward()
-            rec._put("final/logits", out.logits)
-            logits.append(out.logits[0].float())
-    rec.mode = "off"
-    if mode == "forced":
-        tokens = list(forced)
-    return tokens, torch.cat(logits, 0), cache
+# The probes: dsv4dump.transformers.Capture (python/dsv4dump/transformers.py) is the hooks this generator used to
+# hold as its Recorder, moved unchanged into the kit (with run_sequence) so that other users of transformers get the
+# same rows; the committed sets are its test (golden/adapter_check_on_device.sh regenerates them bit for bit).
 
 
 def nocache_check(model, rec, tokens, cached_logits, store, label):
@@ -603,87 +368,20 @@ def check_final_state(rec, cache, cfg, T, label):
 
 
 # ------------------------------------------------------------------------------------------------ HDF5
-def write_dump(path, *, cfg, config_json, digest, tokens, prompt_len, n_decode, mode, positions, rec,
-               seed, label, rel):
+def write_dump(path, *, cfg, config_json, digest, tokens, prompt_len, n_decode, mode, positions, rec, seed, label,
+               rel):
+    """The dump through the kit's DumpWriter (dump/writer.c's layout, temp name then rename): every probe of the
+    schema at every stored position (rec.write refuses a missing row), plus this generator's root attributes."""
     tv, pv = versions()
     T = len(tokens)
     need(T == prompt_len + n_decode, "token count")
-    positions = sorted(positions)
-    R = len(positions)
-    last = positions[-1]
-    tmp = path + ".tmp"
-    import h5py
-    with h5py.File(tmp, "w") as f:
-        a = f.attrs
-        a["schema"] = SCHEMA
-        a["producer"] = f"transformers {tv} fp32 cpu"
-        a["config_json"] = config_json
-        a["weights_digest"] = digest
-        a["prompt_len"] = np.int32(prompt_len)
-        a["n_decode"] = np.int32(n_decode)
-        a["mode"] = mode
-        a["transformers_version"] = tv
-        a["torch_version"] = pv
-        a["seed"] = str(seed)
-        a["command"] = shlex.join([os.path.basename(sys.executable)] + sys.argv)
-        a["golden_set"] = label
-        a["nocache_rel_diff"] = f"{rel:.6g}"
-
-        def ds(name, arr):
-            arr = np.ascontiguousarray(arr)
-            need(arr.size > 0, f"{path}: empty dataset {name}")
-            row = int(np.prod(arr.shape[1:])) if arr.ndim > 1 else 1
-            rows = max(1, min(arr.shape[0], (1 << 16) // max(1, row * arr.itemsize)))
-            f.create_dataset(name, data=arr, chunks=(rows,) + arr.shape[1:], compression="gzip",
-                             compression_opts=6, shuffle=True)
-
-        ds("tokens", np.asarray(tokens, dtype=np.int32))
-        ds("positions", np.asarray(positions, dtype=np.int32))
-        f.create_group("final")
-        per_pos = ["attn_hc_pre", "attn_hc_post", "attn_hc_comb", "attn_in", "kv", "indexer_scores", "topk_idx",
-                   "attn_out", "ffn_hc_pre", "ffn_hc_post", "ffn_hc_comb", "ffn_in", "router_ids",
-                   "router_weights", "ffn_out", "out"]
-        for L, lt in enumerate(cfg.layer_types):
-            g = f.create_group(f"layers/{L}")
-            g.attrs["attention"] = ATTN_NAME[lt]
-            g.attrs["mlp"] = cfg.mlp_layer_types[L]
-            for probe in per_pos:
-                if probe in ("indexer_scores", "topk_idx") and lt != CSA:
-                    continue
-                name = f"layers/{L}/{probe}"
-                rows = rec.rows.get(name, {})
-                miss = [p for p in positions if p not in rows]
-                need(not miss, f"{path}: {name} has no row for positions {miss[:5]}")
-                if probe == "indexer_scores":
-                    N = (last + 1) // cfg.compress_rates[CSA]
-                    arr = np.full((R, N), -np.inf, dtype=np.float32)
-                    for i, p in enumerate(positions):
-                        r = rows[p][:N]
-                        need(np.all(np.isneginf(rows[p][N:])), f"{name}: visible entry beyond N at {p}")
-                        arr[i, :len(r)] = r
-                elif probe == "topk_idx":
-                    K = cfg.index_topk
-                    arr = np.full((R, K), -1, dtype=np.int32)
-                    for i, p in enumerate(positions):
-                        r = rows[p]
-                        need(len(r) <= K, f"{name}: {len(r)} picks > index_topk")
-                        arr[i, :len(r)] = r
-                else:
-                    arr = np.stack([rows[p] for p in positions])
-                ds(name, arr)
-            for probe in ("compressed_kv", "indexer_kv"):
-                if probe == "indexer_kv" and lt != CSA or probe == "compressed_kv" and lt == SLIDING:
-                    continue
-                name = f"layers/{L}/{probe}"
-                need(name in rec.entries, f"{path}: no {name}")
-                ds(name, rec.entries[name])
-        for probe in ("hc_head", "norm", "logits"):
-            name = f"final/{probe}"
-            rows = rec.rows.get(name, {})
-            miss = [p for p in positions if p not in rows]
-            need(not miss, f"{path}: {name} has no row for positions {miss[:5]}")
-            ds(name, np.stack([rows[p] for p in positions]))
-    os.replace(tmp, path)
+    attrs = {"transformers_version": tv, "torch_version": pv, "seed": str(seed),
+             "command": shlex.join([os.path.basename(sys.executable)] + sys.argv), "golden_set": label,
+             "nocache_rel_diff": f"{rel:.6g}"}
+    with DumpWriter(path, config_json=config_json, weights_digest=digest, producer=f"transformers {tv} fp32 cpu",
+                    tokens=tokens, prompt_len=prompt_len, mode=mode, positions=sorted(positions), attrs=attrs) as w:
+        need(w.cfg.attention == [ATTN_NAME[t] for t in cfg.layer_types], f"{path}: config.json's layer types")
+        rec.write(w)
 
 
 def validate_rows(model, rec, tokens, positions, label):
@@ -882,7 +580,7 @@ def gen_tiny(out, results):
     ok = False
     try:
         model = save_and_reload(model, tmp, tiny_config())
-        rec = Recorder(model)
+        rec = Capture(model, log=log)
         rec.describe()
         V = model.config.vocab_size
         P, n = s["prompt_len"], s["n_decode"]
@@ -909,7 +607,7 @@ def gen_topk512(out, results):
     ok = False
     try:
         model = save_and_reload(model, tmp, topk512_config())
-        rec = Recorder(model)
+        rec = Capture(model, log=log)
         P, n = s["prompt_len"], s["n_decode"]
         forced = make_tokens(s["seed"], P + n, model.config.vocab_size)
         results["topk512/forced.h5"] = dump_sequence(
@@ -1014,7 +712,7 @@ def gen_random(out, results, seed):
         with open(os.path.join(tmp, "arch.json"), "w") as f:
             f.write(json.dumps({"seed": seed, "drawn": {k: v for k, v in kw.items() if k != "rope_scaling"},
                                 "run": run, "summary": describe_arch(kw, run)}, indent=2, sort_keys=True) + "\n")
-        rec = Recorder(model)
+        rec = Capture(model, log=log)
         P, n = run["prompt_len"], run["n_decode"]
         forced = make_tokens(seed, P + n, model.config.vocab_size)
         results[f"{name}/forced.h5"] = dump_sequence(
@@ -1309,7 +1007,7 @@ def gen_tiny_fp8(out, results, tiny_model, forced):
             + ", ".join(f"{k} {v:.3g}" for k, v in sorted(errs.items())))
         need(errs["f32"] == 0.0 and errs["fp8"] < 0.07 and errs["fp4"] < 0.34 and errs["bf16"] < 0.01,
              f"quantisation error out of range: {dict(errs)}")
-        rec = Recorder(model)
+        rec = Capture(model, log=log)
         P, n = s["prompt_len"], s["n_decode"]
         results["tiny-fp8/forced.h5"] = dump_sequence(
             model, rec, tmp, "forced.h5", prompt=forced[:P], forced=forced, n_decode=n, mode="forced",

@@ -270,6 +270,7 @@ int dsv4_verify_baseline_run(const char *golden_path, const char *candidate_path
     if (rc->status == DSV4_VERIFY_ERROR) return 0; /* the candidate cannot be compared: that message first */
     dsv4_verify_options ob = *o;
     ob.baseline = NULL;
+    ob.require = NULL; /* what the candidate must hold; the baseline must hold what the candidate is compared on */
     ob.progress = NULL; /* the progress line follows the candidate's comparison */
     const char *bgolden = o->baseline_golden ? o->baseline_golden : golden_path;
     if ((ret = dsv4_cmp_run(bgolden, o->baseline, &ob, &rb))) return ret;

@@ -72,6 +72,7 @@ void dsv4_verify_result_free(dsv4_verify_result *r)
     free(r->layer_attention);
     free(r->layer_mlp);
     free(r->positions);
+    free(r->positions_only_golden);
     for (int i = 0; i < r->n_probes; i++) free(r->probes[i].rows);
     free(r->probes);
     free(r);
@@ -107,6 +108,17 @@ static int layer_rank(const dsv4_verify_result *r, int layer)
     return layer >= 0 ? layer : r->n_layers;
 }
 
+/* 1 when a glob of the comma-separated list matches the dataset name or the probe name. */
+static int glob_list_match(const char *list, const char *dataset, const char *probe)
+{
+    char globs[1024];
+    snprintf(globs, sizeof globs, "%s", list);
+    char *save = NULL;
+    for (char *gl = strtok_r(globs, ",", &save); gl; gl = strtok_r(NULL, ",", &save))
+        if (!fnmatch(gl, dataset, 0) || !fnmatch(gl, probe, 0)) return 1;
+    return 0;
+}
+
 static int probe_selected(const dsv4_cmp_ctx *x, const char *dataset, const char *probe, int layer)
 {
     const dsv4_verify_options *o = x->o;
@@ -114,12 +126,7 @@ static int probe_selected(const dsv4_cmp_ctx *x, const char *dataset, const char
     if (o->layer_lo >= 0 && rank < o->layer_lo) return 0;
     if (o->layer_hi >= 0 && rank > o->layer_hi) return 0;
     if (!o->probes || !*o->probes) return 1;
-    char globs[1024];
-    snprintf(globs, sizeof globs, "%s", o->probes);
-    char *save = NULL;
-    for (char *gl = strtok_r(globs, ",", &save); gl; gl = strtok_r(NULL, ",", &save))
-        if (!fnmatch(gl, dataset, 0) || !fnmatch(gl, probe, 0)) return 1;
-    return 0;
+    return glob_list_match(o->probes, dataset, probe);
 }
 
 /* Model order of probes: layers ascending, final/ last, then the probe order inside a layer. */
@@ -197,6 +204,8 @@ static int build_probes(dsv4_cmp_ctx *x)
             if (!probe_selected(x, p->dataset, p->probe, p->layer)) continue;
             p->order = dsv4_verify_probe_order(p->probe);
             p->presence = in_other ? DSV4_VERIFY_IN_BOTH : side ? DSV4_VERIFY_ONLY_CANDIDATE : DSV4_VERIFY_ONLY_GOLDEN;
+            p->required = p->presence == DSV4_VERIFY_ONLY_GOLDEN && x->o->require && *x->o->require &&
+                          glob_list_match(x->o->require, p->dataset, p->probe);
             /* a dataset the reader rejects (shape against the config, dtype) is a structure failure of that
              * probe, reported with the reader's message, not a reason to stop comparing the rest */
             int rc = too_long ? 0 : dsv4_dump_info(d, name, side ? &p->candidate_info : &p->golden_info);
@@ -229,8 +238,10 @@ static int build_probes(dsv4_cmp_ctx *x)
             r->n_probes++;
             if (p->presence == DSV4_VERIFY_IN_BOTH)
                 r->n_compared++;
-            else if (p->presence == DSV4_VERIFY_ONLY_GOLDEN)
+            else if (p->presence == DSV4_VERIFY_ONLY_GOLDEN) {
                 r->n_only_golden++;
+                r->n_required_missing += p->required;
+            }
             else
                 r->n_only_candidate++;
         }
@@ -353,16 +364,23 @@ static int positions_table(dsv4_cmp_ctx *x)
     r->positions = malloc((size_t)(cap ? cap : 1) * sizeof *r->positions);
     x->grow = malloc((size_t)(cap ? cap : 1) * sizeof *x->grow);
     x->crow = malloc((size_t)(cap ? cap : 1) * sizeof *x->crow);
-    if (!r->positions || !x->grow || !x->crow) return dsv4_error(DSV4_ERR_NOMEM, "verify: out of memory");
+    free(r->positions_only_golden);
+    r->positions_only_golden = malloc((size_t)(npg ? npg : 1) * sizeof *r->positions_only_golden);
+    r->n_positions_only_golden = r->n_positions_only_candidate = 0;
+    if (!r->positions || !x->grow || !x->crow || !r->positions_only_golden)
+        return dsv4_error(DSV4_ERR_NOMEM, "verify: out of memory");
     const dsv4_verify_options *o = x->o;
-    for (int i = 0, j = 0; i < npg && j < npc;) {
-        if (pg[i] < pc[j])
+#define IN_RANGE(p) ((o->pos_lo < 0 || (p) >= o->pos_lo) && (o->pos_hi < 0 || (p) <= o->pos_hi))
+    for (int i = 0, j = 0; i < npg || j < npc;) {
+        if (j == npc || (i < npg && pg[i] < pc[j])) { /* the golden stores it, the candidate does not */
+            if (IN_RANGE(pg[i])) r->positions_only_golden[r->n_positions_only_golden++] = pg[i];
             i++;
-        else if (pg[i] > pc[j])
+        } else if (i == npg || pg[i] > pc[j]) {
+            r->n_positions_only_candidate += IN_RANGE(pc[j]);
             j++;
-        else {
+        } else {
             int p = pg[i];
-            if ((o->pos_lo < 0 || p >= o->pos_lo) && (o->pos_hi < 0 || p <= o->pos_hi)) {
+            if (IN_RANGE(p)) {
                 if (p >= x->pos_limit)
                     r->n_positions_not_compared++;
                 else {
@@ -376,6 +394,7 @@ static int positions_table(dsv4_cmp_ctx *x)
             j++;
         }
     }
+#undef IN_RANGE
     if (r->n_positions == 0) {
         char a[160];
         snprintf(a, sizeof a, "golden stores %d, candidate %d positions%s", npg, npc,
@@ -671,6 +690,71 @@ static void aggregate(dsv4_verify_probe *p)
     }
 }
 
+/* --require: each glob must match a dataset (or probe name) of the golden, or it would require nothing. Returns 1
+ * (status set to could-not-compare, naming the glob) for the first that matches none. */
+static int require_matches(dsv4_cmp_ctx *x)
+{
+    const char *req = x->o->require;
+    if (!req || !*req) return 0;
+    char globs[1024];
+    snprintf(globs, sizeof globs, "%s", req);
+    char *save = NULL;
+    for (char *gl = strtok_r(globs, ",", &save); gl; gl = strtok_r(NULL, ",", &save)) {
+        int hit = 0;
+        for (int i = 0; i < dsv4_dump_dataset_count(x->g) && !hit; i++) {
+            const char *name = dsv4_dump_dataset_name(x->g, i);
+            char probe[DSV4_VERIFY_NAME_MAX];
+            parse_dataset(name, probe, sizeof probe);
+            hit = !fnmatch(gl, name, 0) || !fnmatch(gl, probe, 0);
+        }
+        if (!hit) {
+            fail_compare(x->r, "--require '%s' matches no dataset of the golden (give probe names such as topk_idx, "
+                               "datasets such as layers/1/topk_idx or final/logits, or globs such as 'final/*')%s",
+                         gl, "");
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* A probe --require names that the candidate lacks: one failed structure check, at the first compared position (an
+ * entry probe: its first entry's closing position, when compared), in model order with the other failures. */
+static int require_failures(dsv4_cmp_ctx *x)
+{
+    dsv4_verify_result *r = x->r;
+    for (int i = 0; i < r->n_probes; i++) {
+        dsv4_verify_probe *p = &r->probes[i];
+        if (!p->required) continue;
+        snprintf(p->note, sizeof p->note, "required by --require, and the candidate does not have %.200s",
+                 p->dataset);
+        dsv4_verify_row *row = dsv4_cmp_new_row(p, r->positions[0], -1);
+        if (!row) return dsv4_error(DSV4_ERR_NOMEM, "verify: out of memory");
+        row->v[DSV4_METRIC_STRUCTURE] = 1;
+        row->failed = 1u << DSV4_METRIC_STRUCTURE;
+        r->n_checks++;
+        r->n_failed_checks++;
+        p->n_failed_rows = 1;
+        p->first_failed_row = 0;
+        int rank_b = r->first.found ? (r->first.probe_index < 0 ? -1 : layer_rank(r, r->first.layer)) : 0;
+        int order_b = r->first.found && r->first.probe_index >= 0 ? r->probes[r->first.probe_index].order : -1;
+        if (!key_before(x->o->baseline != NULL, row->position, layer_rank(r, p->layer), p->order, -1, &r->first,
+                        rank_b, order_b))
+            continue;
+        dsv4_verify_divergence *d = &r->first;
+        d->found = 1;
+        d->position = row->position;
+        d->layer = p->layer;
+        d->entry = -1;
+        d->probe_index = i;
+        snprintf(d->dataset, sizeof d->dataset, "%s", p->dataset);
+        d->metric = DSV4_METRIC_STRUCTURE;
+        d->value = 1;
+        d->tolerance = 0;
+        snprintf(d->detail, sizeof d->detail, "%s", p->note);
+    }
+    return 0;
+}
+
 /* The first tie-accepted top-k difference: given in the options, or the earliest row of a topk_idx probe with
  * an accepted pick (normal tie tolerance), whichever comes first. Rows computed here are thrown away. */
 static int find_first_tie(dsv4_cmp_ctx *x)
@@ -732,6 +816,7 @@ static int other_plan(const dsv4_cmp_ctx *x, const dsv4_verify_options *o, doubl
     free(r.layer_attention);
     free(r.layer_mlp);
     free(r.positions);
+    free(r.positions_only_golden);
     free(r.probes);
     free(y.grow);
     free(y.crow);
@@ -813,6 +898,7 @@ static int run(dsv4_cmp_ctx *x, const char *golden_path, const char *candidate_p
         }
     }
     if (positions_table(x)) return 0;
+    if (require_matches(x)) return 0;
     if ((rc = build_probes(x))) return rc;
     if (x->prog && (rc = progress_plan(x))) return rc;
     if (r->n_compared == 0) {
@@ -851,6 +937,7 @@ static int run(dsv4_cmp_ctx *x, const char *golden_path, const char *candidate_p
         dsv4_cmp_progress_probe_end(x);
         aggregate(p);
     }
+    if ((rc = require_failures(x))) return rc;
     r->status = r->first.found ? DSV4_VERIFY_DIVERGED : DSV4_VERIFY_PASS;
     return 0;
 }
@@ -907,6 +994,7 @@ static int verify_passes(const char *golden_path, const char *candidate_path, co
     if (!filtered) return verify_once(golden_path, candidate_path, o, out, prog, 0);
     dsv4_verify_options all = *o;
     all.probes = "topk_idx";
+    all.require = NULL; /* this pass judges nothing */
     all.layer_lo = all.layer_hi = all.pos_lo = all.pos_hi = -1;
     dsv4_verify_result *scan = NULL;
     prog->next = o; /* the total counts this pass and the one after */

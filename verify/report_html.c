@@ -607,13 +607,22 @@ int dsv4_verify_write_html(const dsv4_verify_result *r, const char *path)
             dsv4_verify_presence which = side ? DSV4_VERIFY_ONLY_CANDIDATE : DSV4_VERIFY_ONLY_GOLDEN;
             int n = side ? r->n_only_candidate : r->n_only_golden;
             if (!n) continue;
-            fprintf(f, "<p class=\"verdict1\">Only in the %s (%d, not compared):", side ? "candidate" : "golden", n);
+            fprintf(f, "<p class=\"verdict1\">Only in the %s (%d, not compared%s):", side ? "candidate" : "golden", n,
+                    !side && r->n_required_missing ? "; REQUIRED ones fail" : "");
             for (int i = 0, k = 0; i < r->n_probes; i++)
                 if (r->probes[i].presence == which) {
                     fprintf(f, "%s <code>", k++ ? "," : "");
                     esc(f, r->probes[i].dataset);
-                    fprintf(f, "</code>");
+                    fprintf(f, "</code>%s", r->probes[i].required ? " (REQUIRED)" : "");
                 }
+            fprintf(f, "</p>\n");
+        }
+        if (r->n_positions_only_golden) {
+            char buf[1200];
+            fprintf(f, "<p class=\"verdict1\">Only in the golden: %d of its %d stored positions the candidate did "
+                       "not store (not compared): ",
+                    r->n_positions_only_golden, r->golden.n_positions);
+            esc(f, dsv4_verify_lacks_positions(r, buf, sizeof buf));
             fprintf(f, "</p>\n");
         }
         plot_layers(f, r);

@@ -262,6 +262,16 @@ static json_t *result_obj(const dsv4_verify_result *r)
     }
     json_object_set_new(o, "only_in_golden", og);
     json_object_set_new(o, "only_in_candidate", oc);
+    /* what a partial candidate did not provide (docs/dump-format.md "Partial dumps"): never compared; the datasets
+     * --require named are failures */
+    json_t *req = json_array(), *lp = json_array();
+    for (int i = 0; i < r->n_probes; i++)
+        if (r->probes[i].required) json_array_append_new(req, text(r->probes[i].dataset));
+    for (int i = 0; i < r->n_positions_only_golden; i++)
+        json_array_append_new(lp, json_integer(r->positions_only_golden[i]));
+    json_object_set_new(o, "candidate_lacks",
+                        json_pack("{s:O, s:o, s:o, s:i}", "datasets", og, "required_missing", req, "positions", lp,
+                                  "positions_only_in_candidate", r->n_positions_only_candidate));
     json_t *topk = json_array();
     for (int i = 0; i < r->n_probes; i++) {
         if (r->probes[i].kind != DSV4_VERIFY_KIND_TOPK || r->probes[i].presence != DSV4_VERIFY_IN_BOTH) continue;

@@ -4,7 +4,7 @@
  * tolerance; a per-layer table (rows = layers, one column per probe label, each cell the worst value over
  * positions of that probe's primary gated metric, '!' = some gate failed, '~' = some check passed only under
  * the after_tie gates); the first tie-accepted top-k difference and the after_tie counts; top-k per CSA layer; logits;
- * probes in only one file; the token streams. Everything else is in --json.
+ * what only one file holds (the probes and positions a partial candidate lacks); the token streams. Everything else is in --json.
  */
 #include <math.h>
 #include <stdio.h>
@@ -50,21 +50,29 @@ static const char *metric_abbrev(dsv4_verify_metric m)
     }
 }
 
-static void print_list(FILE *f, const dsv4_verify_result *r, dsv4_verify_presence which, int n, const char *title)
+/* What one file holds and the other does not: never compared and, but for --require, never failed. The golden's
+ * extras say plainly what a partial candidate did not provide (docs/dump-format.md "Partial dumps"). */
+static void print_lacks(FILE *f, const dsv4_verify_result *r, int color)
 {
-    if (!n) return;
-    fprintf(f, "%s (%d):", title, n);
-    int shown = 0;
-    for (int i = 0; i < r->n_probes; i++) {
-        if (r->probes[i].presence != which) continue;
-        if (shown == 8) {
-            fprintf(f, " ... and %d more (--json lists all)", n - shown);
-            break;
-        }
-        fprintf(f, "%s %s", shown ? "," : "", r->probes[i].dataset);
-        shown++;
+    char buf[1200];
+    if (r->n_only_golden || r->n_positions_only_golden || r->n_only_candidate) fprintf(f, "\n");
+    if (r->n_only_golden) {
+        int opt = r->n_only_golden - r->n_required_missing;
+        fprintf(f, "only in golden: %d dataset%s the candidate did not provide", r->n_only_golden,
+                r->n_only_golden == 1 ? "" : "s");
+        if (r->n_required_missing)
+            fprintf(f, ": %s%d REQUIRED by --require (failed)%s, %d not compared\n", RED(color), r->n_required_missing,
+                    OFF(color), opt);
+        else
+            fprintf(f, ", not compared (a partial dump; --require PROBES makes a missing probe fail)\n");
+        fprintf(f, "  %s\n", dsv4_verify_lacks_datasets(r, DSV4_VERIFY_ONLY_GOLDEN, buf, sizeof buf));
     }
-    fprintf(f, "\n");
+    if (r->n_positions_only_golden)
+        fprintf(f, "only in golden: %d of its %d stored positions the candidate did not store, not compared: %s\n",
+                r->n_positions_only_golden, r->golden.n_positions, dsv4_verify_lacks_positions(r, buf, sizeof buf));
+    if (r->n_only_candidate)
+        fprintf(f, "only in candidate (%d, not compared): %s\n", r->n_only_candidate,
+                dsv4_verify_lacks_datasets(r, DSV4_VERIFY_ONLY_CANDIDATE, buf, sizeof buf));
 }
 
 static void print_table(FILE *f, const dsv4_verify_result *r, int color)
@@ -239,12 +247,14 @@ int dsv4_verify_write_text(const dsv4_verify_result *r, FILE *f, int color)
         fprintf(f, "\n%sVERDICT: PASS%s  every float probe within the baseline's error, every selection within the %s "
                    "profile%s\n",
                 GREEN(color), OFF(color), r->profile_name,
-                (r->n_only_golden || r->n_only_candidate) ? " (but see the probes in only one file)" : "");
+                (r->n_only_golden || r->n_only_candidate || r->n_positions_only_golden)
+                    ? " (but see what only one file holds, below)" : "");
     else if (r->status == DSV4_VERIFY_PASS) {
         int saved = r->first_tie.found && r->n_after_tie_saved;
         fprintf(f, "\n%sVERDICT: PASS%s  every gated metric within the %s profile%s%s\n", GREEN(color), OFF(color),
                 r->profile_name, saved ? " (its after_tie gates after the tie below)" : "",
-                (r->n_only_golden || r->n_only_candidate) ? " (but see the probes in only one file)" : "");
+                (r->n_only_golden || r->n_only_candidate || r->n_positions_only_golden)
+                    ? " (but see what only one file holds, below)" : "");
     } else {
         if (failing)
             fprintf(f, "\n%sVERDICT: DIVERGED%s  %ld of %ld checks fail, in %d probe%s%s\n", RED(color), OFF(color),
@@ -289,9 +299,7 @@ int dsv4_verify_write_text(const dsv4_verify_result *r, FILE *f, int color)
     print_table(f, r, color);
     print_topk(f, r, color);
     print_logits(f, r, color);
-    if (r->n_only_golden || r->n_only_candidate) fprintf(f, "\n");
-    print_list(f, r, DSV4_VERIFY_ONLY_GOLDEN, r->n_only_golden, "only in golden");
-    print_list(f, r, DSV4_VERIFY_ONLY_CANDIDATE, r->n_only_candidate, "only in candidate");
+    print_lacks(f, r, color);
     int notes = 0;
     for (int i = 0; i < r->n_probes && notes < 4; i++)
         if (r->probes[i].note[0] && r->probes[i].n_failed_rows && r->probes[i].kind != DSV4_VERIFY_KIND_TOPK) {

@@ -286,3 +286,63 @@ int dsv4_verify_utf8_len(const char *s)
         return 0;
     return n;
 }
+
+/* Appends "a-b" / "a" ranges of the ascending ints v[n] to buf at *len, ", "-separated; stops with ", ..." when the
+ * buffer would overflow. */
+static void append_ranges(char *buf, size_t n, size_t *len, const int *v, int count)
+{
+    for (int i = 0; i < count && *len + 1 < n;) {
+        int j = i;
+        while (j + 1 < count && v[j + 1] == v[j] + 1) j++;
+        char item[48];
+        if (i == j) snprintf(item, sizeof item, "%s%d", i ? ", " : "", v[i]);
+        else snprintf(item, sizeof item, "%s%d-%d", i ? ", " : "", v[i], v[j]);
+        if (*len + strlen(item) + 6 >= n) {
+            *len += (size_t)snprintf(buf + *len, n - *len, ", ...");
+            return;
+        }
+        *len += (size_t)snprintf(buf + *len, n - *len, "%s", item);
+        i = j + 1;
+    }
+}
+
+const char *dsv4_verify_lacks_datasets(const dsv4_verify_result *r, dsv4_verify_presence which, char *buf, size_t n)
+{
+    size_t len = 0;
+    buf[0] = 0;
+    int layers[DSV4_MAX_LAYERS];
+    /* one group per probe name, in the order the names first appear (layer-major model order), final/ last */
+    for (int i = 0; i < r->n_probes && len + 1 < n; i++) {
+        const dsv4_verify_probe *p = &r->probes[i];
+        if (p->presence != which || p->layer < 0) continue;
+        int first = 1;
+        for (int k = 0; k < i && first; k++)
+            first = !(r->probes[k].presence == which && r->probes[k].layer >= 0 && !strcmp(r->probes[k].probe, p->probe));
+        if (!first) continue;
+        int count = 0, required = 0;
+        for (int k = i; k < r->n_probes; k++) {
+            const dsv4_verify_probe *q = &r->probes[k];
+            if (q->presence != which || q->layer < 0 || strcmp(q->probe, p->probe)) continue;
+            if (count < (int)(sizeof layers / sizeof layers[0])) layers[count++] = q->layer;
+            required |= q->required;
+        }
+        len += (size_t)snprintf(buf + len, n - len, "%s%s (layer%s ", len ? ", " : "", p->probe, count > 1 ? "s" : "");
+        if (len + 1 < n) append_ranges(buf, n, &len, layers, count);
+        if (len + 1 < n) len += (size_t)snprintf(buf + len, n - len, "%s)", required ? "; REQUIRED" : "");
+    }
+    for (int i = 0; i < r->n_probes && len + 1 < n; i++) {
+        const dsv4_verify_probe *p = &r->probes[i];
+        if (p->presence != which || p->layer >= 0) continue;
+        len += (size_t)snprintf(buf + len, n - len, "%s%s%s", len ? ", " : "", p->dataset,
+                                p->required ? " (REQUIRED)" : "");
+    }
+    return buf;
+}
+
+const char *dsv4_verify_lacks_positions(const dsv4_verify_result *r, char *buf, size_t n)
+{
+    size_t len = 0;
+    buf[0] = 0;
+    append_ranges(buf, n, &len, r->positions_only_golden, r->n_positions_only_golden);
+    return buf;
+}

@@ -83,6 +83,12 @@ const char *dsv4_verify_base_sentence(const dsv4_verify_result *r, char *buf, si
  * sets, and that --baseline judges other models. "" otherwise. */
 const char *dsv4_verify_profile_note(const dsv4_verify_result *r);
 
+/* The datasets only one file holds (which: ONLY_GOLDEN or ONLY_CANDIDATE), grouped by probe: "kv (layers 0-3),
+ * indexer_scores (layers 1, 3; REQUIRED), final/norm" (REQUIRED: named by --require); cut with "..." to fit. */
+const char *dsv4_verify_lacks_datasets(const dsv4_verify_result *r, dsv4_verify_presence which, char *buf, size_t n);
+/* The golden's positions the candidate does not store, as ranges "0-19, 25". */
+const char *dsv4_verify_lacks_positions(const dsv4_verify_result *r, char *buf, size_t n);
+
 /* "position 2136, layer 1 (csa/moe), topk_idx" for r->first_tie (which must be found). */
 const char *dsv4_verify_tie_where(const dsv4_verify_result *r, char *buf, size_t n);
 /* One sentence on the after_tie rule for the reports: where the first tie-accepted difference is (or that it

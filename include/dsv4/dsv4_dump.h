@@ -1,4 +1,4 @@
-/* dsv4_dump.h - HDF5 dumps of schema dsv4-dump/1 (../docs/dump-format.md): writer, reader, probes.
+/* dsv4_dump.h - HDF5 dumps of schema dsv4-dump/1 (docs/dump-format.md): writer, reader, probes.
  *
  * Writer: datasets are chunked, gzip+shuffle; the file is written as "<path>.tmp.<pid>" and renamed to
  * <path> only by dsv4_dump_writer_commit(), so a crash never leaves a half-written dump under its name.

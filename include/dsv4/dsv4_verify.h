@@ -137,6 +137,7 @@ typedef struct dsv4_verify_probe {
     int order;        /* rank inside its layer in model order (docs/verify.md) */
     dsv4_verify_kind kind;
     dsv4_verify_presence presence;
+    int required;     /* only in the golden and named by options.require: a structure failure, not a listing */
     dsv4_dataset_info golden_info, candidate_info; /* zeroed for the missing side */
     int n_gates;
     dsv4_verify_gate gates[DSV4_VERIFY_MAX_GATES]; /* the profile's gates; gates[0] is the primary metric */
@@ -205,10 +206,15 @@ typedef struct dsv4_verify_result {
     int token_diff_position;           /* first position where /tokens differ, -1 none */
     int token_golden, token_candidate; /* the tokens there */
     int n_positions_not_compared;      /* common stored positions dropped because the inputs differ */
+    /* positions (within --positions) that one file stores and the other does not: never compared, never failed;
+     * the golden's are listed (a partial candidate, docs/dump-format.md "Partial dumps") */
+    int *positions_only_golden;        /* [n_positions_only_golden] ascending */
+    int n_positions_only_golden, n_positions_only_candidate;
     dsv4_verify_probe *probes;         /* [n_probes] in model order, both-file and one-file probes */
     int n_probes;
     int n_compared; /* probes present in both */
     int n_only_golden, n_only_candidate;
+    int n_required_missing;         /* of n_only_golden: named by options.require (each a failed check) */
     long n_checks, n_failed_checks; /* (row, gate) pairs evaluated / broken */
     dsv4_verify_divergence first;
     dsv4_verify_tie first_tie;   /* found = 0: no tie-accepted difference; after_tie gates never used */
@@ -252,6 +258,13 @@ typedef struct dsv4_verify_options {
      * judged against the reference's replay of its own state, docs/verify.md "Layer-local replay"). It must hold the
      * golden's tokens and positions. NULL: the golden. */
     const char *baseline_golden;
+    /* Probes the candidate must hold (comma-separated fnmatch globs on dataset or probe names, e.g.
+     * "topk_idx,router_ids,final/logits"): a golden dataset matching one that the candidate lacks is a structure
+     * failure (status 1, placed at the first compared position in model order) instead of a listed omission. A glob
+     * that matches no dataset of the golden is an error (status 2: a typo would require nothing). Applies to the
+     * probes that --probes/--layers select. NULL: a candidate may omit any probe (docs/dump-format.md "Partial
+     * dumps"). */
+    const char *require;
 } dsv4_verify_options;
 
 void dsv4_verify_options_init(dsv4_verify_options *o);

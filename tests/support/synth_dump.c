@@ -7,6 +7,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "synth_dump.h"
 
+#include <fnmatch.h>
 #include <hdf5.h>
 #include <math.h>
 #include <stdio.h>
@@ -192,7 +193,17 @@ static int wants_noise(const synth_ctx *x, int layer, int pos)
 
 static int skip(const synth_ctx *x, const char *name)
 {
-    return x->s->omit_dataset && !strcmp(x->s->omit_dataset, name) && x->s->omit_role == x->candidate;
+    const synth_spec *s = x->s;
+    if (s->omit_role != x->candidate) return 0;
+    if (s->omit_dataset && !strcmp(s->omit_dataset, name)) return 1;
+    if (!s->omit_probes) return 0;
+    const char *probe = strrchr(name, '/') ? strrchr(name, '/') + 1 : name;
+    char globs[512];
+    snprintf(globs, sizeof globs, "%s", s->omit_probes);
+    char *save = NULL;
+    for (char *g = strtok_r(globs, ",", &save); g; g = strtok_r(NULL, ",", &save))
+        if (!fnmatch(g, name, 0) || !fnmatch(g, probe, 0)) return 1;
+    return 0;
 }
 
 static void candidate_edits(const synth_ctx *x, const char *name, int layer, int pos, int64_t row, float *v, int64_t n)
@@ -309,6 +320,10 @@ int synth_write(const char *path, const synth_spec *s, int candidate)
         for (int p = s->token_diff_position; p < T; p++) tokens[p] = (tokens[p] + 1) % s->vocab;
     const int32_t *positions = s->positions;
     int np = s->n_positions;
+    if (candidate && s->candidate_positions) {
+        positions = s->candidate_positions;
+        np = s->n_candidate_positions;
+    }
     if (!positions) {
         all = malloc((size_t)T * sizeof *all);
         for (int p = 0; p < T; p++) all[p] = p;

@@ -37,7 +37,12 @@ typedef struct synth_spec {
     int nan_position;                       /* ... at this position (per-entry datasets: entry row) ... */
     int64_t nan_index;                      /* ... at this flat index of the row */
     const char *omit_dataset;               /* not written in this file (either role) */
+    const char *omit_probes;                /* also not written: comma-separated fnmatch globs on dataset or probe
+                                               names ("kv,attn_hc_*,final/norm"), in the same role */
     int omit_role;                          /* 0: omitted from the golden, 1: from the candidate */
+    const int32_t *candidate_positions;     /* candidate only: the positions it stores (ascending; a partial
+                                               candidate), NULL = the same as the golden's */
+    int n_candidate_positions;
     int token_diff_position;                /* candidate: /tokens differ from here on (-1 none) */
 } synth_spec;
 

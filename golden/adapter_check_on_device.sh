@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# adapter_check_on_device.sh - on the device machine (torch + transformers there; everything on its CPU, fp32): show
+# that golden/make_golden.py, now built on the kit's transformers adapter and DumpWriter (python/dsv4dump), still
+# makes the COMMITTED golden sets bit for bit. Regenerates tiny, tiny-fp8 and topk512 (--set all) and the drawn
+# architectures random-106 and random-109 (--random-arch 106,109) into a temporary folder, two processes at once,
+# then compares each with the committed folder (make_golden.py --compare: every dataset's dtype, shape and bytes,
+# every root attribute but `command`, every other file's bytes) and checks each new dump with
+# `python3 -m dsv4dump check --complete`. Prints one line per set:
+#   adapter-check tiny: bit-identical (2 dumps, 198 datasets, ...)      or  adapter-check tiny: DIFFERS: ...
+# and "adapter-check: 5 of 5 sets bit-identical"; exit 0 only then. Then, informative, the worked example of
+# docs/external-engines.md (golden/tiny in bf16 on the GPU through dsv4dump.transformers.dump, checked by the kit;
+# the dump is returned as $OUT/tiny-tf-bf16.h5 to verify here). Logs: $OUT/adapter-*.log.
+#   device call: command "bash golden/adapter_check_on_device.sh 2>&1 | tee $OUT/adapter-check.log", carry nothing
+#   (about 1-2 minutes)
+set -u -o pipefail
+cd "$(dirname "$0")/.." || exit 2
+export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 CUDA_VISIBLE_DEVICES="" PYTHONDONTWRITEBYTECODE=1
+OUT=${OUT:-/tmp/adapter-check-out}
+mkdir -p "$OUT"
+work=$(mktemp -d /tmp/dsv4-adapter-check-XXXXXX)
+trap 'rm -rf "$work"' EXIT
+python3 -c 'import sys, torch, transformers, h5py, numpy
+print("versions: python", sys.version.split()[0], "torch", torch.__version__, "transformers", transformers.__version__,
+      "h5py", h5py.__version__, "numpy", numpy.__version__)' || { echo "adapter-check: no torch/transformers here"; exit 2; }
+t0=$SECONDS
+python3 golden/make_golden.py --set all --out "$work/sets" >"$OUT/adapter-sets.log" 2>&1 &
+pid_sets=$!
+python3 golden/make_golden.py --random-arch 106,109 --out "$work/sets" >"$OUT/adapter-random.log" 2>&1 &
+pid_random=$!
+wait $pid_sets
+rc_sets=$?
+wait $pid_random
+rc_random=$?
+echo "adapter-check: made in $((SECONDS - t0)) s (make_golden.py --set all: exit $rc_sets; --random-arch 106,109: exit $rc_random)"
+same=0
+sets=(tiny tiny-fp8 topk512 random-106 random-109)
+for s in "${sets[@]}"; do
+    if [ ! -d "$work/sets/$s" ]; then
+        why="not made"
+        [ -d "$work/sets/$s.failed" ] && why="its checks failed (left as $s.failed)"
+        echo "adapter-check $s: NOT MADE: $why; see $OUT/adapter-*.log:"
+        grep -hE "Error|error|FAILED|differs|over tolerance" "$OUT"/adapter-*.log | head -n 5 | sed 's/^/    /'
+        continue
+    fi
+    line=$(python3 golden/make_golden.py --compare "golden/$s" "$work/sets/$s" 2>&1 | tail -n 1)
+    rc=$?
+    chk=$(PYTHONPATH=python python3 -m dsv4dump check --complete --quiet "$work/sets/$s"/*.h5 2>&1)
+    crc=$?
+    if [ $rc -eq 0 ] && [[ $line == *"bit-identical"* ]] && [ $crc -eq 0 ]; then
+        echo "adapter-check $s: ${line#*: }"
+        same=$((same + 1))
+    else
+        echo "adapter-check $s: DIFFERS: ${line#REPRODUCIBILITY: }"
+        [ $crc -eq 0 ] || printf '%s\n' "$chk" | head -n 5 | sed 's/^/    dsv4dump check: /'
+    fi
+done
+echo "adapter-check: ${same} of ${#sets[@]} sets bit-identical to the committed ones ($((SECONDS - t0)) s)"
+
+# informative (not in the exit status): docs/external-engines.md's worked example, the adapter on golden/tiny in bf16
+# on the GPU (the CPU when there is none), dumped with dsv4dump.transformers.dump and checked by the kit
+t1=$SECONDS
+if PYTHONPATH=python CUDA_VISIBLE_DEVICES=${ADAPTER_GPU:-0} python3 - "$work/tf-bf16.h5" >"$OUT/adapter-bf16.log" 2>&1 <<'PY'
+import sys, h5py, torch
+from transformers import DeepseekV4ForCausalLM
+from dsv4dump.transformers import dump
+dev = "cuda" if torch.cuda.is_available() else "cpu"
+model = DeepseekV4ForCausalLM.from_pretrained("golden/tiny", dtype=torch.bfloat16).to(dev).eval()
+tokens = h5py.File("golden/tiny/forced.h5", "r")["tokens"][()].tolist()
+dump(model, sys.argv[1], model_dir="golden/tiny", prompt=tokens[:21], n_decode=len(tokens) - 21, forced=tokens,
+     producer=f"transformers bf16 {dev}")
+print("device", dev)
+PY
+then
+    chk=$(PYTHONPATH=python python3 -m dsv4dump check --complete "$work/tf-bf16.h5" 2>&1 | tail -n 1)
+    echo "adapter-check bf16 example ($(grep -m1 '^device' "$OUT/adapter-bf16.log"), $((SECONDS - t1)) s): $chk"
+    cp "$work/tf-bf16.h5" "$OUT/tiny-tf-bf16.h5"
+else
+    echo "adapter-check bf16 example: FAILED (informative); the log's end:"
+    tail -n 8 "$OUT/adapter-bf16.log" | sed 's/^/    /'
+fi
+[ "$same" -eq ${#sets[@]} ]
