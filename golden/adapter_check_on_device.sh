@@ -23,9 +23,12 @@ python3 -c 'import sys, torch, transformers, h5py, numpy
 print("versions: python", sys.version.split()[0], "torch", torch.__version__, "transformers", transformers.__version__,
       "h5py", h5py.__version__, "numpy", numpy.__version__)' || { echo "adapter-check: no torch/transformers here"; exit 2; }
 t0=$SECONDS
-python3 golden/make_golden.py --set all --out "$work/sets" >"$OUT/adapter-sets.log" 2>&1 &
+# from inside $work with --out golden: tiny-fp8's config.json carries "_name_or_path" = the folder transformers loaded
+# tiny from ("golden/tiny.tmp" in the committed set), so the output folder must be named as it was
+root=$PWD
+(cd "$work" && python3 "$root/golden/make_golden.py" --set all --out golden) >"$OUT/adapter-sets.log" 2>&1 &
 pid_sets=$!
-python3 golden/make_golden.py --random-arch 106,109 --out "$work/sets" >"$OUT/adapter-random.log" 2>&1 &
+(cd "$work" && python3 "$root/golden/make_golden.py" --random-arch 106,109 --out golden) >"$OUT/adapter-random.log" 2>&1 &
 pid_random=$!
 wait $pid_sets
 rc_sets=$?
@@ -35,16 +38,16 @@ echo "adapter-check: made in $((SECONDS - t0)) s (make_golden.py --set all: exit
 same=0
 sets=(tiny tiny-fp8 topk512 random-106 random-109)
 for s in "${sets[@]}"; do
-    if [ ! -d "$work/sets/$s" ]; then
+    if [ ! -d "$work/golden/$s" ]; then
         why="not made"
-        [ -d "$work/sets/$s.failed" ] && why="its checks failed (left as $s.failed)"
+        [ -d "$work/golden/$s.failed" ] && why="its checks failed (left as $s.failed)"
         echo "adapter-check $s: NOT MADE: $why; see $OUT/adapter-*.log:"
         grep -hE "Error|error|FAILED|differs|over tolerance" "$OUT"/adapter-*.log | head -n 5 | sed 's/^/    /'
         continue
     fi
-    line=$(python3 golden/make_golden.py --compare "golden/$s" "$work/sets/$s" 2>&1 | tail -n 1)
+    line=$(python3 golden/make_golden.py --compare "golden/$s" "$work/golden/$s" 2>&1 | tail -n 1)
     rc=$?
-    chk=$(PYTHONPATH=python python3 -m dsv4dump check --complete --quiet "$work/sets/$s"/*.h5 2>&1)
+    chk=$(PYTHONPATH=python python3 -m dsv4dump check --complete --quiet "$work/golden/$s"/*.h5 2>&1)
     crc=$?
     if [ $rc -eq 0 ] && [[ $line == *"bit-identical"* ]] && [ $crc -eq 0 ]; then
         echo "adapter-check $s: ${line#*: }"
