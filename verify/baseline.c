@@ -41,15 +41,6 @@ static const dsv4_verify_probe *find_probe(const dsv4_verify_result *r, const ch
     return NULL;
 }
 
-static char *dupstr(const char *s)
-{
-    s = s ? s : "";
-    size_t n = strlen(s) + 1;
-    char *d = malloc(n);
-    if (d) memcpy(d, s, n);
-    return d;
-}
-
 /* Status 2 with the message; the baseline's own comparison messages name it "candidate": say "baseline". A message
  * about the file itself ("candidate: PATH: cannot open ...") names the path already. */
 static void refuse(dsv4_verify_result *r, const char *path, const char *why)
@@ -265,7 +256,7 @@ int dsv4_verify_baseline_run(const char *golden_path, const char *candidate_path
     if (ret) return ret;
     *out = rc;
     rc->baseline = 1;
-    rc->base.path = dupstr(o->baseline);
+    rc->base.path = dsv4_cmp_strdup(o->baseline);
     if (!rc->base.path) return dsv4_error(DSV4_ERR_NOMEM, "verify: out of memory");
     if (rc->status == DSV4_VERIFY_ERROR) return 0; /* the candidate cannot be compared: that message first */
     dsv4_verify_options ob = *o;

@@ -34,7 +34,7 @@ void dsv4_verify_options_init(dsv4_verify_options *o)
     o->tie_at_position = o->tie_at_layer = -1;
 }
 
-static char *dupstr(const char *s)
+char *dsv4_cmp_strdup(const char *s)
 {
     s = s ? s : "";
     size_t n = strlen(s) + 1;
@@ -45,10 +45,10 @@ static char *dupstr(const char *s)
 
 static void file_info(dsv4_verify_file *f, const dsv4_dump *d)
 {
-    f->path = dupstr(dsv4_dump_path(d));
-    f->producer = dupstr(dsv4_dump_attr(d, "producer"));
-    f->weights_digest = dupstr(dsv4_dump_attr(d, "weights_digest"));
-    f->mode = dupstr(dsv4_dump_attr(d, "mode"));
+    f->path = dsv4_cmp_strdup(dsv4_dump_path(d));
+    f->producer = dsv4_cmp_strdup(dsv4_dump_attr(d, "producer"));
+    f->weights_digest = dsv4_cmp_strdup(dsv4_dump_attr(d, "weights_digest"));
+    f->mode = dsv4_cmp_strdup(dsv4_dump_attr(d, "mode"));
     f->prompt_len = dsv4_dump_prompt_len(d);
     f->n_decode = dsv4_dump_n_decode(d);
     dsv4_dump_tokens(d, &f->n_tokens);

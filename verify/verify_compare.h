@@ -77,6 +77,9 @@ int dsv4_cmp_run(const char *golden_path, const char *candidate_path, const dsv4
 int dsv4_verify_baseline_run(const char *golden_path, const char *candidate_path, const dsv4_verify_options *o,
                              dsv4_verify_result **out);
 
+/* A malloc'd copy of s ("" for NULL); NULL when out of memory. */
+char *dsv4_cmp_strdup(const char *s);
+
 /* A new row for p (grows p->rows); NULL when out of memory. */
 dsv4_verify_row *dsv4_cmp_new_row(dsv4_verify_probe *p, int position, int entry);
 /* Elements in one row of a dataset: the product of its shape past the first dimension. */
