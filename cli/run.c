@@ -40,7 +40,7 @@ static void run_usage(FILE *f)
             "                [--index-context live|max] [--kv bf16|fp8] [--max-context N] [--batch C]\n"
             "                [--dump-seq I] [--graph on|off] [--gpus N] [--weights auto|bf16|fp8]\n"
             "                [--quantize none|fp8] [--follow DUMP.h5 [--allow-different-weights]]\n"
-            "                [--probes NAMES] [--emulate none|bf16]\n\n"
+            "                [--probes NAMES] [--emulate none|bf16] [--gpu-weights auto|resident|stream]\n\n"
             "Runs the model over a prompt (one prefill) and N one-token decode steps, and writes every probe of\n"
             "dump-format.md for the chosen positions to OUT.h5.\n\n"
             "  --model DIR            model folder: config.json + *.safetensors\n"
@@ -79,6 +79,14 @@ static void run_usage(FILE *f)
             "                         rounds at the same places as ref-cpu (the baseline for models and prompts too\n"
             "                         large for the CPU); the two differ only in fp32 summation order, which the\n"
             "                         roundings amplify to bf16 size, so compare them with --profile bf16\n"
+            "ref-gpu only:\n"
+            "  --gpu-weights W        where ref-gpu holds its weights (docs/reference.md): resident (every weight as\n"
+            "                         f32 on the GPU, uploaded at init), stream (the checkpoint's own bytes, FP8/FP4/\n"
+            "                         bf16/f32, copied to the GPU a layer, a routed expert or a row range of the head at\n"
+            "                         a time and dequantised there: memory bounded by one layer whatever the model) or\n"
+            "                         auto (the default: resident when the f32 model fits the GPU with 10%% to spare).\n"
+            "                         Both give bitwise the same dump. The run ends with where ref-gpu's time and GPU\n"
+            "                         memory went (DSV4_REF_GPU_SYNC=1 runs each stage alone, to time it)\n"
             "opt only (first value = default; the second is the naive variant of design.md; the references refuse\n"
             "these, exit 2):\n"
             "  --attn, --indexer, --mhc, --index-context, --kv   the switches, e.g. --mhc roundtrip\n"
@@ -231,6 +239,7 @@ typedef struct run_args {
     const char *model, *path, *tokens_from, *prompt_tokens, *positions, *dump, *follow, *probes;
     int decode, greedy, forced, decode_from;
     int allow_different_weights; /* --follow a dump of another weights_digest */
+    int gpu_weights_given;       /* --gpu-weights: ref-gpu only */
     dsv4_opt_options opt; /* --path opt */
     dsv4_ref_options ref; /* --path ref-cpu, ref-gpu */
     int max_context;      /* 0: the run's length */
@@ -287,6 +296,12 @@ static int parse_args(int argc, char **argv, run_args *a)
             int rc = dsv4_ref_emulate_parse(v, &a->ref.emulate);
             if (rc) return rc;
             i++;
+        } else if (!strcmp(o, "--gpu-weights")) {
+            if (!v) return dsv4_error(DSV4_ERR_USAGE, "%s needs a value", o);
+            int rc = dsv4_ref_gpu_weights_parse(v, &a->ref.gpu_weights);
+            if (rc) return rc;
+            a->gpu_weights_given = 1;
+            i++;
         } else if (!strcmp(o, "--allow-different-weights")) a->allow_different_weights = 1;
         else if (!strcmp(o, "--greedy")) a->greedy = 1;
         else if (!strcmp(o, "--forced")) a->forced = 1;
@@ -342,6 +357,10 @@ static int parse_args(int argc, char **argv, run_args *a)
     if (a->ref.emulate != DSV4_REF_EMULATE_NONE && !strcmp(a->path, "opt"))
         return dsv4_error(DSV4_ERR_USAGE, "--emulate is an option of --path ref-cpu and ref-gpu (not of %s: it is the "
                           "bf16 path itself)", a->path);
+    if (a->gpu_weights_given && strcmp(a->path, "ref-gpu"))
+        return dsv4_error(DSV4_ERR_USAGE, "--gpu-weights is an option of --path ref-gpu (not of %s%s)", a->path,
+                          strcmp(a->path, "opt") ? ", which holds the checkpoint as on disk and dequantises a layer at "
+                          "a time" : "; its own is --weights");
     if (a->decode_from > 0 && !strcmp(a->path, "opt")) /* it was taken and ignored */
         return dsv4_error(DSV4_ERR_USAGE,
                           "--decode-from %d: --path opt feeds the prompt as one-token steps (--decode-from 0); "
@@ -500,6 +519,50 @@ static int write_command_attr(dsv4_dump_writer *w, int argc, char **argv)
     return rc;
 }
 
+/* Where ref-gpu's time and memory went: "ref-gpu weights:" (the mode, the GPU memory against the plan) and one
+ * "ref-gpu time" line per stretch (the prefill, the decode steps) with the fill / copy / dequantisation sums. */
+static void print_gpu_stats(const dsv4_ref *ref, const dsv4_ref_gpu_stats *pre, int K, int n_steps, double plan)
+{
+    dsv4_ref_gpu_stats end;
+    dsv4_ref_gpu_stats_get(ref, &end);
+    if (!end.gpu) return;
+    char b[4][32];
+    printf("ref-gpu weights: %s; GPU memory (cudaMemGetInfo): %s at init, %s at the most, plan %s (CUDA context "
+           "and cuBLAS workspace apart; %s in use before)\n", end.streamed ? "streamed" : "resident",
+           dsv4_mem_format(end.gpu_init, b[0], 32), dsv4_mem_format(end.gpu_peak, b[1], 32),
+           dsv4_mem_format(plan, b[2], 32), dsv4_mem_format(end.gpu_base, b[3], 32));
+    if (!end.streamed) return;
+    const dsv4_ref_gpu_stats *from[2] = {NULL, pre}, *to[2] = {pre, &end};
+    const char *what[2] = {"prefill", "decode"};
+    const int n[2] = {K > 0 ? 1 : 0, n_steps};
+    for (int i = 0; i < 2; i++) {
+        dsv4_ref_gpu_stats z, d;
+        memset(&z, 0, sizeof z);
+        const dsv4_ref_gpu_stats *a = from[i] ? from[i] : &z, *c = to[i];
+        if (!n[i] || c->calls == a->calls) continue;
+        d.calls = c->calls - a->calls;
+        d.wall_s = c->wall_s - a->wall_s;
+        d.bytes = c->bytes - a->bytes;
+        d.fill_s = c->fill_s - a->fill_s;
+        d.wait_s = c->wait_s - a->wait_s;
+        d.copy_s = c->copy_s - a->copy_s;
+        d.dequant_s = c->dequant_s - a->dequant_s;
+        const double per = (double)d.calls;
+        printf("ref-gpu time, %s (%ld call%s%s): per call %.3f s wall, %.2f GB copied (%ld dense, %ld head, %ld "
+               "expert parts); host fill %.3f s (%.2f GB/s), H2D %.3f s (%.2f GB/s), GPU dequant %.3f s, host waits "
+               "%.3f s", what[i], d.calls, d.calls == 1 ? "" : "s",
+               end.sync ? ", DSV4_REF_GPU_SYNC=1: each stage alone" : ", overlapped", d.wall_s / per,
+               d.bytes / 1e9 / per, (c->dense_parts - a->dense_parts) / d.calls, (c->head_parts - a->head_parts) /
+               d.calls, (c->expert_parts - a->expert_parts) / d.calls, d.fill_s / per,
+               d.fill_s > 0 ? d.bytes / 1e9 / d.fill_s : 0.0, d.copy_s / per,
+               d.copy_s > 0 ? d.bytes / 1e9 / d.copy_s : 0.0, d.dequant_s / per, d.wait_s / per);
+        if (end.sync) /* nothing overlapped: what is left of the wall time is the compute */
+            printf(", compute (GEMMs, the other kernels, launches) %.3f s",
+                   (d.wall_s - d.fill_s - d.copy_s - d.dequant_s - d.wait_s) / per);
+        printf("\n");
+    }
+}
+
 static int exit_code(int rc) { return rc == DSV4_ERR_USAGE || rc == DSV4_ERR_IO || rc == DSV4_ERR_FORMAT ||
                                       rc == DSV4_ERR_CONFIG || rc == DSV4_ERR_MISSING || rc == DSV4_ERR_SHAPE ||
                                       rc == DSV4_ERR_UNSUPPORTED ? 2 : 1; }
@@ -526,6 +589,9 @@ int dsv4_cmd_run(int argc, char **argv)
     int32_t *positions = NULL;
     float *logits = NULL;
     int n_pos = 0, refused = 0; /* refused: the memory plan does not fit (exit 2) */
+    double plan_total = 0;     /* the reference's memory plan, bytes */
+    dsv4_ref_gpu_stats gs_pre; /* ref-gpu: the stats after the prefill */
+    memset(&gs_pre, 0, sizeof gs_pre);
     if ((rc = make_plan(&a, &pl))) {
         fprintf(stderr, "dsv4 run: %s\n", dsv4_last_error());
         return exit_code(rc);
@@ -577,15 +643,16 @@ int dsv4_cmd_run(int argc, char **argv)
      * with the numbers, and exits 2 (the input cannot be run here) */
     if (!use_opt) {
         dsv4_ref_plan plan;
-        char line[600];
+        char line[1200];
         rc = !strcmp(a.path, "ref-cpu") ? dsv4_ref_cpu_plan(m, pl.T, K, &a.ref, &plan)
-                                        : dsv4_ref_gpu_plan(m, pl.T, &plan);
+                                        : dsv4_ref_gpu_plan(m, pl.T, &a.ref, &plan);
         if (rc) {
             refused = rc == DSV4_ERR_NOMEM;
             goto out;
         }
         printf("dsv4 run: %s memory plan: %s\n", a.path, dsv4_ref_plan_describe(&plan, pl.T, K, line, sizeof line));
         fflush(stdout);
+        plan_total = plan.total;
     }
     char digest[65] = ""; /* hashes every weight byte: only when a dump or --follow needs it, once */
     if (a.dump || a.follow) {
@@ -658,6 +725,7 @@ int dsv4_cmd_run(int argc, char **argv)
         if ((rc = dsv4_ref_prefill(ref, pl.tokens, K, sink, logits))) goto out;
         t_pre = now_s() - t_pre0;
     }
+    if (ref) dsv4_ref_gpu_stats_get(ref, &gs_pre);
     double t_dec0 = now_s();
     pr.last = t_dec0;
     pr.last_done = K;
@@ -692,6 +760,7 @@ int dsv4_cmd_run(int argc, char **argv)
         printf("\n");
     }
     if (a.dump) printf("dump: %s (%d positions)\n", a.dump, n_pos);
+    if (ref) print_gpu_stats(ref, &gs_pre, K, n_steps, plan_total);
     if (follow) {
         dsv4_opt_follow_stats fs;
         if (op) {
