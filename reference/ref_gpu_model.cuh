@@ -89,7 +89,7 @@ typedef struct dsv4_ref_gpu {
     float *host;                      /* [host_floats] staging of probe rows, owned */
     size_t host_floats;
     int32_t *h_rids, *h_row_tok, *h_slot_of, *h_count; /* host MoE grouping: [chunk·k] ×3, [2·E] */
-    int32_t *h_pair_of, *h_ex;        /* [chunk·k] the pair of each grouped row; [E] the experts routed to, ascending */
+    int32_t *h_pair_of, *h_ex;        /* [chunk·k] each grouped row's pair; [E] the experts routed to, ascending */
     int streamed;                     /* 1: the weights stream (g->stream); 0: resident in w_arena */
     gpu_stream stream;
     dsv4_progress_fn layer_progress;  /* NULL: none; called after each layer of a forward call */

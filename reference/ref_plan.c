@@ -74,7 +74,8 @@ const char *dsv4_ref_plan_describe(const dsv4_ref_plan *p, int max_tokens, int p
     buf[0] = 0;
     if (p->gpu && p->streamed) {
         append(buf, size, &o, "weights streamed as on disk %s (2 slots of %s for a layer's dense tensors or a row "
-               "range of the head, in %d, and 2 of %s for a routed expert, the same pinned on the host; as f32 an arena",
+               "range of the head, in %d, and 2 of %s for a routed expert, the same pinned on the host; as f32 an "
+               "arena",
                dsv4_mem_format(p->weights, a, sizeof a), dsv4_mem_format(p->dense_slot, b, sizeof b), p->head_parts,
                dsv4_mem_format(p->expert_slot, c, sizeof c));
         append(buf, size, &o, " of %s for the largest layer, %d: %s, or the head: %s,", dsv4_mem_format(p->arena, a,
