@@ -527,11 +527,12 @@ static void print_gpu_stats(const dsv4_ref *ref, const dsv4_ref_gpu_stats *pre, 
     dsv4_ref_gpu_stats end;
     dsv4_ref_gpu_stats_get(ref, &end);
     if (!end.gpu) return;
-    char b[4][32];
-    printf("ref-gpu weights: %s; GPU memory (cudaMemGetInfo): %s at init, %s at the most, plan %s (CUDA context "
-           "and cuBLAS workspace apart; %s in use before)\n", end.streamed ? "streamed" : "resident",
-           dsv4_mem_format(end.gpu_init, b[0], 32), dsv4_mem_format(end.gpu_peak, b[1], 32),
-           dsv4_mem_format(plan, b[2], 32), dsv4_mem_format(end.gpu_base, b[3], 32));
+    char b[5][32];
+    printf("ref-gpu weights: %s; GPU memory: %s allocated by the reference (plan %s); cudaMemGetInfo: %s at init, %s "
+           "at the most (what CUDA makes lazily included), %s in use before\n", end.streamed ? "streamed" : "resident",
+           dsv4_mem_format(end.gpu_alloc, b[0], 32), dsv4_mem_format(plan, b[1], 32),
+           dsv4_mem_format(end.gpu_init, b[2], 32), dsv4_mem_format(end.gpu_peak, b[3], 32),
+           dsv4_mem_format(end.gpu_base, b[4], 32));
     if (!end.streamed) return;
     const dsv4_ref_gpu_stats *from[2] = {NULL, pre}, *to[2] = {pre, &end};
     const char *what[2] = {"prefill", "decode"};

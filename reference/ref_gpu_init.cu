@@ -27,17 +27,16 @@ typedef struct binder {
     size_t max_numel;
 } binder;
 
-/* Device allocation of one arena: refused with both sizes before cudaMalloc when the GPU cannot hold it, and a
- * failed cudaMalloc reported with the size and what it was for (never a NULL that crashes later). */
-static int ref_gpu_alloc(void **p, size_t bytes, const char *what)
+int ref_gpu_alloc(dsv4_ref_gpu *g, void **p, size_t bytes, const char *what)
 {
     int rc = dsv4_mem_check_device((double)bytes, what);
     if (rc) return rc;
-    cudaError_t e = cudaMalloc(p, bytes);
+    cudaError_t e = cudaMalloc(p, bytes ? bytes : 1);
     if (e != cudaSuccess) {
         *p = NULL;
         return dsv4_mem_device_alloc_failed((double)bytes, what, cudaGetErrorString(e));
     }
+    g->stats.gpu_alloc += (double)bytes;
     return 0;
 }
 
@@ -152,7 +151,8 @@ static int upload_tid2eid(dsv4_ref_gpu *g, dsv4_model *m)
     int n_hash = 0;
     for (int L = 0; L < f->num_hidden_layers; L++) n_hash += g->lw[L].mlp == DSV4_MLP_HASH_MOE;
     if (!n_hash) return 0;
-    int arc = ref_gpu_alloc((void **)&g->i_arena, (size_t)n_hash * V * k * sizeof(int32_t), "ref-gpu tid2eid tables");
+    int arc = ref_gpu_alloc(g, (void **)&g->i_arena, (size_t)n_hash * V * k * sizeof(int32_t),
+                            "ref-gpu tid2eid tables");
     if (arc) return arc;
     int32_t *h = (int32_t *)dsv4_ref_alloc(V * k * sizeof(int32_t), "ref-gpu tid2eid staging");
     if (!h) return DSV4_ERR_NOMEM;
@@ -241,7 +241,8 @@ int ref_gpu_init_model(dsv4_model *m, int max_tokens, const dsv4_ref_options *o,
     if (g->n_pairs > 512) return dsv4_error(DSV4_ERR_UNSUPPORTED, "ref-gpu: %d rope pairs", g->n_pairs);
     dsv4_rope_inv_freq(&f->rope_main, f->qk_rope_head_dim, inv);
     dsv4_rope_inv_freq(&f->rope_compress, f->qk_rope_head_dim, inv + g->n_pairs);
-    DSV4_TRY(ref_gpu_alloc((void **)&g->inv_main, 2 * (size_t)(g->n_pairs + 1) * sizeof(float), "ref-gpu rope tables"));
+    DSV4_TRY(ref_gpu_alloc(g, (void **)&g->inv_main, 2 * (size_t)(g->n_pairs + 1) * sizeof(float),
+                           "ref-gpu rope tables"));
     g->inv_cmp = g->inv_main + g->n_pairs;
     DSV4_REF_CUDA_CHECK(cudaMemcpy(g->inv_main, inv, 2 * (size_t)g->n_pairs * sizeof(float), cudaMemcpyHostToDevice));
 
@@ -254,7 +255,7 @@ int ref_gpu_init_model(dsv4_model *m, int max_tokens, const dsv4_ref_options *o,
     b.m = m;
     b.emu = g->emu;
     DSV4_TRY(bind_all(g, &b));
-    DSV4_TRY(ref_gpu_alloc((void **)&g->w_arena, b.off * sizeof(float), "ref-gpu weights (f32)"));
+    DSV4_TRY(ref_gpu_alloc(g, (void **)&g->w_arena, b.off * sizeof(float), "ref-gpu weights (f32)"));
     size_t total = b.off;
     b.arena = g->w_arena;
     b.off = 0;
@@ -270,7 +271,7 @@ int ref_gpu_init_model(dsv4_model *m, int max_tokens, const dsv4_ref_options *o,
     /* decode state sized by max_tokens */
     rc = 0;
     size_t st = layout_state(g, max_tokens, NULL, &rc);
-    DSV4_TRY(ref_gpu_alloc((void **)&g->state_mem, st * sizeof(float), "ref-gpu decode state"));
+    DSV4_TRY(ref_gpu_alloc(g, (void **)&g->state_mem, st * sizeof(float), "ref-gpu decode state"));
     DSV4_REF_CUDA_CHECK(cudaMemset(g->state_mem, 0, st * sizeof(float)));
     layout_state(g, max_tokens, g->state_mem, &rc);
     if (rc) return rc;
@@ -282,7 +283,7 @@ int ref_gpu_init_model(dsv4_model *m, int max_tokens, const dsv4_ref_options *o,
                           dm.pool_cap_max);
     g->iq = dm.iq;
     size_t scr = dsv4_ref_gpu_scratch_layout(f, &dm, &g->sc, NULL);
-    DSV4_TRY(ref_gpu_alloc((void **)&g->scratch_mem, scr * sizeof(float), "ref-gpu scratch"));
+    DSV4_TRY(ref_gpu_alloc(g, (void **)&g->scratch_mem, scr * sizeof(float), "ref-gpu scratch"));
     dsv4_ref_gpu_scratch_layout(f, &dm, &g->sc, g->scratch_mem);
 
     /* host staging: the widest probe rows of a chunk, or a block of logits rows */

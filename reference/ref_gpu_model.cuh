@@ -112,6 +112,11 @@ typedef struct dsv4_ref_gpu {
  * g holds what was allocated so far (the caller frees it). */
 int ref_gpu_init_model(dsv4_model *m, int max_tokens, const dsv4_ref_options *o, dsv4_ref_gpu *g);
 
+/* Device allocation of one of the reference's buffers (ref_gpu_init.cu): refused with both sizes before cudaMalloc
+ * when the GPU cannot hold it, a failed cudaMalloc reported with the size and what it was for (never a NULL that
+ * crashes later); counted in g->stats.gpu_alloc. */
+int ref_gpu_alloc(dsv4_ref_gpu *g, void **p, size_t bytes, const char *what);
+
 /* ref_gpu_stream.cu: where the weights of a step come from. Resident: the arena's views; streamed: parts staged
  * through the slots and dequantised on the GPU (a layer's views valid while it is the loaded one). */
 /* Slots, buffers, copy stream and events of the streamed mode (g->model, cfg, emu, sc set; g->streamed). */

@@ -405,18 +405,6 @@ static int slot_init(gpu_slot *s, uint8_t *dev, size_t cap)
     return 0;
 }
 
-/* Device allocation with the size checked first and a failure named (ref_gpu_init.cu's rule). */
-static int stream_alloc(void **p, size_t bytes, const char *what)
-{
-    DSV4_TRY(dsv4_mem_check_device((double)bytes, what));
-    cudaError_t e = cudaMalloc(p, bytes ? bytes : 1);
-    if (e != cudaSuccess) {
-        *p = NULL;
-        return dsv4_mem_device_alloc_failed((double)bytes, what, cudaGetErrorString(e));
-    }
-    return 0;
-}
-
 int ref_gpu_stream_init(dsv4_ref_gpu *g, int max_tokens)
 {
     gpu_stream *gs = &g->stream;
@@ -431,10 +419,10 @@ int ref_gpu_stream_init(dsv4_ref_gpu *g, int max_tokens)
     char what[160];
     snprintf(what, sizeof what, "ref-gpu pinned buffers of the streamed weights (2 x %zu + 2 x %zu bytes)", ds, es);
     DSV4_TRY(dsv4_mem_check_host(2.0 * (double)(ds + es), what));
-    DSV4_TRY(stream_alloc((void **)&gs->dev_mem, 2 * (ds + es), "ref-gpu weight slots (as on disk)"));
-    DSV4_TRY(stream_alloc((void **)&gs->arena, gs->sz.arena_floats * sizeof(float),
+    DSV4_TRY(ref_gpu_alloc(g, (void **)&gs->dev_mem, 2 * (ds + es), "ref-gpu weight slots (as on disk)"));
+    DSV4_TRY(ref_gpu_alloc(g, (void **)&gs->arena, gs->sz.arena_floats * sizeof(float),
                           "ref-gpu weights of one layer or the head (f32)"));
-    DSV4_TRY(stream_alloc((void **)&gs->expert_f32, gs->sz.expert_floats * sizeof(float),
+    DSV4_TRY(ref_gpu_alloc(g, (void **)&gs->expert_f32, gs->sz.expert_floats * sizeof(float),
                           "ref-gpu one routed expert (f32)"));
     DSV4_TRY(slot_init(&gs->dense[0], gs->dev_mem, ds));
     DSV4_TRY(slot_init(&gs->dense[1], gs->dev_mem + ds, ds));

@@ -176,9 +176,12 @@ typedef struct dsv4_ref_gpu_stats {
     double wait_s;          /* host: waiting for a slot still being copied or dequantised */
     double copy_s;          /* GPU: host-to-device copies (events on the copy stream) */
     double dequant_s;       /* GPU: dequantisation to f32 and the emulation's rounding of the weights (events) */
+    double gpu_alloc;       /* bytes the reference allocated on the GPU itself (what its plan counts) */
     double gpu_base;        /* bytes of GPU memory in use before the reference's init (cudaMemGetInfo) */
     double gpu_init;        /* bytes of GPU memory the reference took at init (cudaMemGetInfo before and after) */
-    double gpu_peak;        /* the most it held at the end of any call so far (cuBLAS's workspace included) */
+    double gpu_peak;        /* the most it held at the end of any call so far: its own buffers and what CUDA made
+                               for it lazily (modules, the local memory of kernels with per-thread arrays, cuBLAS's
+                               workspace) */
 } dsv4_ref_gpu_stats;
 /* r's stats into s (zeros for ref-cpu). */
 void dsv4_ref_gpu_stats_get(const dsv4_ref *r, dsv4_ref_gpu_stats *s);

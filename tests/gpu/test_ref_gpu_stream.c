@@ -15,10 +15,11 @@
  *             the head whole, the prompt token by token, and following the golden's choices with the emulation. The
  *             comparison can fail: the plain and the emulated dumps differ.
  *   memory:   the streamed reference on a full-size sparse stand-in of the released checkpoint (tests/support/
- *             flash_standin.h; 3 and 5 layers, a 16-token prefill and 4 decode steps, in process) holds at most its
- *             plan + 256 MiB of GPU memory (cudaMemGetInfo at the end of init and of every call: the CUDA modules
- *             and cuBLAS's workspace are not in the plan), at least the plan's weights (the measurement sees them),
- *             the same within 64 MiB on 3 and 5 layers; it copies each layer's part once per call and a routed
+ *             flash_standin.h; 3 and 5 layers, a 16-token prefill and 4 decode steps, in process) allocates what
+ *             its plan says (between 90% and 100% of it: the plan's state is a bound), loses at most the plan +
+ *             512 MiB of GPU memory by cudaMemGetInfo (at the end of init and of every call; what CUDA makes lazily,
+ *             kernels' local memory, modules, cuBLAS's workspace, is not in the plan), the same within 64 MiB on 3
+ *             and 5 layers; it copies each layer's part once per call and a routed
  *             expert only when a token routes to it, and reports every layer through the progress callback.
  * Without a CUDA device: exit 77. `test_ref_gpu_stream --write-standin DIR N` writes an N-layer stand-in and a
  * 16-token prompt (DIR/prompt.txt) and exits (scripts/ref_scale_on_device.sh).
@@ -381,19 +382,24 @@ static double standin_peak(int n_layers)
     dsv4_ref_gpu_stats st;
     dsv4_ref_gpu_stats_get(r, &st);
     char line[1200];
-    printf("%d layers: plan %s\n  init + prefill %.1f s, 4 decode steps %.1f s; GPU memory: %.0f MiB at init, %.0f MiB "
-           "peak, plan %.0f MiB; %ld calls, %ld dense / %ld head / %ld expert parts, %.2f GB copied; host fill %.2f s, "
-           "H2D %.2f s, dequant %.2f s, waits %.2f s\n", n_layers, dsv4_ref_plan_describe(&plan, 20, 0, line,
-           sizeof line), t1 - t0, t2 - t1, st.gpu_init / MIB, st.gpu_peak / MIB, plan.total / MIB, st.calls,
-           st.dense_parts, st.head_parts, st.expert_parts, st.bytes / 1e9, st.fill_s, st.copy_s, st.dequant_s,
-           st.wait_s);
+    printf("%d layers: plan %s\n  init + prefill %.1f s, 4 decode steps %.1f s; GPU memory: %.1f MiB allocated by the "
+           "reference, plan %.1f MiB; cudaMemGetInfo %.0f MiB at init, %.0f MiB peak; %ld calls, %ld dense / %ld head "
+           "/ %ld expert parts, %.2f GB copied; host fill %.2f s, H2D %.2f s, dequant %.2f s, waits %.2f s\n",
+           n_layers, dsv4_ref_plan_describe(&plan, 20, 0, line, sizeof line), t1 - t0, t2 - t1, st.gpu_alloc / MIB,
+           plan.total / MIB, st.gpu_init / MIB, st.gpu_peak / MIB, st.calls, st.dense_parts, st.head_parts,
+           st.expert_parts, st.bytes / 1e9, st.fill_s, st.copy_s, st.dequant_s, st.wait_s);
     ck_assert_int_eq(st.gpu, 1);
     ck_assert_int_eq(st.streamed, 1);
     ck_assert_int_eq(st.calls, 5);
-    ck_assert_msg(st.gpu_peak <= plan.total + 256 * MIB, "GPU peak %.0f MiB, plan %.0f MiB", st.gpu_peak / MIB,
+    /* what the reference allocates is what its plan says (the state is the plan's upper bound) */
+    ck_assert_msg(st.gpu_alloc <= plan.total && st.gpu_alloc >= 0.9 * plan.total, "allocated %.1f MiB, plan %.1f MiB",
+                  st.gpu_alloc / MIB, plan.total / MIB);
+    /* all the GPU lost, measured: + what CUDA makes for it lazily (the local memory of kernels with per-thread arrays:
+     * hc_coeff's 1 KiB a thread is 264 MiB for the 270,336 threads an H200 holds; modules; cuBLAS's workspace) */
+    ck_assert_msg(st.gpu_peak <= plan.total + 512 * MIB, "GPU peak %.0f MiB, plan %.0f MiB", st.gpu_peak / MIB,
                   plan.total / MIB);
-    ck_assert_msg(st.gpu_peak >= plan.weights, "GPU peak %.0f MiB below the plan's weights %.0f MiB: not measured?",
-                  st.gpu_peak / MIB, plan.weights / MIB);
+    ck_assert_msg(st.gpu_peak >= st.gpu_alloc, "GPU peak %.0f MiB below the %.0f MiB allocated: not measured?",
+                  st.gpu_peak / MIB, st.gpu_alloc / MIB);
     /* each layer's dense part once per call (+ the first call's own first layer), each head range once per call */
     ck_assert_int_eq(st.dense_parts, 5L * n_layers + 1);
     ck_assert_int_eq(st.head_parts, 5L * plan.head_parts);
