@@ -134,9 +134,11 @@ int dsv4_ref_cpu_init_opts(dsv4_model *m, int max_tokens, const dsv4_ref_options
  * when no device is present. */
 int dsv4_ref_gpu_init(dsv4_model *m, int max_tokens, dsv4_ref **out);
 /* The same with options (NULL: the defaults, i.e. dsv4_ref_gpu_init), as dsv4_ref_cpu_init_opts: emulate BF16
- * uploads bf16-rounded weights (no extra copy) and rounds the activations where the CPU emulation does; follow as
- * there. Options that do not fit the model (a follow table of another config, an emulate outside the enum) are
- * DSV4_ERR_USAGE before any device is touched, in a build without CUDA too. */
+ * rounds the bf16-held weights (on upload, or after the GPU dequantises them) and the activations where the CPU
+ * emulation does; follow as there; gpu_weights resident, streamed or auto (decided by dsv4_ref_gpu_plan, checked here
+ * before anything is allocated); layer_progress after each layer. Options that do not fit the model (a follow table
+ * of another config, an enum value outside its enum) are DSV4_ERR_USAGE before any device is touched, in a build
+ * without CUDA too. */
 int dsv4_ref_gpu_init_opts(dsv4_model *m, int max_tokens, const dsv4_ref_options *o, dsv4_ref **out);
 void dsv4_ref_free(dsv4_ref *r);
 
