@@ -29,6 +29,7 @@
 #include "dsv4/dsv4_opt.h"
 #include "dsv4/dsv4_ref.h"
 #include "progress.h"
+#include "run_inputs.h"
 
 static void run_usage(FILE *f)
 {
@@ -40,7 +41,8 @@ static void run_usage(FILE *f)
             "                [--index-context live|max] [--kv bf16|fp8] [--max-context N] [--batch C]\n"
             "                [--dump-seq I] [--graph on|off] [--gpus N] [--weights auto|bf16|fp8]\n"
             "                [--quantize none|fp8] [--follow DUMP.h5 [--allow-different-weights]]\n"
-            "                [--probes NAMES] [--emulate none|bf16] [--replay CAND.h5]\n\n"
+            "                [--probes NAMES] [--emulate none|bf16] [--gpu-weights auto|resident|stream]\n"
+            "                [--replay CAND.h5]\n\n"
             "Runs the model over a prompt (one prefill) and N one-token decode steps, and writes every probe of\n"
             "dump-format.md for the chosen positions to OUT.h5.\n\n"
             "  --model DIR            model folder: config.json + *.safetensors\n"
@@ -85,6 +87,15 @@ static void run_usage(FILE *f)
             "                         rounds at the same places as ref-cpu (the baseline for models and prompts too\n"
             "                         large for the CPU); the two differ only in fp32 summation order, which the\n"
             "                         roundings amplify to bf16 size, so compare them with --profile bf16\n"
+            "ref-gpu only:\n"
+            "  --gpu-weights W        where ref-gpu holds its weights (docs/reference.md): resident (every\n"
+            "                         weight as f32 on the GPU, uploaded at init), stream (the checkpoint's own\n"
+            "                         bytes, FP8/FP4/bf16/f32, copied to the GPU a layer, a routed expert or a row\n"
+            "                         range of the head at a time and dequantised there: GPU memory bounded by one\n"
+            "                         layer whatever the model) or auto (the default: resident when the f32 model\n"
+            "                         fits the GPU with 10%% to spare). Both give bitwise the same dump. The run\n"
+            "                         ends with where ref-gpu's time and GPU memory went (DSV4_REF_GPU_SYNC=1 runs\n"
+            "                         each stage alone, to time it)\n"
             "opt only (first value = default; the second is the naive variant of design.md; the references refuse\n"
             "these, exit 2):\n"
             "  --attn, --indexer, --mhc, --index-context, --kv   the switches, e.g. --mhc roundtrip\n"
@@ -173,58 +184,6 @@ static int read_token_file(const char *path, int32_t **out, int *n)
     return 0;
 }
 
-/* --dump-positions: a comma list of items, each "all", "decode" (the last prompt position and every decode
- * position), an id or an a-b range; *out ascending, unique. */
-static int parse_positions(const char *spec, int T, int P, int32_t **out, int *n)
-{
-    char *mark = calloc((size_t)T + 1, 1);
-    if (!mark) return dsv4_error(DSV4_ERR_NOMEM, "out of memory");
-    const char *s = spec;
-    if (!*s) goto bad; /* no item: not a dump of zero positions */
-    while (*s) {
-        const char *comma = strchr(s, ',');
-        size_t len = comma ? (size_t)(comma - s) : strlen(s);
-        if (len == 3 && !strncmp(s, "all", 3)) {
-            memset(mark, 1, (size_t)T);
-        } else if (len == 6 && !strncmp(s, "decode", 6)) {
-            for (int p = P > 0 ? P - 1 : 0; p < T; p++) mark[p] = 1;
-        } else {
-            char *end;
-            long a = strtol(s, &end, 10), b = a;
-            if (end == s) goto bad;
-            if (*end == '-') {
-                const char *s2 = end + 1;
-                b = strtol(s2, &end, 10);
-                if (end == s2) goto bad;
-            }
-            if (end != s + len) goto bad;
-            if (a < 0 || b < a || b >= T) {
-                free(mark);
-                return dsv4_error(DSV4_ERR_USAGE, "--dump-positions: %ld-%ld is not an ascending range in [0, %d)",
-                                  a, b, T);
-            }
-            for (long p = a; p <= b; p++) mark[p] = 1;
-        }
-        s += len;
-        if (*s == ',' && !*++s) goto bad; /* a trailing comma: an empty item */
-    }
-    int cnt = 0;
-    for (int p = 0; p < T; p++) cnt += mark[p];
-    *out = malloc(((size_t)cnt + 1) * sizeof **out);
-    if (!*out) {
-        free(mark);
-        return dsv4_error(DSV4_ERR_NOMEM, "out of memory");
-    }
-    *n = 0;
-    for (int p = 0; p < T; p++)
-        if (mark[p]) (*out)[(*n)++] = p;
-    free(mark);
-    return 0;
-bad:
-    free(mark);
-    return dsv4_error(DSV4_ERR_USAGE, "--dump-positions: cannot parse '%s' (want e.g. all, decode, 0,5,8-12)", spec);
-}
-
 static int32_t argmax_lowest(const float *v, int n)
 {
     int32_t best = 0;
@@ -237,6 +196,7 @@ typedef struct run_args {
     const char *model, *path, *tokens_from, *prompt_tokens, *positions, *dump, *follow, *probes, *replay;
     int decode, greedy, forced, decode_from;
     int allow_different_weights; /* --follow a dump of another weights_digest */
+    int gpu_weights_given;       /* --gpu-weights: ref-gpu only */
     dsv4_opt_options opt; /* --path opt */
     dsv4_ref_options ref; /* --path ref-cpu, ref-gpu */
     int max_context;      /* 0: the run's length */
@@ -293,6 +253,12 @@ static int parse_args(int argc, char **argv, run_args *a)
             if (!v) return dsv4_error(DSV4_ERR_USAGE, "%s needs a value", o);
             int rc = dsv4_ref_emulate_parse(v, &a->ref.emulate);
             if (rc) return rc;
+            i++;
+        } else if (!strcmp(o, "--gpu-weights")) {
+            if (!v) return dsv4_error(DSV4_ERR_USAGE, "%s needs a value", o);
+            int rc = dsv4_ref_gpu_weights_parse(v, &a->ref.gpu_weights);
+            if (rc) return rc;
+            a->gpu_weights_given = 1;
             i++;
         } else if (!strcmp(o, "--allow-different-weights")) a->allow_different_weights = 1;
         else if (!strcmp(o, "--greedy")) a->greedy = 1;
@@ -363,6 +329,10 @@ static int parse_args(int argc, char **argv, run_args *a)
     if (a->ref.emulate != DSV4_REF_EMULATE_NONE && !strcmp(a->path, "opt"))
         return dsv4_error(DSV4_ERR_USAGE, "--emulate is an option of --path ref-cpu and ref-gpu (not of %s: it is the "
                           "bf16 path itself)", a->path);
+    if (a->gpu_weights_given && strcmp(a->path, "ref-gpu"))
+        return dsv4_error(DSV4_ERR_USAGE, "--gpu-weights is an option of --path ref-gpu (not of %s%s)", a->path,
+                          strcmp(a->path, "opt") ? ", which holds the checkpoint as on disk and dequantises a layer at "
+                          "a time" : "; its own is --weights");
     if (a->decode_from > 0 && !strcmp(a->path, "opt")) /* it was taken and ignored */
         return dsv4_error(DSV4_ERR_USAGE,
                           "--decode-from %d: --path opt feeds the prompt as one-token steps (--decode-from 0); "
@@ -486,20 +456,6 @@ static int run_opt_steps(dsv4_opt *op, const dsv4_opt_options *oo, run_plan *pl,
 /* --follow: load the table and check the dump ran the same prompt (forced runs: every common token), so the
  * choices followed are about this text; a greedy run is checked over the prompt, the step stops at a token that
  * differs later. */
-/* --replay: load the candidate's state (refused, naming what it lacks, when replay cannot run on it) and check that
- * it is a dump of this model's weights (its tokens are the run's: --replay implies --tokens-from). */
-static int replay_open(const char *path, const dsv4_config *cfg, const char *digest, int allow_different_weights,
-                       dsv4_ref_replay **out)
-{
-    int rc = dsv4_ref_replay_load(path, cfg, out);
-    if (rc) return rc;
-    const char *theirs = dsv4_ref_replay_weights_digest(*out);
-    if (!allow_different_weights && strcmp(theirs, digest))
-        return dsv4_error(DSV4_ERR_USAGE, "--replay %s: its weights_digest %s is not the model's %s (a candidate of "
-                          "other weights; --allow-different-weights replays it anyway)", path, theirs, digest);
-    return 0;
-}
-
 static int follow_open(const char *path, const dsv4_config *cfg, const run_plan *pl, const char *digest,
                        int allow_different_weights, dsv4_opt_follow **out)
 {
@@ -535,6 +491,51 @@ static int write_command_attr(dsv4_dump_writer *w, int argc, char **argv)
     return rc;
 }
 
+/* Where ref-gpu's time and memory went: "ref-gpu weights:" (the mode, the GPU memory against the plan) and one
+ * "ref-gpu time" line per stretch (the prefill, the decode steps) with the fill / copy / dequantisation sums. */
+static void print_gpu_stats(const dsv4_ref *ref, const dsv4_ref_gpu_stats *pre, int K, int n_steps, double plan)
+{
+    dsv4_ref_gpu_stats end;
+    dsv4_ref_gpu_stats_get(ref, &end);
+    if (!end.gpu) return;
+    char b[5][32];
+    printf("ref-gpu weights: %s; GPU memory: %s allocated by the reference (plan %s); cudaMemGetInfo: %s at init, %s "
+           "at the most (what CUDA makes lazily included), %s in use before\n", end.streamed ? "streamed" : "resident",
+           dsv4_mem_format(end.gpu_alloc, b[0], 32), dsv4_mem_format(plan, b[1], 32),
+           dsv4_mem_format(end.gpu_init, b[2], 32), dsv4_mem_format(end.gpu_peak, b[3], 32),
+           dsv4_mem_format(end.gpu_base, b[4], 32));
+    if (!end.streamed) return;
+    const dsv4_ref_gpu_stats *from[2] = {NULL, pre}, *to[2] = {pre, &end};
+    const char *what[2] = {"prefill", "decode"};
+    const int n[2] = {K > 0 ? 1 : 0, n_steps};
+    for (int i = 0; i < 2; i++) {
+        dsv4_ref_gpu_stats z, d;
+        memset(&z, 0, sizeof z);
+        const dsv4_ref_gpu_stats *a = from[i] ? from[i] : &z, *c = to[i];
+        if (!n[i] || c->calls == a->calls) continue;
+        d.calls = c->calls - a->calls;
+        d.wall_s = c->wall_s - a->wall_s;
+        d.bytes = c->bytes - a->bytes;
+        d.fill_s = c->fill_s - a->fill_s;
+        d.wait_s = c->wait_s - a->wait_s;
+        d.copy_s = c->copy_s - a->copy_s;
+        d.dequant_s = c->dequant_s - a->dequant_s;
+        const double per = (double)d.calls;
+        printf("ref-gpu time, %s (%ld call%s%s): per call %.3f s wall, %.2f GB copied (%ld dense, %ld head, %ld "
+               "expert parts); host fill %.3f s (%.2f GB/s), H2D %.3f s (%.2f GB/s), GPU dequant %.3f s, host waits "
+               "%.3f s", what[i], d.calls, d.calls == 1 ? "" : "s",
+               end.sync ? ", DSV4_REF_GPU_SYNC=1: each stage alone" : ", overlapped", d.wall_s / per,
+               d.bytes / 1e9 / per, (c->dense_parts - a->dense_parts) / d.calls, (c->head_parts - a->head_parts) /
+               d.calls, (c->expert_parts - a->expert_parts) / d.calls, d.fill_s / per,
+               d.fill_s > 0 ? d.bytes / 1e9 / d.fill_s : 0.0, d.copy_s / per,
+               d.copy_s > 0 ? d.bytes / 1e9 / d.copy_s : 0.0, d.dequant_s / per, d.wait_s / per);
+        if (end.sync) /* nothing overlapped: what is left of the wall time is the compute */
+            printf(", compute (GEMMs, the other kernels, launches) %.3f s",
+                   (d.wall_s - d.fill_s - d.copy_s - d.dequant_s - d.wait_s) / per);
+        printf("\n");
+    }
+}
+
 static int exit_code(int rc) { return rc == DSV4_ERR_USAGE || rc == DSV4_ERR_IO || rc == DSV4_ERR_FORMAT ||
                                       rc == DSV4_ERR_CONFIG || rc == DSV4_ERR_MISSING || rc == DSV4_ERR_SHAPE ||
                                       rc == DSV4_ERR_UNSUPPORTED ? 2 : 1; }
@@ -562,6 +563,9 @@ int dsv4_cmd_run(int argc, char **argv)
     int32_t *positions = NULL;
     float *logits = NULL;
     int n_pos = 0, refused = 0; /* refused: the memory plan does not fit (exit 2) */
+    double plan_total = 0;     /* the reference's memory plan, bytes */
+    dsv4_ref_gpu_stats gs_pre; /* ref-gpu: the stats after the prefill */
+    memset(&gs_pre, 0, sizeof gs_pre);
     if ((rc = make_plan(&a, &pl))) {
         fprintf(stderr, "dsv4 run: %s\n", dsv4_last_error());
         return exit_code(rc);
@@ -577,13 +581,13 @@ int dsv4_cmd_run(int argc, char **argv)
     if (use_opt) K = 0; /* the optimized path feeds the prompt as one-token steps (parse_args refused K > 0) */
 
     /* the positions before the model: a bad list is a usage error before any loading */
-    if (a.positions) rc = parse_positions(a.positions, pl.T, pl.P, &positions, &n_pos);
+    if (a.positions) rc = dsv4_cli_parse_positions(a.positions, pl.T, pl.P, &positions, &n_pos);
     else if (pl.gold_pos) {
         positions = malloc(((size_t)pl.n_gold_pos + 1) * sizeof *positions);
         if (!positions) rc = dsv4_error(DSV4_ERR_NOMEM, "out of memory");
         for (int i = 0; positions && i < pl.n_gold_pos; i++)
             if (pl.gold_pos[i] < pl.T) positions[n_pos++] = pl.gold_pos[i];
-    } else rc = parse_positions("all", pl.T, pl.P, &positions, &n_pos);
+    } else rc = dsv4_cli_parse_positions("all", pl.T, pl.P, &positions, &n_pos);
     if (rc) goto out;
 
     if (use_opt && a.max_context > 0 && a.max_context < pl.T) { /* it failed at that step, after the whole load */
@@ -614,15 +618,16 @@ int dsv4_cmd_run(int argc, char **argv)
      * with the numbers, and exits 2 (the input cannot be run here) */
     if (!use_opt) {
         dsv4_ref_plan plan;
-        char line[600];
+        char line[1200];
         rc = !strcmp(a.path, "ref-cpu") ? dsv4_ref_cpu_plan(m, pl.T, K, &a.ref, &plan)
-                                        : dsv4_ref_gpu_plan(m, pl.T, &plan);
+                                        : dsv4_ref_gpu_plan(m, pl.T, &a.ref, &plan);
         if (rc) {
             refused = rc == DSV4_ERR_NOMEM;
             goto out;
         }
         printf("dsv4 run: %s memory plan: %s\n", a.path, dsv4_ref_plan_describe(&plan, pl.T, K, line, sizeof line));
         fflush(stdout);
+        plan_total = plan.total;
     }
     char digest[65] = ""; /* hashes every weight byte: only when a dump, --follow or --replay needs it, once */
     if (a.dump || a.follow || a.replay) {
@@ -647,7 +652,8 @@ int dsv4_cmd_run(int argc, char **argv)
     } else {
         if (a.follow && (rc = follow_open(a.follow, cfg, &pl, digest, a.allow_different_weights, &follow))) goto out;
         a.ref.follow = follow;
-        if (a.replay && (rc = replay_open(a.replay, cfg, digest, a.allow_different_weights, &replay))) goto out;
+        if (a.replay && (rc = dsv4_cli_replay_open(a.replay, cfg, digest, a.allow_different_weights, &replay)))
+            goto out;
         a.ref.replay = replay;
         if (!strcmp(a.path, "ref-cpu")) rc = dsv4_ref_cpu_init_opts(m, pl.T, &a.ref, &ref);
         else rc = dsv4_ref_gpu_init_opts(m, pl.T, &a.ref, &ref);
@@ -697,6 +703,7 @@ int dsv4_cmd_run(int argc, char **argv)
         if ((rc = dsv4_ref_prefill(ref, pl.tokens, K, sink, logits))) goto out;
         t_pre = now_s() - t_pre0;
     }
+    if (ref) dsv4_ref_gpu_stats_get(ref, &gs_pre);
     double t_dec0 = now_s();
     pr.last = t_dec0;
     pr.last_done = K;
@@ -731,6 +738,7 @@ int dsv4_cmd_run(int argc, char **argv)
         printf("\n");
     }
     if (a.dump) printf("dump: %s (%d positions)\n", a.dump, n_pos);
+    if (ref) print_gpu_stats(ref, &gs_pre, K, n_steps, plan_total);
     if (follow) {
         dsv4_opt_follow_stats fs;
         if (op) {

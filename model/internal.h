@@ -74,9 +74,6 @@ int dsv4_tensor_dequant_rows_f32(const dsv4_tensor *t, int64_t row0, int64_t nro
 /* Logical (dequantised) shape: FP4-packed I8/U8 with a scale has twice the last dim. Returns ndim. */
 int dsv4_tensor_logical_shape(const dsv4_tensor *t, int64_t shape[4]);
 size_t dsv4_tensor_logical_numel(const dsv4_tensor *t);
-/* 1 if the tensor is FP4 packed (I8/U8 with a scale), 0 otherwise. */
-int dsv4_tensor_is_fp4(const dsv4_tensor *t);
-/* Check a quantised tensor's scale shape; 0 if fine or not quantised, else DSV4_ERR_SHAPE with a message. */
-int dsv4_tensor_check_scale(const dsv4_tensor *t);
+/* dsv4_tensor_is_fp4 and dsv4_tensor_check_scale are public (dsv4.h). */
 
 #endif

@@ -3,7 +3,9 @@
  * linear (batched over the call's tokens), the kernels of ref_gpu_ops.cu / ref_gpu_attn.cu for the rest; the
  * arenas below are set up by ref_gpu_init.cu (types in ref_gpu_model.cuh).
  *
- * Layout: one device arena for the weights (uploaded once from the loader's f32 view), one for the decode state
+ * Layout: the weights resident in one device arena (uploaded once from the loader's f32 view) or streamed a part at
+ * a time through slots in their on-disk formats and dequantised on the GPU (ref_gpu_stream.cu: a layer's views are
+ * valid while it is the loaded layer; the step asks ref_gpu_weights_* for each), one arena for the decode state
  * (window rings, compressor states, compressed pools, indexer key pools; sized by max_tokens), one for the
  * scratch of a call of up to chunk tokens (allocated at init, so a decode step allocates nothing). A prefill
  * longer than the chunk runs as consecutive calls: the forward of n tokens at p0 is exact for any p0 given
@@ -16,19 +18,31 @@
  * - Probes are copied back only for stored positions (dsv4_probe_wants), with the CPU's row lengths (the
  *   indexer scores of the visible entries only, k = min(index_topk, pool) picks).
  * - The MoE groups the call's (token, expert) pairs by expert on the host: the routing ids come back once
- *   per layer; the sum over a token's experts is formed in its routing order, then the shared expert added.
+ *   per layer; each routed expert then runs on its rows (w1, w3, SwiGLU, w2), one expert after the other (its
+ *   weights fetched once, streamed or not); the sum over a token's experts is formed in its routing order, then the
+ *   shared expert added. The per-row kernels (SwiGLU, the emulation's scaled rounding) give the same values on an
+ *   expert's rows as on all rows at once.
  * - Options (dsv4_ref_options, ref_gpu_emu.cu): with g->emu every value the CPU emulation rounds is rounded at the
  *   same place (each site marked "emu:" as in ref_forward.c; probes taken where the CPU takes them, kv before its
  *   rounding, norm after); with g->follow the own picks are probed, then the dump's rows merged in. With neither
  *   set not one kernel differs from the plain reference (the emulated attention and MoE sum are kernels of their
  *   own, the plain ones untouched).
  */
+#define _POSIX_C_SOURCE 200809L
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "ref_gpu_model.cuh"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 /* -------------------------------------------------------------------------------------------- probes */
 /* Copy the rows [S, row_len] of the stored positions back and hand each to the sink. */
@@ -273,12 +287,6 @@ static int moe(dsv4_ref_gpu *g, int L, int p0, int S, dsv4_probe_sink *probe)
         DSV4_TRY(probe_rows_i32(g, probe, L, "router_ids", sc->rids, k, k, p0, S));
         DSV4_TRY(probe_rows(g, probe, L, "router_weights", sc->rw, k, p0, S));
     }
-    /* shared expert over all tokens, into fout */
-    DSV4_TRY(dsv4_ref_gpu_linear(g->blas, sc->eg, sc->xn, w->sh_w1, S, D, NI));
-    DSV4_TRY(dsv4_ref_gpu_linear(g->blas, sc->eu, sc->xn, w->sh_w3, S, D, NI));
-    DSV4_TRY(dsv4_ref_gpu_swiglu(sc->eg, sc->eg, sc->eu, (size_t)S * NI, limit));
-    if (g->emu) DSV4_TRY(dsv4_ref_gpu_emu_round(sc->eg, (size_t)S * NI)); /* emu: o->h_sh */
-    DSV4_TRY(dsv4_ref_gpu_linear(g->blas, sc->fout, sc->eg, w->sh_w2, S, NI, D));
 
     /* group the (token, expert) pairs by expert: slot_of[s·k + j] = row of that pair in xg / yg */
     size_t nk = (size_t)S * k;
@@ -292,9 +300,11 @@ static int moe(dsv4_ref_gpu *g, int L, int p0, int S, dsv4_probe_sink *probe)
         if (e < 0 || e >= E) return dsv4_error(DSV4_ERR_USAGE, "ref-gpu: layer %d routed to expert %d", L, e);
         count[e]++;
     }
+    int n_ex = 0; /* the experts some pair routes to, ascending */
     for (int e = 0, acc = 0; e < E; e++) {
         start[e] = acc;
         acc += count[e];
+        if (count[e]) g->h_ex[n_ex++] = e;
         count[e] = 0;
     }
     for (size_t i = 0; i < nk; i++) {
@@ -302,23 +312,35 @@ static int moe(dsv4_ref_gpu *g, int L, int p0, int S, dsv4_probe_sink *probe)
         int slot = start[e] + count[e]++;
         g->h_slot_of[i] = slot;
         g->h_row_tok[slot] = (int32_t)(i / k);
+        g->h_pair_of[slot] = (int32_t)i;
     }
+    DSV4_TRY(ref_gpu_weights_experts_begin(g, L, g->h_ex, n_ex)); /* streamed: the first expert's copy starts */
     DSV4_REF_CUDA_CHECK(cudaMemcpy(sc->slot_of, g->h_slot_of, nk * sizeof(int32_t), cudaMemcpyHostToDevice));
     DSV4_REF_CUDA_CHECK(cudaMemcpy(sc->row_tok, g->h_row_tok, nk * sizeof(int32_t), cudaMemcpyHostToDevice));
     DSV4_TRY(dsv4_ref_gpu_gather_rows(sc->xg, sc->xn, sc->row_tok, (int)nk, D));
-    for (int e = 0; e < E; e++) {
-        if (!count[e]) continue;
-        size_t r0 = start[e];
-        DSV4_TRY(dsv4_ref_gpu_linear(g->blas, sc->eg + r0 * NI, sc->xg + r0 * D, w->w1[e], count[e], D, NI));
-        DSV4_TRY(dsv4_ref_gpu_linear(g->blas, sc->eu + r0 * NI, sc->xg + r0 * D, w->w3[e], count[e], D, NI));
+    if (g->emu) { /* each grouped row's route weight, for its expert's scaled rounding */
+        DSV4_REF_CUDA_CHECK(cudaMemcpy(sc->pair_of, g->h_pair_of, nk * sizeof(int32_t), cudaMemcpyHostToDevice));
+        DSV4_TRY(dsv4_ref_gpu_gather_rows(sc->wslot, sc->rw, sc->pair_of, (int)nk, 1));
     }
-    DSV4_TRY(dsv4_ref_gpu_swiglu(sc->eg, sc->eg, sc->eu, nk * NI, limit));
-    if (g->emu) /* emu: o->h_r, the route weight entering BEFORE the bf16 store */
-        DSV4_TRY(dsv4_ref_gpu_moe_scale_round(sc->eg, sc->slot_of, sc->rw, (int)nk, NI));
-    for (int e = 0; e < E; e++) {
-        if (!count[e]) continue;
-        size_t r0 = start[e];
-        DSV4_TRY(dsv4_ref_gpu_linear(g->blas, sc->yg + r0 * D, sc->eg + r0 * NI, w->w2[e], count[e], NI, D));
+    /* shared expert over all tokens, into fout */
+    DSV4_TRY(dsv4_ref_gpu_linear(g->blas, sc->eg, sc->xn, w->sh_w1, S, D, NI));
+    DSV4_TRY(dsv4_ref_gpu_linear(g->blas, sc->eu, sc->xn, w->sh_w3, S, D, NI));
+    DSV4_TRY(dsv4_ref_gpu_swiglu(sc->eg, sc->eg, sc->eu, (size_t)S * NI, limit));
+    if (g->emu) DSV4_TRY(dsv4_ref_gpu_emu_round(sc->eg, (size_t)S * NI)); /* emu: o->h_sh */
+    DSV4_TRY(dsv4_ref_gpu_linear(g->blas, sc->fout, sc->eg, w->sh_w2, S, NI, D));
+    /* the routed experts, one after the other on their rows r0 .. r0+c-1 of xg / eg / eu / yg */
+    for (int j = 0; j < n_ex; j++) {
+        const int e = g->h_ex[j], c = count[e];
+        const size_t r0 = start[e];
+        const float *w1, *w3, *w2;
+        DSV4_TRY(ref_gpu_weights_expert(g, L, g->h_ex, n_ex, j, &w1, &w3, &w2));
+        float *eg = sc->eg + r0 * NI, *eu = sc->eu + r0 * NI;
+        DSV4_TRY(dsv4_ref_gpu_linear(g->blas, eg, sc->xg + r0 * D, w1, c, D, NI));
+        DSV4_TRY(dsv4_ref_gpu_linear(g->blas, eu, sc->xg + r0 * D, w3, c, D, NI));
+        DSV4_TRY(dsv4_ref_gpu_swiglu(eg, eg, eu, (size_t)c * NI, limit));
+        if (g->emu) /* emu: o->h_r, the route weight entering BEFORE the bf16 store */
+            DSV4_TRY(dsv4_ref_gpu_moe_scale_round(eg, sc->ident, sc->wslot + r0, c, NI));
+        DSV4_TRY(dsv4_ref_gpu_linear(g->blas, sc->yg + r0 * D, eg, w2, c, NI, D));
     }
     if (g->emu) DSV4_TRY(dsv4_ref_gpu_moe_sum(sc->fout, sc->yg, sc->slot_of, S, k, D)); /* moe_down_kernel's order */
     else DSV4_TRY(dsv4_ref_gpu_moe_combine(sc->fout, sc->yg, sc->slot_of, sc->rw, S, k, D));
@@ -330,6 +352,7 @@ static int layer_forward(dsv4_ref_gpu *g, int L, int p0, int S, dsv4_probe_sink 
 {
     gpu_layer *w = &g->lw[L];
     gpu_scratch *sc = &g->sc;
+    DSV4_TRY(ref_gpu_weights_layer(g, L)); /* streamed: the layer's dense tensors, dequantised into the arena */
     DSV4_TRY(mhc_pre(g, L, &w->hc_attn, w->attn_norm, p0, S, 1, probe));
     DSV4_TRY(attention(g, L, p0, S, probe));
     DSV4_TRY(mhc_post(g, sc->aout, S));
@@ -357,14 +380,16 @@ static int head_forward(dsv4_ref_gpu *g, int p0, int S, dsv4_probe_sink *probe, 
     if (probe) DSV4_TRY(probe_rows(g, probe, -1, "norm", sc->y, D, p0, S));
     int32_t rows[LOGIT_ROWS];
     int nr = 0;
+    const float *head = NULL; /* asked for at the first row that needs logits: once per call */
     for (int s = 0; s < S; s++) {
         int want = dsv4_probe_wants(probe, p0 + s), last = s == S - 1 && logits_last;
         if (want || last) rows[nr++] = s;
         if (nr < LOGIT_ROWS && s < S - 1) continue;
         if (!nr) continue;
+        if (!head) DSV4_TRY(ref_gpu_weights_head(g, &head));
         DSV4_REF_CUDA_CHECK(cudaMemcpy(sc->lrows, rows, (size_t)nr * sizeof(int32_t), cudaMemcpyHostToDevice));
         DSV4_TRY(dsv4_ref_gpu_gather_rows(sc->yrows, sc->y, sc->lrows, nr, D));
-        DSV4_TRY(dsv4_ref_gpu_linear(g->blas, sc->logits, sc->yrows, g->head, nr, D, V));
+        DSV4_TRY(dsv4_ref_gpu_linear(g->blas, sc->logits, sc->yrows, head, nr, D, V));
         DSV4_REF_CUDA_CHECK(cudaMemcpy(g->host, sc->logits, (size_t)nr * V * sizeof(float), cudaMemcpyDeviceToHost));
         for (int i = 0; i < nr; i++) {
             int p = p0 + rows[i];
@@ -383,16 +408,20 @@ static int forward_call(dsv4_ref_gpu *g, int p0, const int32_t *tokens, int S, d
 {
     const dsv4_config *f = &g->cfg;
     gpu_scratch *sc = &g->sc;
-    int n = f->hc_mult, D = f->hidden_size, V = f->vocab_size;
+    const int V = f->vocab_size;
     for (int s = 0; s < S; s++)
         DSV4_CHECK(tokens[s] >= 0 && tokens[s] < V, "reference: token %d at position %d outside [0, %d)", tokens[s],
                    p0 + s, V);
     ref_gpu_follow_start(g, p0, tokens, S); /* following stops for good at a token that is not the dump's */
     DSV4_REF_CUDA_CHECK(cudaMemcpy(sc->tokens, tokens, (size_t)S * sizeof(int32_t), cudaMemcpyHostToDevice));
-    DSV4_TRY(dsv4_ref_gpu_embed(sc->X, g->embed, sc->tokens, S, n, D));
+    DSV4_TRY(ref_gpu_weights_embed(g, tokens, S));
     DSV4_TRY(dsv4_ref_gpu_rope_table(sc->cos_m, sc->sin_m, g->inv_main, g->n_pairs, p0, S));
     DSV4_TRY(dsv4_ref_gpu_rope_table(sc->cos_c, sc->sin_c, g->inv_cmp, g->n_pairs, p0, S));
-    for (int L = 0; L < f->num_hidden_layers; L++) DSV4_TRY(layer_forward(g, L, p0, S, probe));
+    for (int L = 0; L < f->num_hidden_layers; L++) {
+        DSV4_TRY(layer_forward(g, L, p0, S, probe));
+        /* the host is at most a layer ahead of the GPU here: each MoE waits for its routing ids */
+        if (g->layer_progress) g->layer_progress(g->progress_ctx, L + 1, f->num_hidden_layers);
+    }
     DSV4_TRY(head_forward(g, p0, S, probe, logits_last));
     DSV4_REF_CUDA_CHECK(cudaDeviceSynchronize());
     return 0;
@@ -404,7 +433,9 @@ static int gpu_forward(dsv4_ref *r, const int32_t *tokens, int n, dsv4_probe_sin
     dsv4_ref_gpu *g = (dsv4_ref_gpu *)r->impl;
     for (int i = 0; i < n; i += g->chunk) {
         int S = n - i < g->chunk ? n - i : g->chunk;
+        const double t0 = now_s();
         DSV4_TRY(forward_call(g, r->pos + i, tokens + i, S, probe, i + S == n ? logits_last : NULL));
+        ref_gpu_stats_call_end(g, now_s() - t0);
     }
     return 0;
 }
@@ -436,6 +467,7 @@ static void gpu_free(void *impl)
 {
     dsv4_ref_gpu *g = (dsv4_ref_gpu *)impl;
     if (!g) return;
+    ref_gpu_stream_free(g);
     if (g->lw)
         for (int L = 0; L < g->cfg.num_hidden_layers; L++) dsv4_ref_release((void *)g->lw[L].w1);
     dsv4_ref_release(g->lw);
@@ -456,12 +488,22 @@ static void gpu_follow_stats(const dsv4_ref *r, dsv4_ref_follow_stats *s)
     *s = ((const dsv4_ref_gpu *)r->impl)->fstats;
 }
 
+static void gpu_stats(const dsv4_ref *r, dsv4_ref_gpu_stats *s)
+{
+    const dsv4_ref_gpu *g = (const dsv4_ref_gpu *)r->impl;
+    *s = g->stats;
+    s->gpu = 1;
+    s->streamed = g->streamed;
+    s->sync = g->stream.sync;
+}
+
 static const dsv4_ref_vtable dsv4_ref_gpu_vtable = {
     "dsv4 " DSV4_VERSION " reference gpu fp32",
     gpu_forward,
     gpu_dump_entries,
     gpu_free,
     gpu_follow_stats,
+    gpu_stats,
 };
 
 extern "C" int dsv4_ref_gpu_init(dsv4_model *m, int max_tokens, dsv4_ref **out)

@@ -1,7 +1,7 @@
 /* ref_gpu.cuh - the kernels of the GPU fp32 reference (model-spec §3-§10), as C-callable host launchers over
  * device pointers: ref_gpu_ops.cu (linear, RMSNorm, RoPE, mHC, embedding, MoE pieces) and ref_gpu_attn.cu
- * (compressor state machine, indexer scores and selection, sink attention over gathered entries), and the bf16
- * emulation's roundings in ref_gpu_emu.cu. The model (ref_gpu.cu) composes them; tests/gpu/test_ref_gpu_ops.c and
+ * (compressor state machine, indexer scores and selection, sink attention over gathered entries), the bf16
+ * emulation's roundings in ref_gpu_emu.cu, and the streamed weights' dequantiser in ref_gpu_stream.cu. The model (ref_gpu.cu) composes them; tests/gpu/test_ref_gpu_ops.c and
  * tests/gpu/test_ref_gpu_emu_ops.c check each one against the CPU op of ref_ops.h (or the CPU emulation's code).
  *
  * Every kernel mirrors its CPU op (same formulas, same order of the per-element arithmetic; products and sums
@@ -22,6 +22,7 @@
 #include <cuda_runtime_api.h>
 
 #include "dsv4/dsv4.h"
+#include "ref_gpu_layout.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -129,6 +130,15 @@ int dsv4_ref_gpu_moe_scale_round(float *h, const int32_t *slot, const float *w, 
 /* The emulated MoE sum (moe_down_kernel): fo [S, D] ← (Σ_j y[slot[s·k + j]]) + fo, j ascending, the route weights
  * already inside y (dsv4_ref_gpu_moe_scale_round); the shared expert's fo added last, as the CPU emulation does. */
 int dsv4_ref_gpu_moe_sum(float *fo, const float *y, const int32_t *slot, int S, int k, int D);
+
+/* -------------------------------------------------------------------- ref_gpu_stream.cu (dequantiser) */
+/* The streamed weights' dequantiser: f32 values bit for bit model/dtype.c's (dsv4_model_read_f32), NaN bits
+ * included, from the bytes as on disk (ref_gpu_layout.h's pieces). */
+/* Fill the code tables (FP8 e4m3, E8M0, FP4 e2m1) from model/dtype.c's scalar conversions; once per process. */
+int dsv4_ref_gpu_dequant_init(void);
+/* Dequantise the pieces of `part`, staged at dev [part->bytes] (device; dsv4_ref_part_fill's layout), into dst
+ * (device; piece i at dst + dst_at, [nrows, cols] f32); with emu, round the pieces flagged `round` to bf16. */
+int dsv4_ref_gpu_part_dequant(const dsv4_ref_part *part, const uint8_t *dev, float *dst, int emu);
 
 /* ------------------------------------------------------------------------------ ref_gpu_attn.cu (§7) */
 

@@ -1,6 +1,8 @@
-/* ref_gpu_init.cu - setting up the GPU fp32 reference (ref_gpu.cu): the weights uploaded once from the loader's
- * f32 view into one device arena (two passes over the same binding code: count, then carve and copy), the decode
- * state (window rings, compressor states, pools) sized by max_tokens, and the scratch of one call.
+/* ref_gpu_init.cu - setting up the GPU fp32 reference (ref_gpu.cu): the weights mode (dsv4_ref_gpu_plan decides:
+ * resident or streamed), the resident weights uploaded once from the loader's f32 view into one device arena (two
+ * passes over the same binding code: count, then carve and copy; streamed: only the final norm and hc_head, the rest
+ * is ref_gpu_stream.cu's), the decode state (window rings, compressor states, pools) sized by max_tokens, and the
+ * scratch of one call (ref_gpu_layout.c's layout, which the plan sizes).
  *
  * The bf16 emulation's weights (options.emulate BF16) are rounded in the host staging on their way up, so the arena
  * holds only them, as the CPU emulation's emu_weights rounds its copies: the bf16 column of DSV4_REF_LAYER_TENSORS,
@@ -25,17 +27,16 @@ typedef struct binder {
     size_t max_numel;
 } binder;
 
-/* Device allocation of one arena: refused with both sizes before cudaMalloc when the GPU cannot hold it, and a
- * failed cudaMalloc reported with the size and what it was for (never a NULL that crashes later). */
-static int ref_gpu_alloc(void **p, size_t bytes, const char *what)
+int ref_gpu_alloc(dsv4_ref_gpu *g, void **p, size_t bytes, const char *what)
 {
     int rc = dsv4_mem_check_device((double)bytes, what);
     if (rc) return rc;
-    cudaError_t e = cudaMalloc(p, bytes);
+    cudaError_t e = cudaMalloc(p, bytes ? bytes : 1);
     if (e != cudaSuccess) {
         *p = NULL;
         return dsv4_mem_device_alloc_failed((double)bytes, what, cudaGetErrorString(e));
     }
+    g->stats.gpu_alloc += (double)bytes;
     return 0;
 }
 
@@ -79,6 +80,22 @@ static int bind(binder *b, float **out, size_t numel, int bf16, const char *fmt,
         if (rc_) return rc_;                                                                                     \
     } while (0)
 
+/* The kind of every layer (attention, MLP, compress ratio): both modes, before the state is laid out. */
+static int layer_kinds(dsv4_ref_gpu *g)
+{
+    const dsv4_config *f = &g->cfg;
+    for (int L = 0; L < f->num_hidden_layers; L++) {
+        gpu_layer *w = &g->lw[L];
+        w->attn = f->attn_type[L];
+        w->mlp = f->mlp_type[L];
+        w->ratio = w->attn == DSV4_ATTN_SLIDING ? 0 : f->compress_ratio[L];
+        if (w->attn != DSV4_ATTN_SLIDING && w->ratio <= 0)
+            return dsv4_error(DSV4_ERR_CONFIG, "layer %d: %s attention with compress ratio %d", L,
+                              dsv4_attn_type_name(w->attn), w->ratio);
+    }
+    return 0;
+}
+
 static int bind_layer(dsv4_ref_gpu *g, binder *b, int L)
 {
     const dsv4_config *f = &g->cfg;
@@ -86,12 +103,6 @@ static int bind_layer(dsv4_ref_gpu *g, binder *b, int L)
     size_t D = f->hidden_size, H = f->num_attention_heads, d = f->head_dim, qr = f->q_lora_rank, n = f->hc_mult;
     size_t G = f->o_groups, o_r = f->o_lora_rank, HI = f->index_n_heads, dI = f->index_head_dim;
     size_t E = f->n_routed_experts, NI = f->moe_intermediate_size, mix = (2 + n) * n;
-    w->attn = f->attn_type[L];
-    w->mlp = f->mlp_type[L];
-    w->ratio = w->attn == DSV4_ATTN_SLIDING ? 0 : f->compress_ratio[L];
-    if (w->attn != DSV4_ATTN_SLIDING && w->ratio <= 0)
-        return dsv4_error(DSV4_ERR_CONFIG, "layer %d: %s attention with compress ratio %d", L,
-                          dsv4_attn_type_name(w->attn), w->ratio);
 #define BIND_LISTED(field, numel, cond, bf16, name)                                                              \
     if (cond) BIND(w->field, numel, bf16, name, L);
     DSV4_REF_LAYER_TENSORS(BIND_LISTED)
@@ -110,18 +121,21 @@ static int bind_layer(dsv4_ref_gpu *g, binder *b, int L)
     return 0;
 }
 
+/* Every weight (resident), or only the final norm and hc_head (streamed: the rest travels a part at a time). */
 static int bind_all(dsv4_ref_gpu *g, binder *b)
 {
     const dsv4_config *f = &g->cfg;
     size_t D = f->hidden_size, V = f->vocab_size, n = f->hc_mult;
-    BIND(g->embed, V * D, 1, "embed.weight");
-    if (f->tie_word_embeddings) g->head = g->embed;
-    else BIND(g->head, V * D, 1, "head.weight");
+    if (!g->streamed) {
+        BIND(g->embed, V * D, 1, "embed.weight");
+        if (f->tie_word_embeddings) g->head = g->embed;
+        else BIND(g->head, V * D, 1, "head.weight");
+    }
     BIND(g->norm, D, 0, "norm.weight");
     BIND(g->hc_head_fn, n * n * D, 0, "hc_head_fn");
     BIND(g->hc_head_base, n, 0, "hc_head_base");
     BIND(g->hc_head_scale, 1, 0, "hc_head_scale");
-    for (int L = 0; L < f->num_hidden_layers; L++) {
+    for (int L = 0; L < f->num_hidden_layers && !g->streamed; L++) {
         int rc = bind_layer(g, b, L);
         if (rc) return rc;
     }
@@ -137,7 +151,8 @@ static int upload_tid2eid(dsv4_ref_gpu *g, dsv4_model *m)
     int n_hash = 0;
     for (int L = 0; L < f->num_hidden_layers; L++) n_hash += g->lw[L].mlp == DSV4_MLP_HASH_MOE;
     if (!n_hash) return 0;
-    int arc = ref_gpu_alloc((void **)&g->i_arena, (size_t)n_hash * V * k * sizeof(int32_t), "ref-gpu tid2eid tables");
+    int arc = ref_gpu_alloc(g, (void **)&g->i_arena, (size_t)n_hash * V * k * sizeof(int32_t),
+                            "ref-gpu tid2eid tables");
     if (arc) return arc;
     int32_t *h = (int32_t *)dsv4_ref_alloc(V * k * sizeof(int32_t), "ref-gpu tid2eid staging");
     if (!h) return DSV4_ERR_NOMEM;
@@ -190,71 +205,9 @@ static size_t layout_state(dsv4_ref_gpu *g, int max_tokens, float *mem, int *rc)
     return off;
 }
 
-static size_t layout_scratch(dsv4_ref_gpu *g, int S, gpu_scratch *sc, float *mem)
-{
-    const dsv4_config *f = &g->cfg;
-    size_t off = 0, s = (size_t)S, n = f->hc_mult, D = f->hidden_size, H = f->num_attention_heads;
-    size_t d = f->head_dim, HI = f->index_n_heads, dI = f->index_head_dim, E = f->n_routed_experts;
-    size_t k = f->num_experts_per_tok, NI = f->moe_intermediate_size, np = g->n_pairs, V = f->vocab_size;
-#define CARVE(field, count)                                                                                      \
-    do {                                                                                                         \
-        if (mem) sc->field = (decltype(sc->field))(void *)(mem + off);                                           \
-        off += (size_t)(count);                                                                                  \
-        off = (off + 63) & ~(size_t)63;                                                                          \
-    } while (0)
-    CARVE(X, s * n * D);
-    CARVE(X2, s * n * D);
-    CARVE(vn, s * n * D);
-    CARVE(mix, s * (2 + n) * n);
-    CARVE(pre, s * n);
-    CARVE(post, s * n);
-    CARVE(comb, s * n * n);
-    CARVE(xa, s * D);
-    CARVE(xn, s * D);
-    CARVE(qr, s * f->q_lora_rank);
-    CARVE(q, s * H * d);
-    CARVE(kv, s * d);
-    CARVE(ckv, s * 2 * d);
-    CARVE(cg, s * 2 * d);
-    CARVE(ikv, s * 2 * dI);
-    CARVE(ig, s * 2 * dI);
-    CARVE(qI, s * HI * dI);
-    CARVE(wI, s * HI);
-    CARVE(o, s * H * d);
-    CARVE(z, s * f->o_groups * f->o_lora_rank);
-    CARVE(aout, s * D);
-    CARVE(cos_m, s * np);
-    CARVE(sin_m, s * np);
-    CARVE(cos_c, s * np);
-    CARVE(sin_c, s * np);
-    CARVE(iscore, (size_t)g->iq * g->pool_cap_max);
-    CARVE(topk, s * g->topk);
-    CARVE(rlogits, s * E);
-    CARVE(rsbuf, s * E);
-    CARVE(rw, s * k);
-    CARVE(rids, s * k);
-    CARVE(row_tok, s * k);
-    CARVE(slot_of, s * k);
-    CARVE(rflag, s);
-    CARVE(xg, s * k * D);
-    CARVE(yg, s * k * D);
-    CARVE(eg, s * k * NI);
-    CARVE(eu, s * k * NI);
-    CARVE(fout, s * D);
-    CARVE(hm, s * n);
-    CARVE(hpre, s * n);
-    CARVE(y, s * D);
-    CARVE(yrows, (size_t)LOGIT_ROWS * D);
-    CARVE(logits, (size_t)LOGIT_ROWS * V);
-    CARVE(tokens, s);
-    CARVE(lrows, LOGIT_ROWS);
-#undef CARVE
-    if (mem) sc->S = S;
-    return off;
-}
-
 int ref_gpu_init_model(dsv4_model *m, int max_tokens, const dsv4_ref_options *o, dsv4_ref_gpu *g)
 {
+    g->model = m;
     g->cfg = *dsv4_model_config(m);
     const dsv4_config *f = &g->cfg;
     DSV4_TRY(dsv4_ref_check_config(f, max_tokens));
@@ -262,34 +215,47 @@ int ref_gpu_init_model(dsv4_model *m, int max_tokens, const dsv4_ref_options *o,
     g->follow = o->follow;
     g->follow_stop = -1;
     g->fstats.stopped_at = -1;
+    g->layer_progress = o->layer_progress;
+    g->progress_ctx = o->progress_ctx;
     int n_dev = 0;
     cudaError_t e = cudaGetDeviceCount(&n_dev);
     if (e != cudaSuccess || n_dev < 1)
         return dsv4_error(DSV4_ERR_CUDA, "ref-gpu: no CUDA device (%s)",
                           e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+    size_t total_b = 0;
+    DSV4_REF_CUDA_CHECK(cudaFree(0)); /* the context first: what the reference takes is measured from here */
+    DSV4_REF_CUDA_CHECK(cudaMemGetInfo(&g->free0, &total_b));
+    g->stats.gpu_base = (double)(total_b - g->free0);
+    dsv4_ref_plan plan; /* resident or streamed, and the memory checked, before anything is allocated */
+    DSV4_TRY(dsv4_ref_gpu_plan(m, max_tokens, o, &plan));
+    g->streamed = plan.streamed;
     DSV4_TRY(dsv4_ref_gpu_blas_init(&g->blas));
-    g->n_pairs = f->qk_rope_head_dim / 2;
-    g->topk = f->index_topk > 0 ? f->index_topk : 1;
-    g->chunk = max_tokens < GPU_CHUNK ? max_tokens : GPU_CHUNK;
+    dsv4_ref_gpu_dims dm;
+    dsv4_ref_gpu_dims_of(f, max_tokens, &dm);
+    g->n_pairs = dm.n_pairs;
+    g->topk = dm.topk;
+    g->chunk = dm.chunk;
 
     /* RoPE inverse frequencies from the CPU's formula */
     float inv[2 * 512];
     if (g->n_pairs > 512) return dsv4_error(DSV4_ERR_UNSUPPORTED, "ref-gpu: %d rope pairs", g->n_pairs);
     dsv4_rope_inv_freq(&f->rope_main, f->qk_rope_head_dim, inv);
     dsv4_rope_inv_freq(&f->rope_compress, f->qk_rope_head_dim, inv + g->n_pairs);
-    DSV4_TRY(ref_gpu_alloc((void **)&g->inv_main, 2 * (size_t)(g->n_pairs + 1) * sizeof(float), "ref-gpu rope tables"));
+    DSV4_TRY(ref_gpu_alloc(g, (void **)&g->inv_main, 2 * (size_t)(g->n_pairs + 1) * sizeof(float),
+                           "ref-gpu rope tables"));
     g->inv_cmp = g->inv_main + g->n_pairs;
     DSV4_REF_CUDA_CHECK(cudaMemcpy(g->inv_main, inv, 2 * (size_t)g->n_pairs * sizeof(float), cudaMemcpyHostToDevice));
 
     /* weights: count, allocate, upload */
     g->lw = (gpu_layer *)dsv4_ref_alloc((size_t)f->num_hidden_layers * sizeof *g->lw, "ref-gpu layers");
     if (!g->lw) return DSV4_ERR_NOMEM;
+    DSV4_TRY(layer_kinds(g));
     binder b;
     memset(&b, 0, sizeof b);
     b.m = m;
     b.emu = g->emu;
     DSV4_TRY(bind_all(g, &b));
-    DSV4_TRY(ref_gpu_alloc((void **)&g->w_arena, b.off * sizeof(float), "ref-gpu weights (f32)"));
+    DSV4_TRY(ref_gpu_alloc(g, (void **)&g->w_arena, b.off * sizeof(float), "ref-gpu weights (f32)"));
     size_t total = b.off;
     b.arena = g->w_arena;
     b.off = 0;
@@ -300,22 +266,25 @@ int ref_gpu_init_model(dsv4_model *m, int max_tokens, const dsv4_ref_options *o,
     if (rc) return rc;
     if (b.off != total) return dsv4_error(DSV4_ERR_USAGE, "ref-gpu: weight arena %zu != %zu floats", b.off, total);
     DSV4_TRY(upload_tid2eid(g, m));
+    if (g->streamed) DSV4_TRY(ref_gpu_stream_init(g, max_tokens));
 
     /* decode state sized by max_tokens */
     rc = 0;
     size_t st = layout_state(g, max_tokens, NULL, &rc);
-    DSV4_TRY(ref_gpu_alloc((void **)&g->state_mem, st * sizeof(float), "ref-gpu decode state"));
+    DSV4_TRY(ref_gpu_alloc(g, (void **)&g->state_mem, st * sizeof(float), "ref-gpu decode state"));
     DSV4_REF_CUDA_CHECK(cudaMemset(g->state_mem, 0, st * sizeof(float)));
     layout_state(g, max_tokens, g->state_mem, &rc);
     if (rc) return rc;
     DSV4_TRY(dsv4_ref_gpu_attention_prepare(g->m_max, f->head_dim, g->topk));
 
-    /* scratch of one call of up to chunk tokens */
-    size_t iq = ISCORE_FLOATS / (size_t)g->pool_cap_max;
-    g->iq = (int)(iq < (size_t)g->chunk ? (iq < 1 ? 1 : iq) : (size_t)g->chunk);
-    size_t scr = layout_scratch(g, g->chunk, &g->sc, NULL);
-    DSV4_TRY(ref_gpu_alloc((void **)&g->scratch_mem, scr * sizeof(float), "ref-gpu scratch"));
-    layout_scratch(g, g->chunk, &g->sc, g->scratch_mem);
+    /* scratch of one call of up to chunk tokens (the plan's layout) */
+    if (dm.pool_cap_max != g->pool_cap_max)
+        return dsv4_error(DSV4_ERR_USAGE, "ref-gpu: pool capacity %d, the layout says %d", g->pool_cap_max,
+                          dm.pool_cap_max);
+    g->iq = dm.iq;
+    size_t scr = dsv4_ref_gpu_scratch_layout(f, &dm, &g->sc, NULL);
+    DSV4_TRY(ref_gpu_alloc(g, (void **)&g->scratch_mem, scr * sizeof(float), "ref-gpu scratch"));
+    dsv4_ref_gpu_scratch_layout(f, &dm, &g->sc, g->scratch_mem);
 
     /* host staging: the widest probe rows of a chunk, or a block of logits rows */
     size_t row = (size_t)f->hc_mult * f->hidden_size;
@@ -325,12 +294,16 @@ int ref_gpu_init_model(dsv4_model *m, int max_tokens, const dsv4_ref_options *o,
     if ((size_t)LOGIT_ROWS * f->vocab_size > g->host_floats) g->host_floats = (size_t)LOGIT_ROWS * f->vocab_size;
     g->host = (float *)dsv4_ref_alloc(g->host_floats * sizeof(float), "ref-gpu probe staging");
     size_t nk = (size_t)g->chunk * f->num_experts_per_tok;
-    g->h_rids = (int32_t *)dsv4_ref_alloc((3 * nk + 2 * (size_t)f->n_routed_experts) * sizeof(int32_t),
+    g->h_rids = (int32_t *)dsv4_ref_alloc((4 * nk + 3 * (size_t)f->n_routed_experts) * sizeof(int32_t),
                                           "ref-gpu moe grouping");
     if (!g->host || !g->h_rids) return DSV4_ERR_NOMEM;
     g->h_row_tok = g->h_rids + nk;
     g->h_slot_of = g->h_row_tok + nk;
-    g->h_count = g->h_slot_of + nk;
+    g->h_pair_of = g->h_slot_of + nk;
+    g->h_count = g->h_pair_of + nk;
+    g->h_ex = g->h_count + 2 * (size_t)f->n_routed_experts;
+    for (size_t i = 0; i < nk; i++) g->h_pair_of[i] = (int32_t)i; /* sc.ident: 0, 1, 2, ... */
+    DSV4_REF_CUDA_CHECK(cudaMemcpy(g->sc.ident, g->h_pair_of, nk * sizeof(int32_t), cudaMemcpyHostToDevice));
     if (g->follow) { /* the host rows of following: a call's picks, the merge's scratch, the merged router rows */
         size_t tk = (size_t)g->topk, k = (size_t)f->num_experts_per_tok, mk = tk > k ? tk : k;
         g->h_ftopk = (int32_t *)dsv4_ref_alloc(((size_t)g->chunk * tk + 4 * mk + (size_t)g->chunk) * sizeof(int32_t),
@@ -340,5 +313,9 @@ int ref_gpu_init_model(dsv4_model *m, int max_tokens, const dsv4_ref_options *o,
         g->h_rflag = g->h_fmerge + 4 * mk;
     }
     DSV4_REF_CUDA_CHECK(cudaDeviceSynchronize());
+    size_t fr = 0;
+    DSV4_REF_CUDA_CHECK(cudaMemGetInfo(&fr, &total_b));
+    g->stats.gpu_init = g->free0 > fr ? (double)(g->free0 - fr) : 0.0;
+    g->stats.gpu_peak = g->stats.gpu_init;
     return 0;
 }

@@ -1,6 +1,7 @@
 /* ref_gpu_model.cuh - the GPU reference's private types (ref_gpu.cu runs the forward, ref_gpu_init.cu uploads the
- * weights and lays out the state and scratch arenas, ref_gpu_emu.cu follows a dump's choices): per-layer device
- * weights and decode state, the scratch of one call, the whole object. */
+ * resident weights and lays out the state and scratch arenas, ref_gpu_stream.cu streams the weights, ref_gpu_emu.cu
+ * follows a dump's choices): per-layer device weights and decode state, the streamed weights' slots, the whole
+ * object. The scratch of one call is ref_gpu_layout.h's (the plan sizes it). */
 #ifndef DSV4_REF_GPU_MODEL_CUH
 #define DSV4_REF_GPU_MODEL_CUH
 
@@ -8,14 +9,14 @@ extern "C" {
 #include "ref_model.h"
 }
 #include "ref_gpu.cuh"
-
-enum { GPU_CHUNK = 4096, LOGIT_ROWS = 64, ISCORE_FLOATS = 1 << 24 };
+#include "ref_gpu_layout.h"
 
 typedef struct gpu_hc {
     float *fn, *base, *scale; /* [(2+n)·n, n·D], [(2+n)·n], [3] */
 } gpu_hc;
 
-/* Device weights and state of one layer. Weights in the weight arena, state in the state arena. */
+/* Device weights and state of one layer. Weights in the weight arena (resident) or, while the layer is the loaded
+ * one, in the streamed weights' arena (else NULL; w1/w3/w2 resident only); state in the state arena. */
 typedef struct gpu_layer {
     dsv4_attn_type attn;
     dsv4_mlp_type mlp;
@@ -40,32 +41,40 @@ typedef struct gpu_layer {
     dsv4_ref_gpu_compressor cmp, icmp;
 } gpu_layer;
 
-/* Device scratch of one call of up to S tokens (one arena). */
-typedef struct gpu_scratch {
-    int S;
-    float *X, *X2, *vn;               /* [S, n, D] */
-    float *mix, *pre, *post, *comb;   /* [S, (2+n)·n], [S, n], [S, n], [S, n, n] */
-    float *xa, *xn;                   /* [S, D] */
-    float *qr, *q, *kv;               /* [S, q_r], [S, H·d], [S, d] */
-    float *ckv, *cg, *ikv, *ig;       /* [S, 2·d], [S, 2·d], [S, 2·d_I], [S, 2·d_I] */
-    float *qI, *wI;                   /* [S, H_I·d_I], [S, H_I] */
-    float *o, *z, *aout;              /* [S, H·d], [S, G·o_r], [S, D] */
-    float *cos_m, *sin_m, *cos_c, *sin_c; /* [S, n_pairs] */
-    float *iscore;                    /* [iq, pool_cap_max] indexer scores of iq queries */
-    int32_t *topk;                    /* [S, topk] */
-    float *rlogits, *rsbuf, *rw;      /* [S, E], [S, E], [S, k] */
-    int32_t *rids;                    /* [S, k] */
-    int32_t *row_tok, *slot_of;       /* [S·k] */
-    int32_t *rflag;                   /* [S] following: 1 = the router row was merged, re-weight it */
-    float *xg, *yg;                   /* [S·k, D] */
-    float *eg, *eu;                   /* [S·k, I] */
-    float *fout;                      /* [S, D] */
-    float *hm, *hpre, *y;             /* [S, n], [S, n], [S, D] */
-    float *yrows, *logits;            /* [LOGIT_ROWS, D], [LOGIT_ROWS, V] */
-    int32_t *tokens, *lrows;          /* [S], [LOGIT_ROWS] */
-} gpu_scratch;
+typedef dsv4_ref_gpu_scratch gpu_scratch;
+
+/* One slot of the streamed weights (ref_gpu_stream.cu): a part's bytes as on disk, in pinned host memory and on the
+ * device. Reused only once the host has waited for its previous copy and dequantisation. */
+typedef struct gpu_slot {
+    uint8_t *host;              /* [cap] pinned, owned */
+    uint8_t *dev;               /* [cap] device, in the stream's dev_mem */
+    size_t cap;
+    cudaEvent_t c0, copied;     /* copy stream: around the part's host-to-device copy */
+    cudaEvent_t d0, consumed;   /* compute stream: around its dequantisation */
+    int staged;                 /* 1: holds `part`, copied or being copied, not dequantised yet */
+    int copy_rec, deq_rec;      /* 1: that event pair was recorded and not yet waited for and timed */
+    dsv4_ref_part part;
+} gpu_slot;
+
+/* The streamed weights (docs/reference.md "ref-gpu streams layers"). The dense parts of a call run in a fixed cycle:
+ * the layers 0 .. L-1, then the head's row ranges; the next one is staged while the current one is in use. */
+typedef struct gpu_stream {
+    cudaStream_t copy;          /* host-to-device copies; non-blocking: ordered against the compute stream by events */
+    gpu_slot dense[2], expert[2];
+    uint8_t *dev_mem;           /* device, owned: the four slots' device sides */
+    float *arena;               /* [sz.arena_floats] device, owned: the loaded layer's dense tensors, or the head */
+    float *expert_f32;          /* [sz.expert_floats] device, owned: one routed expert */
+    size_t exp_off[3];          /* floats: w1, w3, w2 in expert_f32 */
+    dsv4_ref_stream_size sz;
+    int n_dense;                /* dense parts of a call: the layers, then the head's ranges */
+    int loaded;                 /* the dense part in the arena, -1: none */
+    float *h_erows;             /* [chunk, D] host, owned: the call's embedding rows */
+    int embed_round;            /* the emulation rounds the embedding rows */
+    int sync;                   /* $DSV4_REF_GPU_SYNC=1: each stage runs alone (measurement) */
+} gpu_stream;
 
 typedef struct dsv4_ref_gpu {
+    dsv4_model *model;                /* borrowed: the streamed weights read it while the reference lives */
     dsv4_config cfg;
     int n_pairs, topk, chunk, iq, m_max, pool_cap_max;
     cublasHandle_t blas;
@@ -80,6 +89,13 @@ typedef struct dsv4_ref_gpu {
     float *host;                      /* [host_floats] staging of probe rows, owned */
     size_t host_floats;
     int32_t *h_rids, *h_row_tok, *h_slot_of, *h_count; /* host MoE grouping: [chunk·k] ×3, [2·E] */
+    int32_t *h_pair_of, *h_ex;        /* [chunk·k] each grouped row's pair; [E] the experts routed to, ascending */
+    int streamed;                     /* 1: the weights stream (g->stream); 0: resident in w_arena */
+    gpu_stream stream;
+    dsv4_progress_fn layer_progress;  /* NULL: none; called after each layer of a forward call */
+    void *progress_ctx;
+    dsv4_ref_gpu_stats stats;
+    size_t free0;                     /* cudaMemGetInfo's free bytes before init */
     /* options (dsv4_ref_options) */
     int emu;                          /* 1: emulate bf16 at the CPU emulation's sites (ref_forward.c "emu:") */
     const dsv4_opt_follow *follow;    /* borrowed, NULL: off */
@@ -95,6 +111,31 @@ typedef struct dsv4_ref_gpu {
  * the way), the decode state and the scratch of one call, the host staging (and following's host rows). On failure
  * g holds what was allocated so far (the caller frees it). */
 int ref_gpu_init_model(dsv4_model *m, int max_tokens, const dsv4_ref_options *o, dsv4_ref_gpu *g);
+
+/* Device allocation of one of the reference's buffers (ref_gpu_init.cu): refused with both sizes before cudaMalloc
+ * when the GPU cannot hold it, a failed cudaMalloc reported with the size and what it was for (never a NULL that
+ * crashes later); counted in g->stats.gpu_alloc. */
+int ref_gpu_alloc(dsv4_ref_gpu *g, void **p, size_t bytes, const char *what);
+
+/* ref_gpu_stream.cu: where the weights of a step come from. Resident: the arena's views; streamed: parts staged
+ * through the slots and dequantised on the GPU (a layer's views valid while it is the loaded one). */
+/* Slots, buffers, copy stream and events of the streamed mode (g->model, cfg, emu, sc set; g->streamed). */
+int ref_gpu_stream_init(dsv4_ref_gpu *g, int max_tokens);
+void ref_gpu_stream_free(dsv4_ref_gpu *g);
+/* Make g->lw[L]'s weight views valid (streamed: its dense part into the arena, the next part staged). */
+int ref_gpu_weights_layer(dsv4_ref_gpu *g, int L);
+/* Before the shared expert of layer L: stage the first of the n_ex experts ex [n_ex] the call routes to. */
+int ref_gpu_weights_experts_begin(dsv4_ref_gpu *g, int L, const int32_t *ex, int n_ex);
+/* Expert ex[j] of layer L: w1, w3 [I, D], w2 [D, I] (streamed: into the expert buffer, ex[j+1] staged). */
+int ref_gpu_weights_expert(dsv4_ref_gpu *g, int L, const int32_t *ex, int n_ex, int j, const float **w1,
+                           const float **w3, const float **w2);
+/* The head [V, D] (streamed: every row range into the arena, then the next call's first layer staged). */
+int ref_gpu_weights_head(dsv4_ref_gpu *g, const float **head);
+/* The call's embedding rows into every stream of sc.X [S, n, D] (sc.tokens uploaded). Streamed: the rows
+ * dequantised on the host (model/dtype.c, as ref-cpu does), uploaded into sc.erows. */
+int ref_gpu_weights_embed(dsv4_ref_gpu *g, const int32_t *tokens, int S);
+/* After a call (the device synchronised): its wall time, the copy and dequantisation times, the GPU memory held. */
+void ref_gpu_stats_call_end(dsv4_ref_gpu *g, double wall_s);
 
 /* ref_gpu_emu.cu: decision following of one call of S tokens at p0, the CPU's rule (ref_forward.c). */
 /* Stop following for good at the first of the call's positions whose token is not the dump's (before the layers). */

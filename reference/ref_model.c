@@ -308,6 +308,25 @@ void dsv4_ref_options_default(dsv4_ref_options *o)
 
 const char *dsv4_ref_emulate_name(dsv4_ref_emulate e) { return e == DSV4_REF_EMULATE_BF16 ? "bf16" : "none"; }
 
+static const char *const gpu_weights_names[] = {"auto", "resident", "stream"};
+_Static_assert(sizeof gpu_weights_names / sizeof gpu_weights_names[0] == DSV4_REF_GPU_WEIGHTS_STREAM + 1,
+               "one name per dsv4_ref_gpu_weights");
+
+const char *dsv4_ref_gpu_weights_name(dsv4_ref_gpu_weights w)
+{
+    return (unsigned)w <= DSV4_REF_GPU_WEIGHTS_STREAM ? gpu_weights_names[w] : "?";
+}
+
+int dsv4_ref_gpu_weights_parse(const char *s, dsv4_ref_gpu_weights *out)
+{
+    for (int i = 0; s && i <= DSV4_REF_GPU_WEIGHTS_STREAM; i++)
+        if (!strcmp(s, gpu_weights_names[i])) {
+            *out = (dsv4_ref_gpu_weights)i;
+            return 0;
+        }
+    return dsv4_error(DSV4_ERR_USAGE, "--gpu-weights '%s': want auto, resident or stream", s ? s : "");
+}
+
 int dsv4_ref_emulate_parse(const char *s, dsv4_ref_emulate *out)
 {
     if (s && !strcmp(s, "none")) *out = DSV4_REF_EMULATE_NONE;
@@ -362,6 +381,12 @@ int dsv4_ref_cpu_init_opts(dsv4_model *m, int max_tokens, const dsv4_ref_options
     return 0;
 }
 
+void dsv4_ref_gpu_stats_get(const dsv4_ref *r, dsv4_ref_gpu_stats *s)
+{
+    memset(s, 0, sizeof *s);
+    if (r && r->vt && r->vt->gpu_stats) r->vt->gpu_stats(r, s);
+}
+
 void dsv4_ref_follow_stats_get(const dsv4_ref *r, dsv4_ref_follow_stats *s)
 {
     memset(s, 0, sizeof *s);
@@ -384,6 +409,9 @@ int dsv4_ref_options_check(const dsv4_config *f, const dsv4_ref_options *o, cons
             return dsv4_error(DSV4_ERR_USAGE, "%s: replay runs the plain fp32 reference on the candidate's own "
                               "choices: not with emulate or follow", who);
     }
+    if ((unsigned)o->gpu_weights > DSV4_REF_GPU_WEIGHTS_STREAM)
+        return dsv4_error(DSV4_ERR_USAGE, "%s: gpu_weights %d (want DSV4_REF_GPU_WEIGHTS_AUTO, _RESIDENT or _STREAM)",
+                          who, (int)o->gpu_weights);
     const dsv4_opt_follow *fl = o->follow;
     if (fl && (dsv4_opt_follow_width(fl, DSV4_OPT_FOLLOW_TOPK) != f->index_topk ||
                dsv4_opt_follow_width(fl, DSV4_OPT_FOLLOW_ROUTER) != f->num_experts_per_tok))

@@ -28,6 +28,8 @@ typedef struct dsv4_ref_vtable {
     void (*free_impl)(void *impl);
     /* what decision following did so far (dsv4_ref_follow_stats_get) */
     void (*follow_stats)(const dsv4_ref *r, dsv4_ref_follow_stats *s);
+    /* ref-gpu: where its time and memory went (dsv4_ref_gpu_stats_get); NULL: zeros */
+    void (*gpu_stats)(const dsv4_ref *r, dsv4_ref_gpu_stats *s);
 } dsv4_ref_vtable;
 
 struct dsv4_ref {
@@ -47,8 +49,8 @@ long dsv4_ref_alloc_count(void);
  * everything else is checked tensor by tensor when bound. DSV4_ERR_* with a message naming the value. */
 int dsv4_ref_check_config(const dsv4_config *f, int max_tokens);
 /* The options given to either path's init (dsv4_ref_options), checked against the model's config before anything
- * is set up: emulate one of the enum's values; a follow table loaded for this config's widths (index_topk, experts
- * per token). who names the caller in the message. DSV4_ERR_USAGE naming the value. */
+ * is set up: emulate, weights and gpu_weights each one of its enum's values; a follow table loaded for this config's
+ * widths (index_topk, experts per token). who names the caller in the message. DSV4_ERR_USAGE naming the value. */
 int dsv4_ref_options_check(const dsv4_config *f, const dsv4_ref_options *o, const char *who);
 /* r->producer = the path's producer + " emulate=bf16" (emu) + extra (may be NULL: e.g. " fault=X" of the test-only
  * build) + " follow=<the follow dump's file name>" (follow may be NULL); left "" when none is set. */

@@ -403,6 +403,45 @@ START_TEST(run_ref_gpu_takes_emulate_and_follow)
 }
 END_TEST
 
+/* --gpu-weights is ref-gpu's (issue 36 phase 2): refused with the other paths and for an unknown value, before the
+ * model is opened; taken by ref-gpu, whose plan then says which mode, and the run reaches the missing GPU. */
+START_TEST(run_gpu_weights_is_ref_gpus)
+{
+    const char *pre;
+    char *dir = prompt_dir(&pre);
+    char args[8400];
+    snprintf(args, sizeof args, "%s --path ref-cpu --gpu-weights stream", pre);
+    expect_cli(2, args, NEED("--gpu-weights is an option of --path ref-gpu (not of ref-cpu"), NULL);
+    snprintf(args, sizeof args, "%s --gpu-weights resident", pre); /* the default path, ref-cpu */
+    expect_cli(2, args, NEED("--gpu-weights is an option of --path ref-gpu (not of ref-cpu"), NULL);
+    snprintf(args, sizeof args, "%s --path opt --gpu-weights stream", pre);
+    expect_cli(2, args, NEED("(not of opt; its own is --weights)"), NULL);
+    snprintf(args, sizeof args, "%s --path ref-gpu --gpu-weights streamed", pre);
+    expect_cli(2, args, NEED("--gpu-weights 'streamed': want auto, resident or stream"), NULL);
+    snprintf(args, sizeof args, "%s --path ref-gpu --gpu-weights", pre);
+    expect_cli(2, args, NEED("--gpu-weights needs a value"), NULL);
+    expect_cli(0, "run --help", NEED("--gpu-weights W", "ref-gpu only:"), NULL);
+    setenv("CUDA_VISIBLE_DEVICES", "-1", 1);
+    static const char *const modes[][2] = {{"stream", "weights streamed as on disk"},
+                                           {"resident", "weights as f32 (resident)"}};
+    for (int i = 0; i < 2; i++) {
+        snprintf(args, sizeof args, "%s --decode 1 --path ref-gpu --gpu-weights %s", pre, modes[i][0]);
+        char cmd[9000], *out = NULL;
+        snprintf(cmd, sizeof cmd, "%s %s 2>&1", dsv4_test_bin(), args);
+        int st = dsv4_test_run(cmd, &out);
+        printf("$ %s -> %d\n%s", cmd, st, out ? out : "");
+        ck_assert_msg(st == 1 || st == 2, "%s: exit %d", cmd, st);
+        ck_assert_msg(out && (strstr(out, "no CUDA") || strstr(out, "has 0 CUDA devices")),
+                      "%s: want the run to reach the missing GPU\n%s", cmd, out ? out : "");
+        ck_assert_msg(out && strstr(out, modes[i][1]), "%s: the plan does not say '%s'\n%s", cmd, modes[i][1],
+                      out ? out : "");
+        free(out);
+    }
+    unsetenv("CUDA_VISIBLE_DEVICES");
+    dsv4_test_rmtree(dir);
+}
+END_TEST
+
 START_TEST(run_notes_positions_past_max_position_embeddings)
 {
     /* golden/tiny with max_position_embeddings 16: a 3-token prompt + 20 decode steps runs, and says so */
@@ -587,6 +626,7 @@ int main(void)
     tcase_add_test(tc, run_refuses_a_dump_over_its_inputs);
     tcase_add_test(tc, run_without_a_gpu_says_so);
     tcase_add_test(tc, run_ref_gpu_takes_emulate_and_follow);
+    tcase_add_test(tc, run_gpu_weights_is_ref_gpus);
     tcase_add_test(tc, run_notes_positions_past_max_position_embeddings);
     tcase_add_test(tc, a_forgotten_value_is_not_the_next_option);
     tcase_add_test(tc, a_list_option_given_twice_is_refused);

@@ -201,6 +201,12 @@ size_t dsv4_tensor_numel(const dsv4_tensor *t);
 /* 1 when dsv4_model_f32 serves the tensor straight from the mmap (F32 data, 4-byte aligned): no copy, no private
  * memory; 0 when asking for it as f32 dequantises it into memory. */
 int dsv4_tensor_f32_mapped(const dsv4_tensor *t);
+/* 1 if the tensor is FP4 e2m1 packed two per byte (I8/U8 with a scale), 0 otherwise. */
+int dsv4_tensor_is_fp4(const dsv4_tensor *t);
+/* A quantised tensor's scale (FP8 e4m3: [ceil(rows/128), ceil(cols/128)]; FP4: [rows, ceil(cols/32)]; E8M0 or F32):
+ * 0 if it fits or the tensor is not quantised, else DSV4_ERR_SHAPE (DSV4_ERR_MISSING for FP8 without one) naming
+ * both. The GPU reference checks it before it copies a tensor's bytes and scales as they are. */
+int dsv4_tensor_check_scale(const dsv4_tensor *t);
 /* Integer tensors (tid2eid: I64 or I32 on disk) as int32. */
 int dsv4_model_read_i32(const dsv4_model *m, const char *name, int32_t *dst, size_t numel);
 

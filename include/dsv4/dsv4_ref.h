@@ -39,9 +39,26 @@ typedef enum dsv4_ref_weights_mode {
     DSV4_REF_WEIGHTS_UPFRONT,
 } dsv4_ref_weights_mode;
 
+/* Where ref-gpu holds its weights (docs/reference.md "ref-gpu streams layers"). Both modes give bitwise the same
+ * results: the GPU dequantiser gives model/dtype.c's f32 values, and the kernels and their order are the same. */
+typedef enum dsv4_ref_gpu_weights {
+    /* RESIDENT when the whole model as f32 fits the GPU with a margin (the resident plan's total plus 10% within what
+     * dsv4_mem_check_device allows), else STREAM. The default; the plan (dsv4_ref_gpu_plan) says which it chose. */
+    DSV4_REF_GPU_WEIGHTS_AUTO,
+    /* Every weight dequantised to f32 on the host (model/dtype.c) and uploaded at init: the model in f32 on the GPU. */
+    DSV4_REF_GPU_WEIGHTS_RESIDENT,
+    /* The checkpoint's own bytes (FP8 + scales, FP4 + scales, bf16, f32) go to the GPU a part at a time (a layer's
+     * dense tensors; a routed expert, only when a token routes to it; a row range of the head) through pinned host
+     * buffers, the copy of the next part overlapping the compute of the current one, and are dequantised to f32 on
+     * the GPU. GPU memory: the state, the scratch, two slots per kind of part and one layer (or the head) and one
+     * expert as f32, whatever the number of layers. The model must stay open while the reference lives. */
+    DSV4_REF_GPU_WEIGHTS_STREAM,
+} dsv4_ref_gpu_weights;
+
 typedef struct dsv4_ref_options {
     dsv4_ref_emulate emulate;      /* default NONE */
-    dsv4_ref_weights_mode weights; /* default LAZY */
+    dsv4_ref_weights_mode weights; /* ref-cpu; default LAZY */
+    dsv4_ref_gpu_weights gpu_weights; /* ref-gpu; default AUTO */
     /* Called after each layer of every forward call (a prefill or a decode step) with done = layers finished
      * (1..num_hidden_layers) and total = num_hidden_layers: a run of a full-size model takes seconds per layer.
      * NULL: none. ctx is the caller's. */
@@ -85,8 +102,11 @@ const int32_t *dsv4_ref_replay_tokens(const dsv4_ref_replay *r, int *n);
  * out of range or the layer has none. */
 const void *dsv4_ref_replay_row(const dsv4_ref_replay *r, dsv4_ref_replay_kind kind, int layer, int64_t row);
 
-/* The defaults: emulate NONE, weights LAZY, no following, no progress. */
+/* The defaults: emulate NONE, weights LAZY, gpu_weights AUTO, no following, no progress. */
 void dsv4_ref_options_default(dsv4_ref_options *o);
+/* "auto", "resident", "stream"; parse: DSV4_ERR_USAGE naming the allowed values. */
+const char *dsv4_ref_gpu_weights_name(dsv4_ref_gpu_weights w);
+int dsv4_ref_gpu_weights_parse(const char *s, dsv4_ref_gpu_weights *out);
 /* "none", "bf16"; parse: DSV4_ERR_USAGE naming the allowed values. */
 const char *dsv4_ref_emulate_name(dsv4_ref_emulate e);
 int dsv4_ref_emulate_parse(const char *s, dsv4_ref_emulate *out);
@@ -95,14 +115,22 @@ int dsv4_ref_emulate_parse(const char *s, dsv4_ref_emulate *out);
  * in bytes, from the config and the tensors' on-disk dtypes alone (no weight byte is read, so it takes milliseconds
  * on a full checkpoint). */
 typedef struct dsv4_ref_plan {
-    int gpu;         /* 0: ref-cpu, host memory; 1: ref-gpu, GPU memory (at least: host staging not counted) */
+    int gpu;         /* 0: ref-cpu, host memory; 1: ref-gpu, GPU memory (the host's pinned staging apart: pinned) */
     int upfront;     /* ref-cpu: DSV4_REF_WEIGHTS_UPFRONT */
-    double weights;  /* f32 weights held at once. Lazy: arena + expert + the small globals; else every weight */
-    double arena;    /* lazy: the larger of the biggest layer's dense tensors and the head, as f32 */
-    double layer;    /* lazy: the biggest layer's dense tensors as f32 (what is not served from the mmap) */
+    int streamed;    /* ref-gpu: 1 the weights stream (gpu_weights STREAM, or AUTO when resident does not fit) */
+    double weights;  /* weights held at once. Lazy / streamed: arena + expert (+ the slots) + the small globals; else
+                      * every weight as f32 */
+    double arena;    /* lazy / streamed: the larger of the biggest layer's dense tensors and the head, as f32 */
+    double layer;    /* lazy / streamed: the biggest layer's dense tensors as f32 (ref-cpu: not served from the mmap) */
     int layer_at;    /* that layer (-1: none) */
-    double head;     /* lazy: the head as f32 (0: served from the mmap) */
-    double expert;   /* lazy: one routed expert as f32 */
+    double head;     /* lazy / streamed: the head as f32 (0: served from the mmap) */
+    double expert;   /* lazy / streamed: one routed expert as f32 */
+    double slots;    /* streamed: the on-disk bytes' slots on the GPU: 2 x dense_slot + 2 x expert_slot */
+    double dense_slot;  /* streamed: one slot for a layer's dense tensors as on disk (or a row range of the head) */
+    double expert_slot; /* streamed: one slot for a routed expert as on disk */
+    int head_parts;  /* streamed: the row ranges the head travels in */
+    double pinned;   /* streamed: pinned host memory (the slots' host side), checked against the host */
+    double resident; /* ref-gpu: the resident mode's total (what AUTO compared) */
     double state;    /* decode state for max_tokens positions (+ the hash layers' tid2eid tables) */
     double scratch;  /* the decode step's scratch (ref-gpu: one call of up to 4096 tokens) */
     double prefill;  /* ref-cpu: the prefill's scratch for prefill_tokens tokens */
@@ -116,10 +144,12 @@ typedef struct dsv4_ref_plan {
  * computed. dsv4_ref_cpu_init checks the same plan (without a prefill) before allocating anything. */
 int dsv4_ref_cpu_plan(dsv4_model *m, int max_tokens, int prefill_tokens, const dsv4_ref_options *o,
                       dsv4_ref_plan *out);
-/* The GPU reference's plan (every weight as f32 on the GPU, the decode state, the scratch of a call), checked
- * against the current device (dsv4_mem_check_device: DSV4_DEVICE_MEM_LIMIT applies; a build without CUDA checks the
- * limit only; with no device to ask, 0: dsv4_ref_gpu_init then says why it cannot run). */
-int dsv4_ref_gpu_plan(dsv4_model *m, int max_tokens, dsv4_ref_plan *out);
+/* The GPU reference's plan with options o (NULL: the defaults): resident (every weight as f32 on the GPU) or
+ * streamed (o->gpu_weights; AUTO picks resident when it fits with a margin), the decode state and the scratch of a
+ * call, checked against the current device (dsv4_mem_check_device: DSV4_DEVICE_MEM_LIMIT applies; a build without
+ * CUDA checks the limit only; with no device to ask, 0: dsv4_ref_gpu_init then says why it cannot run), and the
+ * streamed mode's pinned buffers against the host. dsv4_ref_gpu_init_opts makes the same choice. */
+int dsv4_ref_gpu_plan(dsv4_model *m, int max_tokens, const dsv4_ref_options *o, dsv4_ref_plan *out);
 /* One line of the plan's numbers into buf ("weights 2.1 GiB (a layer at a time: ...), state ..., total ..."). */
 const char *dsv4_ref_plan_describe(const dsv4_ref_plan *p, int max_tokens, int prefill_tokens, char *buf,
                                    size_t size);
@@ -136,9 +166,11 @@ int dsv4_ref_cpu_init_opts(dsv4_model *m, int max_tokens, const dsv4_ref_options
  * when no device is present. */
 int dsv4_ref_gpu_init(dsv4_model *m, int max_tokens, dsv4_ref **out);
 /* The same with options (NULL: the defaults, i.e. dsv4_ref_gpu_init), as dsv4_ref_cpu_init_opts: emulate BF16
- * uploads bf16-rounded weights (no extra copy) and rounds the activations where the CPU emulation does; follow as
- * there. Options that do not fit the model (a follow table of another config, an emulate outside the enum) are
- * DSV4_ERR_USAGE before any device is touched, in a build without CUDA too. */
+ * rounds the bf16-held weights (on upload, or after the GPU dequantises them) and the activations where the CPU
+ * emulation does; follow as there; gpu_weights resident, streamed or auto (decided by dsv4_ref_gpu_plan, checked here
+ * before anything is allocated); layer_progress after each layer. Options that do not fit the model (a follow table
+ * of another config, an enum value outside its enum) are DSV4_ERR_USAGE before any device is touched, in a build
+ * without CUDA too. */
 int dsv4_ref_gpu_init_opts(dsv4_model *m, int max_tokens, const dsv4_ref_options *o, dsv4_ref **out);
 void dsv4_ref_free(dsv4_ref *r);
 
@@ -162,6 +194,32 @@ const char *dsv4_ref_producer(const dsv4_ref *r);
 /* What following did so far (options.follow): rows of the table used, of them the rows whose own selection
  * differed (so the rest ran on the dump's), and the position where following stopped (-1: never). All 0 / -1
  * without following. */
+/* Where a GPU reference's time and memory went (docs/reference.md "Measured"), summed over its forward calls so far:
+ * take it before and after a stretch of calls and subtract. All 0 for ref-cpu. */
+typedef struct dsv4_ref_gpu_stats {
+    int gpu;                /* 1: ref-gpu */
+    int streamed;           /* 1: the weights stream (the counts below); 0: resident */
+    int sync;               /* 1: $DSV4_REF_GPU_SYNC=1: every stage ran alone (nothing overlapped), so that
+                               wall - fill - copy - dequant is the compute (GEMMs and the other kernels) */
+    long calls;             /* forward calls (a prefill of up to 4096 tokens, or a decode step) */
+    double wall_s;          /* their wall time */
+    long dense_parts, head_parts, expert_parts; /* parts copied: layers' dense tensors, head row ranges, experts */
+    double bytes;           /* on-disk bytes copied to the GPU */
+    double fill_s;          /* host: the parts' bytes from the mapped checkpoint into pinned buffers (page cache or
+                               disk; dtypes the GPU does not read dequantised here) */
+    double wait_s;          /* host: waiting for a slot still being copied or dequantised */
+    double copy_s;          /* GPU: host-to-device copies (events on the copy stream) */
+    double dequant_s;       /* GPU: dequantisation to f32 and the emulation's rounding of the weights (events) */
+    double gpu_alloc;       /* bytes the reference allocated on the GPU itself (what its plan counts) */
+    double gpu_base;        /* bytes of GPU memory in use before the reference's init (cudaMemGetInfo) */
+    double gpu_init;        /* bytes of GPU memory the reference took at init (cudaMemGetInfo before and after) */
+    double gpu_peak;        /* the most it held at the end of any call so far: its own buffers and what CUDA made
+                               for it lazily (modules, the local memory of kernels with per-thread arrays, cuBLAS's
+                               workspace) */
+} dsv4_ref_gpu_stats;
+/* r's stats into s (zeros for ref-cpu). */
+void dsv4_ref_gpu_stats_get(const dsv4_ref *r, dsv4_ref_gpu_stats *s);
+
 typedef struct dsv4_ref_follow_stats {
     long topk_rows, topk_changed;
     long router_rows, router_changed;
