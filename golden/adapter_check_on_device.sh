@@ -59,26 +59,6 @@ for s in "${sets[@]}"; do
 done
 echo "adapter-check: ${same} of ${#sets[@]} sets bit-identical to the committed ones ($((SECONDS - t0)) s)"
 
-# informative (not in the exit status): docs/external-engines.md's worked example, the adapter on golden/tiny in bf16
-# on the GPU (the CPU when there is none), dumped with dsv4dump.transformers.dump and checked by the kit
-t1=$SECONDS
-if PYTHONPATH=python CUDA_VISIBLE_DEVICES=${ADAPTER_GPU:-0} python3 - "$work/tf-bf16.h5" >"$OUT/adapter-bf16.log" 2>&1 <<'PY'
-import sys, h5py, torch
-from transformers import DeepseekV4ForCausalLM
-from dsv4dump.transformers import dump
-dev = "cuda" if torch.cuda.is_available() else "cpu"
-model = DeepseekV4ForCausalLM.from_pretrained("golden/tiny", dtype=torch.bfloat16).to(dev).eval()
-tokens = h5py.File("golden/tiny/forced.h5", "r")["tokens"][()].tolist()
-dump(model, sys.argv[1], model_dir="golden/tiny", prompt=tokens[:21], n_decode=len(tokens) - 21, forced=tokens,
-     producer=f"transformers bf16 {dev}")
-print("device", dev)
-PY
-then
-    chk=$(PYTHONPATH=python python3 -m dsv4dump check --complete "$work/tf-bf16.h5" 2>&1 | tail -n 1)
-    echo "adapter-check bf16 example ($(grep -m1 '^device' "$OUT/adapter-bf16.log"), $((SECONDS - t1)) s): $chk"
-    cp "$work/tf-bf16.h5" "$OUT/tiny-tf-bf16.h5"
-else
-    echo "adapter-check bf16 example: FAILED (informative); the log's end:"
-    tail -n 8 "$OUT/adapter-bf16.log" | sed 's/^/    /'
-fi
+# informative (not in the exit status): docs/external-engines.md's worked example (golden/tiny in bf16 on the GPU)
+CUDA_VISIBLE_DEVICES=${ADAPTER_GPU:-0} OUT=$OUT bash golden/adapter_bf16_on_device.sh "$OUT/tiny-tf-bf16.h5"
 [ "$same" -eq ${#sets[@]} ]
