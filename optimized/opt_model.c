@@ -373,10 +373,15 @@ void opt_free_one(dsv4_opt *o)
     cudaFreeHost(o->h_follow);
     free(o->layers);
     free(o->pos);
+    free(o->row0);
+    free(o->nrun);
+    free(o->step_n);
+    free(o->step_tok);
     free(o);
 }
 
 int dsv4_opt_position(const dsv4_opt *o, int seq) { return o && seq >= 0 && seq < o->C ? o->pos[seq] : 0; }
+int dsv4_opt_step_budget(const dsv4_opt *o) { return o ? o->Tm : 0; }
 
 static int reset_one(dsv4_opt *o, void *arg)
 {
