@@ -676,8 +676,8 @@ int dsv4_cmd_run(int argc, char **argv)
     a.ref.progress_ctx = &pr;
     if (use_opt) {
         a.opt.max_context = a.max_context > 0 ? a.max_context : pl.T;
-        /* the step budget: the prefill chunk, and at least one token per copy */
-        a.opt.max_step_tokens = a.prefill_chunk > a.opt.n_seq ? a.prefill_chunk : a.opt.n_seq;
+        /* the step budget: the prefill chunk, and at least one token per copy (no prefill: a decode step) */
+        a.opt.max_step_tokens = K > 1 && a.prefill_chunk > a.opt.n_seq ? a.prefill_chunk : a.opt.n_seq;
         a.opt.print_plan = 1;
         if (a.follow && (rc = follow_open(a.follow, cfg, &pl, digest, a.allow_different_weights, &follow))) goto out;
         a.opt.follow = follow;

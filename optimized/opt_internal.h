@@ -205,6 +205,10 @@ struct dsv4_opt {
     long follow_rows[2];             /* rows staged so far: top-k, router */
     int follow_stop;                 /* position of dump_seq where following stopped (token differs), -1 */
     int broken;                      /* a step failed part way: later steps are refused (only free is left) */
+    /* indexer timing (dsv4_opt_indexer_timing): events around each CSA layer's indexer in eager steps */
+    int prof_on;
+    cudaEvent_t *prof_ev;            /* [2L] while on */
+    double prof_ms;
     /* probing state of the current step */
     dsv4_probe_sink *probe;
     float *h_probe;                  /* pinned host staging for probe rows */

@@ -362,6 +362,7 @@ void opt_free_one(dsv4_opt *o)
 {
     if (!o) return;
     if (o->stream) cudaStreamSynchronize(o->stream);
+    if (o->prof_ev) dsv4_opt_indexer_timing(o, 0);
     for (int i = 0; i < o->n_graphs; i++) cudaGraphExecDestroy(o->graphs[i].exec);
     if (o->cublas) cublasDestroy(o->cublas);
     if (o->stream) cudaStreamDestroy(o->stream);

@@ -224,7 +224,17 @@ static int follow_rows(dsv4_opt *o, int L, int k, int32_t *sel, int router, cons
 
 /* The lightning indexer of a CSA layer: key update, queries, head weights, then per slab of rows the scores and
  * the top-k. */
+static int indexer_body(dsv4_opt *o, int L, const opt_layer *ly, int n_csa);
 static int indexer(dsv4_opt *o, int L, const opt_layer *ly, int n_csa)
+{
+    const int timed = o->prof_on && o->runs;
+    if (timed) DSV4_OPT_CUDA(cudaEventRecord(o->prof_ev[2 * L], o->stream));
+    DSV4_TRY(indexer_body(o, L, ly, n_csa));
+    if (timed) DSV4_OPT_CUDA(cudaEventRecord(o->prof_ev[2 * L + 1], o->stream));
+    return 0;
+}
+
+static int indexer_body(dsv4_opt *o, int L, const opt_layer *ly, int n_csa)
 {
     const int s = o->opt.dump_seq, T = o->T, HI = o->HI, dI = o->dI;
     DSV4_TRY(compressor(o, ly, dI, 1, ly->off_ikv, ly->off_ig, ly->idx_ape, ly->idx_norm, ly->icmp_kv,
@@ -637,6 +647,12 @@ int opt_step_rank(dsv4_opt *o, const int32_t *tokens, const int32_t *n_tok, dsv4
     o->probe = NULL;
     if (rc) return rc;
     DSV4_TRY(opt_wait(o, "the step"));
+    for (int L = 0; o->prof_on && o->runs && L < o->cfg.num_hidden_layers; L++) {
+        if (o->layers[L].attn != DSV4_ATTN_CSA) continue;
+        float ms = 0.0f;
+        DSV4_OPT_CUDA(cudaEventElapsedTime(&ms, o->prof_ev[2 * L], o->prof_ev[2 * L + 1]));
+        o->prof_ms += ms;
+    }
     if (!o->runs) {
         if (logits)
             DSV4_OPT_CUDA(cudaMemcpy(logits, o->logits + (size_t)s * o->V, (size_t)o->V * 4, cudaMemcpyDeviceToHost));
@@ -712,3 +728,25 @@ int dsv4_opt_dump_entries(dsv4_opt *o, dsv4_probe_sink *probe)
     }
     return 0;
 }
+
+int dsv4_opt_indexer_timing(dsv4_opt *o, int on)
+{
+    DSV4_CHECK(o && !o->group, "dsv4_opt_indexer_timing: the one-GPU path only");
+    const int NL = o->cfg.num_hidden_layers;
+    if (on && !o->prof_ev) {
+        o->prof_ev = calloc((size_t)2 * NL, sizeof *o->prof_ev);
+        if (!o->prof_ev) return dsv4_error(DSV4_ERR_NOMEM, "optimized: out of host memory");
+        for (int i = 0; i < 2 * NL; i++) DSV4_OPT_CUDA(cudaEventCreate(&o->prof_ev[i]));
+    }
+    if (!on && o->prof_ev) {
+        for (int i = 0; i < 2 * NL; i++)
+            if (o->prof_ev[i]) cudaEventDestroy(o->prof_ev[i]);
+        free(o->prof_ev);
+        o->prof_ev = NULL;
+    }
+    o->prof_on = on;
+    o->prof_ms = 0.0;
+    return 0;
+}
+
+double dsv4_opt_indexer_ms(const dsv4_opt *o) { return o ? o->prof_ms : 0.0; }

@@ -145,6 +145,12 @@ void dsv4_opt_memory(const dsv4_opt *o, size_t *weights, size_t *state, size_t *
  * collectives per step and the timed steps. DSV4_ERR_USAGE without ranks. */
 int dsv4_opt_nccl_timing(dsv4_opt *o, int on);
 int dsv4_opt_nccl_time(const dsv4_opt *o, double *us, int *calls_per_step, int *steps);
+/* Indexer timing of the prefill (dsv4 bench --prefill): on = 1 records device events around every CSA layer's
+ * indexer (key compressor, queries, scores, top-k, following) in every step with runs (those run eagerly), and
+ * synchronises after each such step; dsv4_opt_indexer_ms: the summed time since it was turned on. The one-GPU
+ * path only (DSV4_ERR_USAGE with --gpus). */
+int dsv4_opt_indexer_timing(dsv4_opt *o, int on);
+double dsv4_opt_indexer_ms(const dsv4_opt *o);
 /* The weights mode o runs in (auto resolved: bf16 or fp8). */
 dsv4_opt_weights dsv4_opt_weights_mode(const dsv4_opt *o);
 /* Weight bytes of decoder layer `layer` on the device (with n_gpus >= 1: rank 0's shard); layer -1: the rest
