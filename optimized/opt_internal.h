@@ -156,6 +156,12 @@ struct dsv4_opt {
     void *kv_fresh;                  /* [Tm] window KV rows of a step with runs (bf16 rows or fp8 entries) */
     size_t kv_fresh_bytes;           /* bytes of one fresh row */
     uint16_t *xh;                    /* [logit_rows, D] the head's input rows of a step with runs */
+    /* the routed experts of a step with runs as grouped GEMMs (kernels/moe_sorted.cuh; bf16 weights, a budget of
+     * at least OPT_SORTED_MIN_ROWS rows): [Tm·K] pairs sorted by expert; NULL otherwise */
+    int32_t *ms_count, *ms_offset, *ms_perm, *ms_slot; /* [E + 1], [E + 1], [Tm·K], [Tm·K] */
+    uint16_t *ms_xs, *ms_h;          /* [Tm·K, D], [Tm·K, NI] bf16 */
+    float *ms_gu, *ms_y;             /* [Tm·K, 2·NI], [Tm·K, D] f32 */
+    int32_t *h_ms_offset;            /* pinned [E + 1] */
     /* scratch views (Tm rows each unless said) */
     uint16_t *X, *X2;                /* [C, n, D] */
     float *Xf;                       /* [C, n, D] roundtrip copy */
@@ -325,6 +331,9 @@ int opt_launch_indexer(dsv4_opt *o, const opt_layer *ly, int n_work, int max_ctx
 int opt_launch_topk(dsv4_opt *o, int n_work, int max_ctx);
 int opt_launch_step_index(dsv4_opt *o, const opt_layer *ly, int n_extra);
 int opt_launch_sparse_attn(dsv4_opt *o, const opt_layer *ly, int n_extra);
+
+/* A step with runs of at least this many rows (and bf16 weights) runs its routed experts as grouped GEMMs. */
+enum { OPT_SORTED_MIN_ROWS = 128 };
 
 /* Counted cudaMalloc (style rule 10). */
 int opt_dev_alloc(void **p, size_t bytes, const char *what);

@@ -557,6 +557,17 @@ static void scratch_layout(dsv4_opt *o, opt_carver *cv)
     /* a decode-only object never has runs: no fresh rows, no gathered head rows */
     o->kv_fresh = o->Tm > o->C ? opt_carve(cv, C * o->kv_fresh_bytes) : NULL;
     o->xh = o->Tm > o->C ? opt_carve(cv, LR * D * 2) : NULL;
+    if (o->Tm > o->C && o->Tm >= OPT_SORTED_MIN_ROWS && !o->fp8) { /* grouped expert GEMMs of a long run */
+        const size_t P = C * K, E1 = (size_t)o->E + 1;
+        o->ms_count = opt_carve(cv, E1 * 4);
+        o->ms_offset = opt_carve(cv, E1 * 4);
+        o->ms_perm = opt_carve(cv, P * 4);
+        o->ms_slot = opt_carve(cv, P * 4);
+        o->ms_xs = opt_carve(cv, P * D * 2);
+        o->ms_gu = opt_carve(cv, P * 2 * NI * 4);
+        o->ms_h = opt_carve(cv, P * NI * 2);
+        o->ms_y = opt_carve(cv, P * D * 4);
+    }
     o->ws = opt_carve(cv, o->ws_bytes);
     o->cublas_ws = opt_carve(cv, o->cublas_ws_bytes);
     if (o->follow) {
@@ -732,6 +743,7 @@ int opt_init_common(dsv4_opt *o, opt_weight_src *src)
     DSV4_OPT_CUDA(cudaMallocHost((void **)&o->h_probe, o->h_probe_floats * 4));
     DSV4_OPT_CUDA(cudaMallocHost((void **)&o->h_in, ((size_t)6 * o->Tm + 2 * (size_t)o->logit_rows) * 4));
     o->h_next = o->h_in + 6 * (size_t)o->Tm + o->logit_rows;
+    if (o->ms_offset) DSV4_OPT_CUDA(cudaMallocHost((void **)&o->h_ms_offset, ((size_t)o->E + 1) * 4));
     if (o->follow) {
         const size_t nf = (size_t)o->Tm * f->num_hidden_layers * o->follow_stride;
         DSV4_OPT_CUDA(cudaMallocHost((void **)&o->h_follow, nf * sizeof *o->h_follow));

@@ -372,6 +372,7 @@ void opt_free_one(dsv4_opt *o)
     cudaFreeHost(o->h_probe);
     cudaFreeHost(o->h_in);
     cudaFreeHost(o->h_follow);
+    cudaFreeHost(o->h_ms_offset);
     free(o->layers);
     free(o->pos);
     free(o->row0);

@@ -40,6 +40,7 @@
 #include "kernels/kv_layout.h"
 #include "kernels/mhc.cuh"
 #include "kernels/moe.cuh"
+#include "kernels/moe_sorted.cuh"
 #include "kernels/sparse_attn.cuh"
 #include "kernels/step.cuh"
 #include "kernels/topk.cuh"
@@ -324,11 +325,47 @@ static int attention(dsv4_opt *o, int L, int n_csa, int n_hca)
     return 0;
 }
 
+/* The routed experts of a long run as grouped GEMMs: the pairs sorted by expert (their offsets come to the host:
+ * the step runs eagerly), each held expert's rows through one up and one down cuBLAS GEMM, then the combine. */
+static int experts_sorted(dsv4_opt *o, const opt_layer *ly, int e_begin, int e_end)
+{
+    const int T = o->T, D = o->D, NI = o->NI, K = o->K;
+    dsv4_moe_sorted_params mp = {.n_tok = T, .k = K, .dim = D, .inter = NI, .n_experts = o->E, .e_begin = e_begin,
+                                 .e_end = e_end, .limit = (float)o->cfg.swiglu_limit, .x = o->xn, .ids = o->rids,
+                                 .weights = o->rw, .count = o->ms_count, .offset = o->ms_offset, .perm = o->ms_perm,
+                                 .slot = o->ms_slot, .xs = o->ms_xs, .gu = o->ms_gu, .h = o->ms_h, .y = o->ms_y,
+                                 .shared = o->y_sh, .shared_stride = D, .out = o->fout, .stream = o->stream};
+    const int held = dsv4_moe_sorted_held(&mp);
+    DSV4_TRY(dsv4_opt_moe_sort(&mp));
+    DSV4_OPT_CUDA(cudaMemcpyAsync(o->h_ms_offset, o->ms_offset, ((size_t)held + 1) * 4, cudaMemcpyDeviceToHost,
+                                  o->stream));
+    DSV4_TRY(opt_wait(o, "the experts' sort"));
+    const int32_t *off = o->h_ms_offset;
+    DSV4_CHECK(off[held] >= 0 && off[held] <= T * K, "optimized: the experts' sort gave %d rows for %d pairs",
+               off[held], T * K);
+    DSV4_TRY(dsv4_opt_moe_gather(&mp, off[held]));
+    for (int e = 0; e < held; e++) {
+        const int n = off[e + 1] - off[e];
+        if (n > 0)
+            DSV4_TRY(opt_gemm(o, o->ms_gu + (size_t)off[e] * 2 * NI, 1, 2 * NI, o->ms_xs + (size_t)off[e] * D, D,
+                              ly->w13 + (size_t)e * 2 * NI * D, 2 * NI, D, n));
+    }
+    DSV4_TRY(dsv4_opt_moe_swiglu_sorted(&mp, off[held]));
+    for (int e = 0; e < held; e++) {
+        const int n = off[e + 1] - off[e];
+        if (n > 0)
+            DSV4_TRY(opt_gemm(o, o->ms_y + (size_t)off[e] * D, 1, D, o->ms_h + (size_t)off[e] * NI, NI,
+                              ly->w2 + (size_t)e * D * NI, D, NI, n));
+    }
+    return dsv4_opt_moe_combine(&mp);
+}
+
 int opt_experts(dsv4_opt *o, const opt_layer *ly)
 {
     const int T = o->T, D = o->D, NI = o->NI, K = o->K;
     /* the rank's experts e0..e0+E_loc (whole experts); e_end 0 when it holds every one */
     const int e_begin = o->e0, e_end = o->E_loc < o->E ? o->e0 + o->E_loc : 0;
+    if (o->runs && !o->fp8 && o->ms_xs && T >= OPT_SORTED_MIN_ROWS) return experts_sorted(o, ly, e_begin, e_end);
     if (o->fp8) {
         dsv4_fp4_experts_params fp = {.n_tok = T, .k = K, .dim = D, .inter = NI,
                                       .limit = (float)o->cfg.swiglu_limit, .x = o->xn, .ids = o->rids,
