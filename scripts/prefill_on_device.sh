@@ -18,17 +18,34 @@
 #   5. the fp32 GPU reference against the optimized path on the same 8,192-token prompt of the Flash-width model
 #      file (test_ref_gpu_flash --write-model: 4 layers, 32 experts): both prefill times and their ratio;
 #   6. the decode bench (`dsv4 bench --layers 4 --batch 1,64 --context 4096,32768 --variants all-on`, no
-#      scaling, baseline or kernel timing) of this tree and of the merge base: ms/step side by side (must not
-#      regress; the same device call);
+#      scaling, baseline or kernel timing) of this tree and of the base: ms/step side by side (must not regress;
+#      the same device call). The base is ab-base/ (git-ignored, carried: the base's versions of the files this
+#      branch changed, and .ab-added listing the files it added, the convention of scripts/gpu-ab.sh), written
+#      here beforehand by `bash scripts/prefill_on_device.sh --make-ab-base [REV]` (REV default: the merge base
+#      with main); without ab-base/, the merge base from git history when the copy has it; else skipped;
 #   7. e2e_opt_gpu (the decode gates, now with the default chunked prefill) if the budget still allows;
 # then one summary block, always. Each step is time-boxed (timeout) and skipped, saying so, when the budget is
 # spent. Logs go to $OUT (default /tmp/prefill-out).
 #   device call: command "bash scripts/prefill_on_device.sh 520 unit,e2e,decode-tests 2>&1 | tail -n 80",
-#   carry [".debs"]; then "... 520 prefill-bench,decode-bench,ref ..." (and e2e-decode when there is time)
+#   carry [".debs"]; then "... 520 prefill-bench,decode-bench,ref ...", carry [".debs", "ab-base"] (and
+#   e2e-decode when there is time)
 # Exit status: 0 when every step that ran passed, 1 when one failed, 2 when the build or setup failed.
 set -u -o pipefail
 cd "$(dirname "$0")/.." || exit 2
 root=$PWD
+if [ "${1:-}" = --make-ab-base ]; then # here, with git: the base's versions of what this branch changed
+    rev=${2:-$(git merge-base HEAD main)} || exit 2
+    rm -rf ab-base && mkdir -p ab-base || exit 2
+    : >ab-base/.ab-added
+    git diff --name-status --no-renames "$rev" HEAD | while read -r st path; do
+        case $st in
+            A) echo "$path" >>ab-base/.ab-added ;;
+            *) mkdir -p "ab-base/$(dirname "$path")" && git show "$rev:$path" >"ab-base/$path" || exit 2 ;;
+        esac
+    done || exit 2
+    echo "ab-base/: $(find ab-base -type f ! -name .ab-added | wc -l) base files, $(wc -l <ab-base/.ab-added) added by the branch (base ${rev:0:10}); carry it"
+    exit 0
+fi
 budget=${1:-500}
 stages=",${2:-all},"
 want() { [ "$stages" = ",all," ] || [[ $stages == *",$1,"* ]]; }
@@ -76,13 +93,21 @@ targets=(dsv4_cli test_opt_prefill test_kernel_sparse_attn test_kernel_indexer t
 jobs=$(nproc)
 base_ok=0
 base_rev=""
-if want decode-bench && git -C "$root" rev-parse --verify -q main >/dev/null 2>&1; then
+base_tree=/tmp/dsv4-prefill-base
+if want decode-bench && [ -d "$root/ab-base" ]; then # this tree with ab-base/ over it, the branch's files removed
+    base_rev="ab-base/"
+    rm -rf "$base_tree" && mkdir -p "$base_tree" &&
+        (tar cf - --exclude='./build*' --exclude=./.git --exclude=./.debs --exclude=./ab-base --exclude=./out .) | tar xf - -C "$base_tree" &&
+        cp -r "$root/ab-base/." "$base_tree/" &&
+        while read -r f; do [ -n "$f" ] && rm -f "$base_tree/$f"; done <"$root/ab-base/.ab-added" ||
+        { note "base tree: building it from ab-base/ failed"; base_rev=""; }
+elif want decode-bench && git -C "$root" rev-parse --verify -q main >/dev/null 2>&1; then
     base_rev=$(git -C "$root" merge-base HEAD main 2>/dev/null)
+    rm -rf "$base_tree" && mkdir -p "$base_tree" && git -C "$root" archive "$base_rev" | tar -x -C "$base_tree" ||
+        base_rev=""
 fi
-if [ -n "$base_rev" ]; then # the decode bench's "before": dsv4_cli of the merge base, built beside this tree
-    rm -rf /tmp/dsv4-prefill-base && mkdir -p /tmp/dsv4-prefill-base &&
-        git -C "$root" archive "$base_rev" | tar -x -C /tmp/dsv4-prefill-base &&
-        (cmake -S /tmp/dsv4-prefill-base -B "$base_build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+if [ -n "$base_rev" ]; then # the decode bench's "before": dsv4_cli of the base, built beside this tree
+        (cmake -S "$base_tree" -B "$base_build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
             -DCMAKE_CUDA_ARCHITECTURES=90 >"$OUT/base-configure.log" 2>&1 &&
             timeout "$(share 300)" cmake --build "$base_build" --target dsv4_cli -j$((jobs / 2)) \
                 >"$OUT/base-build.log" 2>&1) &
@@ -100,9 +125,9 @@ fi
 note "build: $((SECONDS - t0)) s (sm_90, ${#targets[@]} targets)"
 if [ -n "$base_rev" ]; then
     wait "$base_pid" && [ -x "$base_build/dsv4" ] && base_ok=1
-    note "base build (merge base ${base_rev:0:10}, dsv4_cli): $([ $base_ok = 1 ] && echo ok || echo "FAILED or cut ($OUT/base-build.log)") at $((SECONDS - t0)) s"
+    note "base build (${base_rev:0:10}, dsv4_cli): $([ $base_ok = 1 ] && echo ok || echo "FAILED or cut ($OUT/base-build.log)") at $((SECONDS - t0)) s"
 else
-    note "base build: no git history with main here: the decode bench runs on this tree only"
+    want decode-bench && note "base build: no ab-base/ carried and no git history: the decode bench runs on this tree only"
 fi
 bin=$build/dsv4
 export DSV4_BIN=$bin DSV4_SOURCE_DIR=$root DSV4_BINARY_DIR=$build DSV4_DIGEST_CACHE=off CK_DEFAULT_TIMEOUT=600
