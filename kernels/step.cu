@@ -11,6 +11,7 @@
  */
 #include "opt_common.cuh"
 #include "step.cuh"
+#include "window_plan.h"
 
 __global__ void step_setup_kernel(dsv4_step_setup_params p)
 {
@@ -36,15 +37,11 @@ __global__ void step_index_kernel(dsv4_step_index_params p)
     int32_t *out = p.idx + (size_t)c * n_idx;
     for (int j = threadIdx.x; j < n_idx; j += blockDim.x) {
         int32_t v;
-        if (j < W) {
-            int64_t t = pos - (W - 1) + j;
-            v = t >= 0 ? (int32_t)(t % W) : -1;
-            if (t >= 0 && p.run_off && t >= pos - p.run_off[c]) { /* the row's own run: its fresh KV row */
-                const int64_t r = c - (pos - t);
-                DSV4_DEV_CHECK(r >= 0 && r <= c, "row %d position %lld window position %lld", c, (long long)pos,
-                               (long long)t);
-                v = p.fresh_base + (int32_t)r;
-            }
+        if (j < W) { /* window_plan.h: the ring, or with runs the run's own fresh rows */
+            const int64_t t = pos - (W - 1) + j;
+            v = dsv4_window_slot(pos, p.run_off ? p.run_off[c] : -1, c, t, W, p.fresh_base);
+            DSV4_DEV_CHECK(v < p.fresh_base || (v - p.fresh_base >= 0 && v - p.fresh_base <= c),
+                           "row %d position %lld window position %lld: slot %d", c, (long long)pos, (long long)t, v);
         } else if (p.kind == DSV4_STEP_INDEX_CSA) {
             /* a pick must be a live entry and listed once: a repeated id would be attended twice */
             const int32_t *tk = p.topk + (size_t)c * p.n_extra;
@@ -63,7 +60,7 @@ __global__ void step_index_kernel(dsv4_step_index_params p)
 __global__ void ring_write_kernel(dsv4_ring_write_params p)
 {
     const int c = blockIdx.x;
-    if (!p.active[c] || p.run_len[c] - 1 - p.run_off[c] >= p.window) return; /* a later row of the run wins */
+    if (!p.active[c] || !dsv4_window_ring_keeps(p.run_off[c], p.run_len[c], p.window)) return; /* a later row wins */
     const int64_t slot = p.pos[c] % p.window;
     const uint4 *src = reinterpret_cast<const uint4 *>(static_cast<const char *>(p.fresh) + (size_t)c * p.entry_bytes);
     uint4 *dst = reinterpret_cast<uint4 *>(static_cast<char *>(p.ring) + (size_t)p.seq[c] * p.ring_seq_stride +

@@ -8,7 +8,12 @@
  *   bit for bit, for CSA (r 4, overlapping) and HCA (r 8 here, the same rules as 128) and for runs of every length
  *   1..2r+3, starting on and off window boundaries, including chunks longer than a window and than two. The
  *   golden is the reference machine, never the code under test; a deliberately wrong rule (reading the previous
- *   window's rows where the current ones hold a partial window) must fail the same comparison.
+ *   window's rows where the current ones hold a partial window) must fail the same comparison;
+ * - the window of a step with runs (kernels/window_plan.h, what step.cu's gather list and ring write do): over
+ *   random ragged schedules of 3 sequences (runs up to 3 windows long, decodes between), every row's W gather slots
+ *   resolve, through the fresh rows and a ring of W position ids, to exactly the positions p-W+1..p of the
+ *   one-token window (model-spec §6.5), and after the ring write the ring holds each slot's latest position; a ring
+ *   written before the attention (the hazard the fresh rows avoid) must fail the same check.
  */
 #include <math.h>
 #include <stdio.h>
@@ -16,6 +21,7 @@
 #include <string.h>
 
 #include "../kernels/compressor_plan.h"
+#include "../kernels/window_plan.h"
 #include "../reference/ref_ops.h"
 #include "dsv4/dsv4_opt.h"
 #include "dsv4_test.h"
@@ -254,6 +260,75 @@ START_TEST(test_carry_rules_by_hand)
 }
 END_TEST
 
+/* ------------------------------------------------------------------------------------------- window */
+enum { WW = 8, WSEQ = 3, WMAXRUN = 3 * WW };
+
+/* Ragged steps over WSEQ sequences; early = 1 writes the ring before the attention (the wrong order). Returns the
+ * number of window entries that are not the one-token window's. */
+static int window_schedule(int early, unsigned seed)
+{
+    int64_t ring[WSEQ][WW];
+    int pos[WSEQ] = {0, 0, 0}, bad = 0;
+    for (int c = 0; c < WSEQ; c++)
+        for (int i = 0; i < WW; i++) ring[c][i] = -7; /* nothing written yet: never read (t >= 0 only) */
+    for (int step = 0; step < 40; step++) {
+        int n[WSEQ], T = 0, row0[WSEQ];
+        for (int c = 0; c < WSEQ; c++) {
+            seed = seed * 1103515245u + 12345u;
+            n[c] = (int)((seed >> 16) % (WMAXRUN + 1)); /* 0 .. 3W tokens, 1 a decode */
+            row0[c] = T;
+            T += n[c];
+        }
+        int64_t fresh[WSEQ * WMAXRUN]; /* the step's fresh rows: each row's own position */
+        for (int c = 0; c < WSEQ; c++)
+            for (int j = 0; j < n[c]; j++) fresh[row0[c] + j] = pos[c] + j;
+        if (early) /* the hazard: the ring written before the rows read it */
+            for (int c = 0; c < WSEQ; c++)
+                for (int j = 0; j < n[c]; j++) ring[c][(pos[c] + j) % WW] = pos[c] + j;
+        const int32_t fresh_base = WW + 100; /* W + pool_cap */
+        for (int c = 0; c < WSEQ; c++)
+            for (int j = 0; j < n[c]; j++) {
+                const int64_t p = pos[c] + j;
+                for (int k = 0; k < WW; k++) {
+                    const int64_t t = p - (WW - 1) + k;
+                    const int32_t slot = dsv4_window_slot(p, j, row0[c] + j, t, WW, fresh_base);
+                    int64_t got = -1;
+                    if (slot >= fresh_base && slot - fresh_base < T) got = fresh[slot - fresh_base];
+                    else if (slot >= 0 && slot < WW) got = ring[c][slot];
+                    else if (slot >= 0) got = -2; /* out of range: wrong */
+                    bad += got != (t >= 0 ? t : -1);
+                }
+            }
+        for (int c = 0; c < WSEQ; c++) /* after the attention */
+            for (int j = 0; j < n[c]; j++)
+                if (dsv4_window_ring_keeps(j, n[c], WW)) ring[c][(pos[c] + j) % WW] = pos[c] + j;
+        for (int c = 0; c < WSEQ; c++) {
+            pos[c] += n[c];
+            for (int i = 0; i < WW && !early; i++) { /* each slot holds its latest position */
+                const int64_t want = pos[c] - 1 - (((pos[c] - 1 - i) % WW) + WW) % WW;
+                bad += want >= 0 && ring[c][i] != want;
+            }
+        }
+    }
+    return bad;
+}
+
+START_TEST(test_window_of_runs)
+{
+    for (unsigned seed = 1; seed <= 50; seed++)
+        ck_assert_msg(window_schedule(0, seed) == 0, "schedule %u: a row's window is not the one-token window",
+                      seed);
+    int wrong = 0;
+    for (unsigned seed = 1; seed <= 50; seed++) wrong += window_schedule(1, seed);
+    ck_assert_int_gt(wrong, 0); /* writing the ring first is caught */
+    /* decode (no run): the ring alone, -1 before position 0 */
+    ck_assert_int_eq(dsv4_window_slot(5, -1, 0, 3, 8, 108), 3);
+    ck_assert_int_eq(dsv4_window_slot(5, -1, 0, -1, 8, 108), -1);
+    ck_assert_int_eq(dsv4_window_slot(20, 4, 9, 17, 8, 108), 108 + 6); /* run from 16 at row 5: t 17 is row 6 */
+    ck_assert_int_eq(dsv4_window_slot(20, 4, 9, 15, 8, 108), 15 % 8);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("opt_prefill_plan");
@@ -262,6 +337,7 @@ int main(void)
     tcase_add_test(tc, test_plan_schedules);
     tcase_add_test(tc, test_carry_rules_by_hand);
     tcase_add_test(tc, test_compressor_runs_match_the_reference_machine);
+    tcase_add_test(tc, test_window_of_runs);
     suite_add_tcase(s, tc);
     return dsv4_test_main(s);
 }
