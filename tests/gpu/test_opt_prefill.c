@@ -4,6 +4,10 @@
  *   tokens per call (both in one call, rows packed) give the same pool entries and the same states, bit for bit, as
  *   the one-token kernel fed the same projections a token at a time; CSA (r 4, overlapping) and HCA (r 16), bf16
  *   pools and the --kv fp8 pool. A mismatch prints the first differing byte's entry, channel and both values;
+ * - the window of a run (kernels/step.cu's gather list with fresh rows and ring write, sparse_attn.cu reading
+ *   them): a sliding layer's attention over 3 runs of a 30-token sequence (11, 1, 18 tokens; window 8) gives the
+ *   same bits as one-token steps that write the ring first, for the mma and the simt kernels, bf16 rows and fp8
+ *   cache entries (the gather order and the values are the same; one tile, so no split);
  * - the grouped expert GEMMs of a long run (kernels/moe_sorted.cu + cuBLAS, as opt_step.c runs them) against the
  *   decode kernels (kernels/moe.cu) on random bf16 experts, 300 tokens, expert parallel halves included: the
  *   same values within bf16 rounding of h (other fp32 summation orders);
@@ -26,6 +30,8 @@
 #include "../../kernels/kv_layout.h"
 #include "../../kernels/moe.cuh"
 #include "../../kernels/moe_sorted.cuh"
+#include "../../kernels/sparse_attn.cuh"
+#include "../../kernels/step.cuh"
 #include "dsv4/dsv4.h"
 #include "dsv4/dsv4_opt.h"
 #include "dsv4_test.h"
@@ -172,13 +178,114 @@ START_TEST(test_compressor_runs_bitwise)
 }
 END_TEST
 
-/* ------------------------------------------------------------------------------------------- sorted experts */
+/* bf16 bits of f, round to nearest even */
 static uint16_t bf(float f)
 {
     uint32_t u;
     memcpy(&u, &f, 4);
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
+
+/* ------------------------------------------------------------------------------------------- window */
+static void window_case(int kernel, int fp8)
+{
+    enum { P = 30, W = 8, H = 16, D = 64, ROPE = 16, NR = 3 };
+    const int runs[NR] = {11, 1, 18};
+    const int64_t eb = fp8 ? dsv4_kv8_entry_bytes(D, ROPE) : 2 * D, pool_cap = 4, n_slots = W + pool_cap;
+    const int64_t seq_stride = n_slots * (fp8 ? eb : D); /* elements (bf16) or bytes (fp8) */
+    uint8_t *kv_all = malloc((size_t)P * eb);
+    uint16_t *q_all = malloc((size_t)P * H * D * 2);
+    float *cs_all = malloc((size_t)P * (ROPE / 2) * 4), *sn_all = malloc((size_t)P * (ROPE / 2) * 4), sink[H];
+    rs = 99 + (uint64_t)kernel * 7 + (uint64_t)fp8;
+    for (int p = 0; p < P; p++) {
+        uint8_t *e = kv_all + (size_t)p * eb;
+        if (!fp8) {
+            for (int i = 0; i < D; i++) ((uint16_t *)e)[i] = bf(urand());
+        } else {
+            memset(e, 0, (size_t)eb);
+            for (int i = 0; i < ROPE; i++) ((uint16_t *)e)[i] = bf(urand());
+            for (int ch = 0; ch < D - ROPE; ch++) {
+                uint8_t c = (uint8_t)((urand() + 1.0f) * 127.0f);
+                if ((c & 0x7f) == 0x7f) c ^= 1; /* NaN codes */
+                e[dsv4_kv8_codes_at(ROPE) + ch] = c;
+            }
+            for (int b = 0; b < dsv4_kv8_scales(D - ROPE); b++) e[dsv4_kv8_scales_at(D, ROPE) + b] = 122;
+        }
+        for (int i = 0; i < H * D; i++) q_all[(size_t)p * H * D + i] = bf(urand());
+        for (int i = 0; i < ROPE / 2; i++) {
+            cs_all[p * (ROPE / 2) + i] = cosf(0.1f * (float)(p * (i + 1)));
+            sn_all[p * (ROPE / 2) + i] = sinf(0.1f * (float)(p * (i + 1)));
+        }
+    }
+    for (int h = 0; h < H; h++) sink[h] = urand();
+    float *outs[2];
+    for (int path = 0; path < 2; path++) {
+        void *cache = dev_alloc((size_t)n_slots * eb), *fresh = dev_alloc((size_t)P * eb);
+        uint16_t *q = dev_alloc((size_t)P * H * D * 2);
+        float *cs = dev_alloc((size_t)P * (ROPE / 2) * 4), *sn = dev_alloc((size_t)P * (ROPE / 2) * 4);
+        float *d_sink = dev_alloc(H * 4), *out = dev_alloc((size_t)P * H * D * 4);
+        int32_t *idx = dev_alloc((size_t)P * W * 4), *pos = dev_alloc(P * 4), *act = dev_alloc(P * 4);
+        int32_t *seq = dev_alloc(P * 4), *off = dev_alloc(P * 4), *len = dev_alloc(P * 4);
+        up(d_sink, sink, H * 4);
+        outs[path] = malloc((size_t)P * H * D * 4);
+        int p0 = 0;
+        for (int r = 0; r < (path ? NR : P); r++) {
+            const int n = path ? runs[r] : 1;
+            int32_t hp[P], ha[P], hs[P], ho[P], hl[P];
+            for (int j = 0; j < n; j++) hp[j] = p0 + j, ha[j] = 1, hs[j] = 0, ho[j] = j, hl[j] = n;
+            up(pos, hp, (size_t)n * 4), up(act, ha, (size_t)n * 4), up(seq, hs, (size_t)n * 4);
+            up(off, ho, (size_t)n * 4), up(len, hl, (size_t)n * 4);
+            up(q, q_all + (size_t)p0 * H * D, (size_t)n * H * D * 2);
+            up(cs, cs_all + (size_t)p0 * (ROPE / 2), (size_t)n * (ROPE / 2) * 4);
+            up(sn, sn_all + (size_t)p0 * (ROPE / 2), (size_t)n * (ROPE / 2) * 4);
+            if (path == 0) /* one token: the ring first */
+                up((char *)cache + (size_t)(p0 % W) * eb, kv_all + (size_t)p0 * eb, (size_t)eb);
+            else
+                up(fresh, kv_all + (size_t)p0 * eb, (size_t)n * eb);
+            dsv4_step_index_params xp = {.n_seq = n, .window = W, .n_extra = 0, .kind = DSV4_STEP_INDEX_WINDOW,
+                                         .pos = pos, .idx = idx, .run_off = path ? off : NULL,
+                                         .fresh_base = (int)n_slots};
+            ck_assert_msg(dsv4_opt_step_index(&xp) == 0, "%s", dsv4_last_error());
+            dsv4_sparse_attn_params ap = {.n_seq = n, .n_heads = H, .head_dim = D, .rope_dim = ROPE, .n_idx = W,
+                                          .n_slots = (int)n_slots, .scale = 0.125f, .q = q,
+                                          .kv = fp8 ? NULL : cache, .kv8 = fp8 ? cache : NULL,
+                                          .kv_seq_stride = seq_stride, .idx = idx, .seq = path ? seq : NULL,
+                                          .fresh = path ? fresh : NULL, .n_fresh = path ? n : 0, .sink = d_sink,
+                                          .rope_cos = cs, .rope_sin = sn, .out = out, .out_dtype = DSV4_OUT_F32,
+                                          .kernel = (dsv4_attn_kernel)kernel};
+            ck_assert_int_eq(dsv4_opt_sparse_attn_workspace_bytes(&ap), 0); /* one tile: no split */
+            ck_assert_msg(dsv4_opt_sparse_attn(&ap) == 0, "%s", dsv4_last_error());
+            if (path) {
+                dsv4_ring_write_params rw = {.n_rows = n, .window = W, .entry_bytes = eb, .pos = pos, .active = act,
+                                             .seq = seq, .run_off = off, .run_len = len, .fresh = fresh,
+                                             .ring = cache, .ring_seq_stride = n_slots * eb};
+                ck_assert_msg(dsv4_opt_ring_write(&rw) == 0, "%s", dsv4_last_error());
+            }
+            ck_assert(cudaDeviceSynchronize() == cudaSuccess);
+            ck_assert(cudaMemcpy(outs[path] + (size_t)p0 * H * D, out, (size_t)n * H * D * 4,
+                                 cudaMemcpyDeviceToHost) == cudaSuccess);
+            p0 += n;
+        }
+        cudaFree(cache), cudaFree(fresh), cudaFree(q), cudaFree(cs), cudaFree(sn), cudaFree(d_sink), cudaFree(out);
+        cudaFree(idx), cudaFree(pos), cudaFree(act), cudaFree(seq), cudaFree(off), cudaFree(len);
+    }
+    for (int i = 0; i < P * H * D; i++)
+        ck_assert_msg(memcmp(&outs[0][i], &outs[1][i], 4) == 0,
+                      "attention %s %s: position %d head %d channel %d: one-token %g, runs %g", kernel ? "simt" : "mma",
+                      fp8 ? "fp8" : "bf16", i / (H * D), i / D % H, i % D, outs[0][i], outs[1][i]);
+    printf("window of runs (%s, %s cache): attention bitwise that of one-token steps at all %d positions\n",
+           kernel ? "simt" : "mma", fp8 ? "fp8" : "bf16", P);
+    free(outs[0]), free(outs[1]), free(kv_all), free(q_all), free(cs_all), free(sn_all);
+}
+
+START_TEST(test_window_runs_bitwise)
+{
+    for (int kernel = 0; kernel < 2; kernel++)
+        for (int fp8 = 0; fp8 < 2; fp8++) window_case(kernel, fp8);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------------------------- sorted experts */
 
 static void sorted_case(int e_begin, int e_end)
 {
@@ -361,7 +468,8 @@ int main(void)
 {
     dsv4_test_require_gpu();
     Suite *s = suite_create("opt_prefill");
-    const TTest *const tests[] = {test_compressor_runs_bitwise, test_sorted_experts, test_ragged_steps};
+    const TTest *const tests[] = {test_compressor_runs_bitwise, test_window_runs_bitwise, test_sorted_experts,
+                                 test_ragged_steps};
     dsv4_test_add_each(s, 600, tests, (int)(sizeof tests / sizeof tests[0]));
     return dsv4_test_main(s);
 }
