@@ -8,15 +8,16 @@
 #   chunk sizes   tiny (prompt 21, off both ratios 4/8, window 8): 1 (token by token), 3, 4, 7, the whole prompt;
 #                 tiny-fp8 (its FP8 weights): 3, 7; random-106 (64, on the boundaries of 2/32, window 16): 4,
 #                 whole; random-109 (78, off 4/8, window 8): 7, whole; topk512 (2296, on 4, off 16, window 32,
-#                 574 entries ranked for 512 picks): 128, 512, whole. Chunks longer than the window exercise the
+#                 574 entries ranked for 512 picks): 1, 128, 512, whole. Chunks longer than the window exercise the
 #                 fresh window rows; chunks that close several compressed entries, the compressor runs.
 #   switches      tiny at chunk 7 with each naive variant (--attn simt, --indexer fp32, --mhc roundtrip,
 #                 --index-context max): gated; --kv fp8: reported (as in e2e_opt_gpu).
 #   mixed batch   tiny, --batch 3 --dump-seq 2 --prefill-chunk 8: copy c starts c steps later; decodes go first,
 #                 so at most steps one copy prefills while the others decode, all of different lengths; the
 #                 last copy is dumped and follows: gated.
-#   same path     the chunk-7 and whole-prompt dumps of tiny against its token-by-token dump (chunk 1), and
-#                 topk512's chunk 512 against its chunk 128: the bf16 verdict and the same numbers, gated.
+#   same path     the chunk-7 and whole-prompt dumps of tiny, and the chunk-512 and whole-prompt dumps of
+#                 topk512, against the same set's token-by-token dump (chunk 1): the bf16 verdict and the same
+#                 numbers, gated.
 # Ends with "N passed, M failed". Logs in $DSV4_E2E_LOG (default: a temporary folder). Skipped (77) without a GPU.
 set -u -o pipefail
 BIN="${DSV4_BIN:?}"
@@ -36,7 +37,7 @@ source "$SRC/tests/support/e2e_opt_lib.sh"
 # prompt_len of a golden set (its README table; the dumps' attribute would need an HDF5 tool)
 declare -A PLEN=([tiny]=21 [tiny-fp8]=21 [random-106]=64 [random-109]=78 [topk512]=2296)
 declare -A CHUNKS=([tiny]="1 3 4 7 whole" [tiny-fp8]="3 7" [random-106]="4 whole" [random-109]="7 whole"
-                   [topk512]="128 512 whole")
+                   [topk512]="1 128 512 whole")
 
 for set in tiny tiny-fp8 random-106 random-109 topk512; do
     G="$SRC/golden/$set"
@@ -84,8 +85,10 @@ if [ -f "$ref" ]; then
 fi
 G="$SRC/golden/topk512"
 topk_of "$G"
-[ -f "$T/topk512-chunk-128.h5" ] && [ -f "$T/topk512-chunk-512.h5" ] &&
-    verify topk512-chunk-512-vs-chunk-128 1 "$T/topk512-chunk-128.h5" "$T/topk512-chunk-512.h5"
+for c in 512 whole; do
+    [ -f "$T/topk512-chunk-1.h5" ] && [ -f "$T/topk512-chunk-$c.h5" ] &&
+        verify "topk512-chunk-$c-vs-chunk-1" 1 "$T/topk512-chunk-1.h5" "$T/topk512-chunk-$c.h5"
+done
 
 echo "e2e_opt_prefill_gpu: $reported comparison(s) reported, not gated; $((SECONDS - t0)) s in all"
 echo "e2e_opt_prefill_gpu: $pass passed, $fail failed"
