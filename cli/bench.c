@@ -43,6 +43,8 @@
 #ifndef DSV4_HAVE_CUDA
 int dsv4_cmd_bench(int argc, char **argv)
 {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--prefill")) return bench_prefill(argc, argv);
     bench_args a;
     int rc = bench_check_args(argc, argv, &a);
     if (rc) return rc;
@@ -160,6 +162,14 @@ done:
 }
 #undef BCUDA
 
+int bench_measure_ceilings(double *copy_gbs, double *gemm_tflops)
+{
+    ceilings cl = {0, 0};
+    int rc = measure_ceilings(&cl);
+    *copy_gbs = cl.copy_gbs, *gemm_tflops = cl.gemm_tflops;
+    return rc;
+}
+
 /* ------------------------------------------------------------------------------------ one variant */
 static void variant_options(int v, int C, int max_ctx, dsv4_opt_weights weights, dsv4_opt_kv kv, int gpus,
                             dsv4_opt_options *o)
@@ -259,6 +269,8 @@ static int record_failure(json_t *fails, int C, const char *variant, const char 
 
 int dsv4_cmd_bench(int argc, char **argv)
 {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--prefill")) return bench_prefill(argc, argv);
     bench_args a;
     if (bench_check_args(argc, argv, &a)) return 2;
     t_start = now_s();

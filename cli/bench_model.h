@@ -20,4 +20,10 @@ void bench_plan_memory(const dsv4_config *f, int C, int max_ctx, int fp32_indexe
  * must be done (counted as in cli/bench.c's header). */
 void bench_step_roofline(const dsv4_config *f, int C, int live, int fp8, int kv8, double *bytes, double *flops);
 
+/* The copy-bandwidth and bf16-GEMM ceilings measured now (cli/bench.c; CUDA builds). */
+int bench_measure_ceilings(double *copy_gbs, double *gemm_tflops);
+
+/* `dsv4 bench --prefill N ...` (cli/bench_prefill.c): the prefill of one prompt. Exit status. */
+int bench_prefill(int argc, char **argv);
+
 #endif /* DSV4_CLI_BENCH_MODEL_H */

@@ -42,12 +42,13 @@ static void run_usage(FILE *f)
             "                [--dump-seq I] [--graph on|off] [--gpus N] [--weights auto|bf16|fp8]\n"
             "                [--quantize none|fp8] [--follow DUMP.h5 [--allow-different-weights]]\n"
             "                [--probes NAMES] [--emulate none|bf16] [--gpu-weights auto|resident|stream]\n"
-            "                [--replay CAND.h5]\n\n"
+            "                [--replay CAND.h5] [--prefill-chunk N]\n\n"
             "Runs the model over a prompt (one prefill) and N one-token decode steps, and writes every probe of\n"
             "dump-format.md for the chosen positions to OUT.h5.\n\n"
             "  --model DIR            model folder: config.json + *.safetensors\n"
             "  --path P               ref-cpu (fp32 CPU reference, default), ref-gpu (fp32 GPU reference) or opt\n"
-            "                         (optimized CUDA path, bf16 or fp8 weights; the prompt runs as one-token steps)\n"
+            "                         (optimized CUDA path, bf16 or fp8 weights; the prompt runs in chunks of\n"
+            "                         --prefill-chunk tokens)\n"
             "  --tokens-from G.h5     take /tokens, prompt_len, n_decode, mode and /positions from a dump\n"
             "  --prompt-tokens FILE   prompt token ids, separated by whitespace or commas (decoding is greedy)\n"
             "  --decode N             decode steps after the prompt (default: the dump's n_decode, else 0)\n"
@@ -55,7 +56,7 @@ static void run_usage(FILE *f)
             "  --forced               feed the dump's own tokens (default for a forced dump)\n"
             "  --decode-from K        prefill positions 0..K-1, then one-token decode steps from K\n"
             "                         (0..the prompt length, the default; 0 = the whole prompt token by token;\n"
-            "                         --path opt takes only 0, its prompt runs as one-token steps)\n"
+            "                         --path opt prefills 0..K-1 in steps of --prefill-chunk tokens)\n"
             "  --dump-positions L     positions to store: comma list of ids, ranges and the words 'all' and\n"
             "                         'decode' (the last prompt position and every decode position), e.g.\n"
             "                         0,3,10-20,decode;\n"
@@ -100,9 +101,15 @@ static void run_usage(FILE *f)
             "these, exit 2):\n"
             "  --attn, --indexer, --mhc, --index-context, --kv   the switches, e.g. --mhc roundtrip\n"
             "  --max-context N        positions the caches are allocated for (default: the run's tokens)\n"
-            "  --batch C              decode C copies together, copy c starting c steps later (default 1)\n"
+            "  --batch C              run C copies together, copy c starting c steps later (default 1); each\n"
+            "                         step gives every decoding copy its token first, then the prefilling copies\n"
+            "                         the rest of the --prefill-chunk budget in copy order (a mixed batch)\n"
+            "  --prefill-chunk N      tokens one step may take over all copies (default 512; at least the batch):\n"
+            "                         the prefill's chunk, which sizes the scratch (the memory plan, printed\n"
+            "                         before allocation, says how much); 1 feeds the prompt token by token\n"
             "  --dump-seq I           the copy whose probes are dumped (default 0)\n"
-            "  --graph on|off         replay the decode step as a CUDA graph (default on)\n"
+            "  --graph on|off         replay the decode step as a CUDA graph (default on; a prefill step runs\n"
+            "                         eagerly)\n"
             "  --gpus N               N ranks on GPUs 0..N-1 over NCCL, heads and experts split (docs/multigpu.md);\n"
             "                         N = 1 runs the NCCL path on one GPU (default: one GPU without NCCL); with\n"
             "                         --weights fp8 each rank holds its slices of the FP8 tensors with their scales\n"
@@ -200,6 +207,7 @@ typedef struct run_args {
     dsv4_opt_options opt; /* --path opt */
     dsv4_ref_options ref; /* --path ref-cpu, ref-gpu */
     int max_context;      /* 0: the run's length */
+    int prefill_chunk;    /* --path opt: tokens per step (the step budget) */
     const char *opt_only; /* the first option given that only --path opt takes, or NULL */
 } run_args;
 
@@ -227,6 +235,7 @@ static int parse_args(int argc, char **argv, run_args *a)
     dsv4_opt_options_default(&a->opt);
     dsv4_ref_options_default(&a->ref);
     a->max_context = 0;
+    a->prefill_chunk = 512;
     dsv4_cli_seen lists = {{0}, 0};
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i];
@@ -290,6 +299,11 @@ static int parse_args(int argc, char **argv, run_args *a)
             else a->opt.n_seq = n;
             if (!a->opt_only) a->opt_only = o;
             i++;
+        } else if (!strcmp(o, "--prefill-chunk")) {
+            int rc = parse_count(o, v, 1, DSV4_OPT_MAX_STEP_TOKENS, &a->prefill_chunk);
+            if (rc) return rc;
+            if (!a->opt_only) a->opt_only = o;
+            i++;
         } else if (!strcmp(o, "--decode") || !strcmp(o, "--decode-from")) {
             int rc = parse_count(o, v, 0, 100000000, !strcmp(o, "--decode") ? &a->decode : &a->decode_from);
             if (rc) return rc;
@@ -333,11 +347,6 @@ static int parse_args(int argc, char **argv, run_args *a)
         return dsv4_error(DSV4_ERR_USAGE, "--gpu-weights is an option of --path ref-gpu (not of %s%s)", a->path,
                           strcmp(a->path, "opt") ? ", which holds the checkpoint as on disk and dequantises a layer at "
                           "a time" : "; its own is --weights");
-    if (a->decode_from > 0 && !strcmp(a->path, "opt")) /* it was taken and ignored */
-        return dsv4_error(DSV4_ERR_USAGE,
-                          "--decode-from %d: --path opt feeds the prompt as one-token steps (--decode-from 0); "
-                          "a prefill of K positions is for ref-cpu and ref-gpu",
-                          a->decode_from);
     const char *const inputs[3][2] = {{"--tokens-from", a->tokens_from}, {"--follow", a->follow},
                                       {"--prompt-tokens", a->prompt_tokens}};
     for (int i = 0; i < 3; i++) /* the dump replaces its final name when complete: never one of the run's inputs */
@@ -422,34 +431,56 @@ fail:
     return rc;
 }
 
-/* --path opt: C copies of the sequence, copy c fed position s - c at global step s (so the copies have different
- * lengths at every step); a greedy copy feeds its own argmax. pl->tokens receives the dumped copy's tokens. */
-static int run_opt_steps(dsv4_opt *op, const dsv4_opt_options *oo, run_plan *pl, dsv4_probe_sink *sink,
-                         cli_progress *pr)
+/* --path opt: C copies of the sequence, copy c starting at global step c (so the copies have different lengths at
+ * every step). A copy before position K (the prefill) wants the rest of its prefill, after it one token; each step
+ * takes what dsv4_opt_plan_step gives within the budget (decodes first, then the prefills in copy order: a copy
+ * prefilling beside others decoding is the mixed batch). A greedy copy feeds its own argmax. pl->tokens receives
+ * the dumped copy's tokens; *t_pre the time until every copy had passed K. */
+static int run_opt_steps(dsv4_opt *op, const dsv4_opt_options *oo, run_plan *pl, int K, int budget,
+                         dsv4_probe_sink *sink, cli_progress *pr, double *t_pre)
 {
-    const int C = oo->n_seq, T = pl->T, n_steps = T + C - 1;
-    int32_t *tok = malloc((size_t)C * T * sizeof *tok), *in = malloc((size_t)C * sizeof *in);
-    int32_t *next = malloc((size_t)C * sizeof *next);
-    uint8_t *act = malloc((size_t)C);
-    int rc = tok && in && next && act ? 0 : dsv4_error(DSV4_ERR_NOMEM, "out of memory");
+    const int C = oo->n_seq, T = pl->T;
+    int32_t *tok = malloc((size_t)C * T * sizeof *tok), *in = malloc(((size_t)budget + C) * sizeof *in);
+    int32_t *next = malloc((size_t)C * sizeof *next), *want = malloc((size_t)C * sizeof *want);
+    int32_t *n = malloc((size_t)C * sizeof *n), *pos = calloc((size_t)C, sizeof *pos);
+    int32_t *last = malloc((size_t)C * sizeof *last); /* each copy's argmax after its latest token */
+    int rc = tok && in && next && want && n && pos && last ? 0 : dsv4_error(DSV4_ERR_NOMEM, "out of memory");
+    const double t0 = now_s();
+    *t_pre = 0.0;
+    int prefilled = K <= 0;
     for (int c = 0; !rc && c < C; c++) memcpy(tok + (size_t)c * T, pl->tokens, (size_t)T * sizeof *tok);
-    for (int s = 0; !rc && s < n_steps; s++) {
+    for (int s = 0; !rc; s++) {
+        int busy = 0;
         for (int c = 0; c < C; c++) {
-            int p = s - c;
-            act[c] = p >= 0 && p < T;
-            in[c] = 0;
-            if (!act[c]) continue;
-            if (tok[(size_t)c * T + p] < 0) tok[(size_t)c * T + p] = next[c]; /* greedy: p >= P >= 1 */
-            in[c] = tok[(size_t)c * T + p];
+            want[c] = c > s || pos[c] >= T ? 0 : pos[c] < K ? K - pos[c] : 1;
+            busy |= c > s || pos[c] < T;
         }
-        rc = dsv4_opt_step(op, in, act, sink, NULL, next);
-        cli_progress_positions(pr, s + 1, n_steps);
+        if (!busy) break;
+        const int total = dsv4_opt_plan_step(C, want, budget, n);
+        for (int c = 0, k = 0; c < C; c++)
+            for (int j = 0; j < n[c]; j++) {
+                const int p = pos[c] + j;
+                if (tok[(size_t)c * T + p] < 0) tok[(size_t)c * T + p] = last[c]; /* greedy: p >= P >= 1, n = 1 */
+                in[k++] = tok[(size_t)c * T + p];
+            }
+        if (total > 0) rc = dsv4_opt_step_ragged(op, in, n, sink, NULL, next);
+        int all_past_k = 1;
+        for (int c = 0; !rc && c < C; c++) {
+            if (n[c] > 0) last[c] = next[c];
+            pos[c] += n[c];
+            all_past_k &= pos[c] >= K;
+        }
+        if (!prefilled && all_past_k) prefilled = 1, *t_pre = now_s() - t0;
+        cli_progress_positions(pr, pos[oo->dump_seq], T);
     }
     if (!rc) memcpy(pl->tokens, tok + (size_t)oo->dump_seq * T, (size_t)T * sizeof *tok);
     free(tok);
     free(in);
     free(next);
-    free(act);
+    free(want);
+    free(n);
+    free(pos);
+    free(last);
     return rc;
 }
 
@@ -578,7 +609,6 @@ int dsv4_cmd_run(int argc, char **argv)
     int K = a.decode_from >= 0 ? a.decode_from : pl.P;
     if (a.replay) K = pl.T; /* one forward over every token: the candidate's state is injected layer by layer */
     const int use_opt = !strcmp(a.path, "opt");
-    if (use_opt) K = 0; /* the optimized path feeds the prompt as one-token steps (parse_args refused K > 0) */
 
     /* the positions before the model: a bad list is a usage error before any loading */
     if (a.positions) rc = dsv4_cli_parse_positions(a.positions, pl.T, pl.P, &positions, &n_pos);
@@ -646,6 +676,9 @@ int dsv4_cmd_run(int argc, char **argv)
     a.ref.progress_ctx = &pr;
     if (use_opt) {
         a.opt.max_context = a.max_context > 0 ? a.max_context : pl.T;
+        /* the step budget: the prefill chunk, and at least one token per copy (no prefill: a decode step) */
+        a.opt.max_step_tokens = K > 1 && a.prefill_chunk > a.opt.n_seq ? a.prefill_chunk : a.opt.n_seq;
+        a.opt.print_plan = 1;
         if (a.follow && (rc = follow_open(a.follow, cfg, &pl, digest, a.allow_different_weights, &follow))) goto out;
         a.opt.follow = follow;
         rc = dsv4_opt_init(m, &a.opt, &op);
@@ -698,7 +731,7 @@ int dsv4_cmd_run(int argc, char **argv)
         goto out;
     }
     double t_pre0 = now_s(), t_pre = 0.0;
-    if (K > 0) {
+    if (K > 0 && !op) {
         cli_progress_call(&pr, 0, K, pl.T);
         if ((rc = dsv4_ref_prefill(ref, pl.tokens, K, sink, logits))) goto out;
         t_pre = now_s() - t_pre0;
@@ -706,8 +739,11 @@ int dsv4_cmd_run(int argc, char **argv)
     if (ref) dsv4_ref_gpu_stats_get(ref, &gs_pre);
     double t_dec0 = now_s();
     pr.last = t_dec0;
-    pr.last_done = K;
-    if (op) rc = run_opt_steps(op, &a.opt, &pl, sink, &pr);
+    pr.last_done = op ? 0 : K;
+    if (op) {
+        rc = run_opt_steps(op, &a.opt, &pl, K, a.opt.max_step_tokens, sink, &pr, &t_pre);
+        t_dec0 += t_pre; /* the decode stretch starts where the prefill ended */
+    }
     for (int p = K; !op && p < pl.T; p++) {
         if (pl.tokens[p] < 0) pl.tokens[p] = argmax_lowest(logits, cfg->vocab_size); /* greedy: p >= P >= 1 */
         cli_progress_call(&pr, p, 1, pl.T);
@@ -728,10 +764,11 @@ int dsv4_cmd_run(int argc, char **argv)
         if (rc) goto out;
     }
     int n_steps = pl.T - K;
-    printf("dsv4 run: %s, %d prompt tokens (prefill %d in %.3f s), %d decode steps in %.3f s (%.2f tokens/s), "
-           "mode %s\n",
-           producer, pl.P, K, t_pre, n_steps, t_dec, n_steps > 0 ? n_steps / t_dec : 0.0,
-           pl.greedy ? "greedy" : "forced");
+    printf("dsv4 run: %s, %d prompt tokens (prefill %d in %.3f s, %.1f tokens/s), %d decode steps in %.3f s "
+           "(%.2f tokens/s), mode %s\n",
+           producer, pl.P, K, t_pre, K > 0 && t_pre > 0 ? K / t_pre : 0.0, n_steps, t_dec,
+           n_steps > 0 ? n_steps / t_dec : 0.0, pl.greedy ? "greedy" : "forced");
+    if (op) printf("dsv4 run: opt prefill chunk %d tokens per step\n", a.opt.max_step_tokens);
     if (pl.T > pl.P) {
         printf("tokens after the prompt:");
         for (int p = pl.P; p < pl.T; p++) printf(" %d", pl.tokens[p]);

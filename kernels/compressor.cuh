@@ -44,6 +44,11 @@ typedef struct dsv4_compressor_params {
     int64_t pool8_seq_stride;/* BYTES between sequences' entries */
     int pool_row0;           /* row of entry 0 (the window ring size for the attention KV buffer, else 0) */
     int pool_cap;            /* entries a pool holds; an entry w >= pool_cap is dropped (host checks capacity) */
+    /* Runs (a prefill chunk; compressor_plan.h): with seq set, the n_seq entries above are ROWS, and sequence
+     * seq[c]'s rows are consecutive: row c holds position pos[c] = p0 + run_off[c] of a run of run_len[c] rows.
+     * Every entry that closes in a run is pooled from the run's rows and the state, then the state becomes what
+     * one-token steps leave (two launches; the same bits as one-token steps). NULL: row c is sequence c. */
+    const int32_t *seq, *run_off, *run_len; /* [n_seq]; device */
     cudaStream_t stream;
 } dsv4_compressor_params;
 

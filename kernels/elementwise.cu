@@ -31,7 +31,7 @@ __global__ void __launch_bounds__(EW_THREADS) norm_rope_kernel(dsv4_norm_rope_pa
     uint16_t *dst;
     uint8_t *dst8 = NULL;
     if (p.out8) {
-        const int s = p.out_slot[t];
+        const int s = p.out_slot ? p.out_slot[t] : 0; /* no slots: row t at t·out8_seq_stride (fresh rows) */
         dst = NULL;
         const int64_t eb = dsv4_kv8_entry_bytes(dim, 2 * p.rope_pairs);
         dst8 = s < 0 ? NULL : p.out8 + (size_t)t * p.out8_seq_stride + (size_t)s * eb;
@@ -70,6 +70,12 @@ __global__ void __launch_bounds__(EW_THREADS) norm_rope_kernel(dsv4_norm_rope_pa
         if (dst8 && i >= r0) reinterpret_cast<uint16_t *>(dst8)[i - r0] = dsv4_f32_to_bf16_bits(a); /* rope part */
         if (p.out_f32) p.out_f32[(size_t)row * dim + i] = a;
     }
+}
+
+__global__ void gather_rows_kernel(uint32_t *dst, const uint32_t *src, const int32_t *rows, size_t words)
+{
+    const size_t r = (size_t)rows[blockIdx.x];
+    for (size_t i = threadIdx.x; i < words; i += blockDim.x) dst[blockIdx.x * words + i] = src[r * words + i];
 }
 
 __global__ void cast_b2f_kernel(float *dst, const uint16_t *src, size_t n)
@@ -165,6 +171,17 @@ int dsv4_opt_embed(const dsv4_embed_params *p)
     return 0;
 }
 
+int dsv4_opt_gather_rows(void *dst, const void *src, const int32_t *rows, int n, size_t row_bytes,
+                         cudaStream_t stream)
+{
+    DSV4_CHECK(dst && src && rows && n >= 1 && row_bytes >= 4 && row_bytes % 4 == 0,
+               "gather_rows: bad arguments (n %d, row_bytes %zu)", n, row_bytes);
+    gather_rows_kernel<<<n, 256, 0, stream>>>(static_cast<uint32_t *>(dst), static_cast<const uint32_t *>(src), rows,
+                                              row_bytes / 4);
+    DSV4_LAUNCH_CHECK("gather_rows_kernel");
+    return 0;
+}
+
 int dsv4_opt_norm_rope(const dsv4_norm_rope_params *p)
 {
     DSV4_CHECK(p != NULL, "norm_rope: params is NULL");
@@ -172,9 +189,9 @@ int dsv4_opt_norm_rope(const dsv4_norm_rope_params *p)
         return dsv4_error(DSV4_ERR_UNSUPPORTED, "norm_rope: dim %d unsupported (1..%d)", p->dim, EW_MAX_DIM);
     DSV4_CHECK(p->n_tok >= 1 && p->heads >= 1 && p->x && (p->out || p->out8 || p->out_f32),
                "norm_rope: n_tok %d, heads %d or NULL x/out", p->n_tok, p->heads);
-    DSV4_CHECK(!p->out8 || (!p->out && p->out_slot && p->fp8_nope && p->post_scale == 1.0f &&
+    DSV4_CHECK(!p->out8 || (!p->out && (p->out_slot || p->heads == 1) && p->fp8_nope && p->post_scale == 1.0f &&
                             dsv4_kv8_shape_ok(p->dim, 2 * p->rope_pairs) && p->out8_seq_stride % 16 == 0),
-               "norm_rope: the fp8 cache write (out8) needs out NULL, out_slot, fp8_nope, post_scale 1, a layout of "
+               "norm_rope: the fp8 cache write (out8) needs out NULL, out_slot or one head, fp8_nope, post_scale 1, a layout of "
                "kernels/kv_layout.h for dim %d with %d rope pairs and a 16-byte sequence stride", p->dim,
                p->rope_pairs);
     DSV4_CHECK(p->rope_pairs >= 0 && 2 * p->rope_pairs <= p->dim && (p->rope_pairs == 0 || (p->cos && p->sin)),

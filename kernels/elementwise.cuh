@@ -29,8 +29,9 @@ typedef struct dsv4_embed_params {
  *   out_bf16 row (t, h) = bf16(v); out_f32 (if given) row (t, h) = v.
  * Destination rows: out + t·out_tok_stride + h·dim, or, when out_slot != NULL, out + t·out_seq_stride +
  * out_slot[t]·dim (one head only; out_slot[t] < 0: not written) - the window-ring write of the KV.
- * With out8 (--kv fp8; out NULL, out_slot given, fp8_nope 1, post_scale 1) the row is stored as the fp8 cache entry
- * of kernels/kv_layout.h at out8 + t·out8_seq_stride + out_slot[t]·entry bytes (rope_dim = 2·rope_pairs): the
+ * With out8 (--kv fp8; out NULL, fp8_nope 1, post_scale 1) the row is stored as the fp8 cache entry of
+ * kernels/kv_layout.h at out8 + t·out8_seq_stride + out_slot[t]·entry bytes (rope_dim = 2·rope_pairs; without
+ * out_slot, one head: at out8 + t·out8_seq_stride, the fresh rows of a step with runs): the
  * codes and scales of the simulation, so the entry decodes to exactly the values out_f32 receives. */
 typedef struct dsv4_norm_rope_params {
     int n_tok, heads, dim;       /* dim <= 4096 */
@@ -59,6 +60,10 @@ int dsv4_opt_cast_bf16_to_f32(float *dst, const uint16_t *src, size_t n, cudaStr
 int dsv4_opt_cast_f32_to_bf16(uint16_t *dst, const float *src, size_t n, cudaStream_t stream);
 /* dst[i] = value for n elements. */
 int dsv4_opt_fill_f32(float *dst, float value, size_t n, cudaStream_t stream);
+/* dst row i = src row rows[i] for i < n, row_bytes each (a multiple of 4): the rows a step with runs takes to
+ * the head (each sequence's last token). */
+int dsv4_opt_gather_rows(void *dst, const void *src, const int32_t *rows, int n, size_t row_bytes,
+                         cudaStream_t stream);
 /* out[c] = the lowest index of the largest of x[c, 0..n) (NaN never wins). One block per row. */
 int dsv4_opt_argmax(int32_t *out, const float *x, int n_rows, int n, int64_t stride, cudaStream_t stream);
 

@@ -22,10 +22,11 @@ static __device__ int follow_merge(const dsv4_follow_params &p)
     __shared__ uint8_t keep[FOLLOW_MAX_K], miss[FOLLOW_MAX_K];
     __shared__ int changed;
     const int k = p.k;
-    int32_t *row = p.sel + (size_t)p.seq * k;
+    int32_t *row = p.sel + (size_t)(p.seq + blockIdx.x) * k;
+    const int32_t *ids = p.ids + (size_t)blockIdx.x * p.row_stride;
     for (int j = threadIdx.x; j < k; j += blockDim.x) {
         own[j] = row[j];
-        tgt[j] = p.ids[j];
+        tgt[j] = ids[j];
     }
     __syncthreads();
     for (int j = threadIdx.x; j < k; j += blockDim.x) {
@@ -62,32 +63,37 @@ static __device__ int follow_merge(const dsv4_follow_params &p)
 
 __global__ void __launch_bounds__(FOLLOW_THREADS) follow_topk_kernel(dsv4_follow_params p)
 {
-    if (*p.flag == 0) return; /* uniform over the block */
+    if (p.flag[(size_t)blockIdx.x * p.row_stride] == 0) return; /* uniform over the block */
     follow_merge(p);
 }
 
 __global__ void __launch_bounds__(FOLLOW_THREADS) follow_route_kernel(dsv4_follow_params p)
 {
-    if (*p.flag == 0) return;
+    if (p.flag[(size_t)blockIdx.x * p.row_stride] == 0) return;
     if (!follow_merge(p) || threadIdx.x != 0) return;
-    const int k = p.k;
-    const int32_t *ids = p.sel + (size_t)p.seq * k;
-    const float *lg = p.logits + (size_t)p.seq * p.logit_stride;
+    const int k = p.k, seq = p.seq + blockIdx.x;
+    const int32_t *ids = p.sel + (size_t)seq * k;
+    const float *lg = p.logits + (size_t)seq * p.logit_stride;
     float sum = 0.0f, wv[FOLLOW_MAX_ROUTE_K];
     for (int j = 0; j < k; j++) {
         wv[j] = dsv4_sqrtsoftplus(lg[ids[j]]);
         sum += wv[j];
     }
-    for (int j = 0; j < k; j++) p.weights[(size_t)p.seq * k + j] = wv[j] / (sum + 1e-20f) * p.routed_scale;
+    for (int j = 0; j < k; j++) p.weights[(size_t)seq * k + j] = wv[j] / (sum + 1e-20f) * p.routed_scale;
 }
+
+/* The ints one row of flag + ids spans at least. */
+static int64_t k_row(const dsv4_follow_params *p) { return p->k; }
 
 static int follow_check(const dsv4_follow_params *p, const char *what, int max_k)
 {
     DSV4_CHECK(p != NULL, "%s: params is NULL", what);
     if (p->k < 1 || p->k > max_k)
         return dsv4_error(DSV4_ERR_UNSUPPORTED, "%s: k %d outside [1, %d]", what, p->k, max_k);
-    DSV4_CHECK(p->n_seq >= 1 && p->seq >= 0 && p->seq < p->n_seq, "%s: seq %d outside [0, %d)", what, p->seq,
-               p->n_seq);
+    const int rows = p->n_rows > 0 ? p->n_rows : 1;
+    DSV4_CHECK(p->n_seq >= 1 && p->seq >= 0 && p->seq + rows <= p->n_seq && (rows == 1 || p->row_stride >= k_row(p)),
+               "%s: rows %d..%d outside [0, %d) or row stride %lld", what, p->seq, p->seq + rows - 1, p->n_seq,
+               (long long)p->row_stride);
     DSV4_CHECK(p->flag && p->ids && p->sel && p->changed, "%s: NULL buffer", what);
     return 0;
 }
@@ -96,7 +102,7 @@ int dsv4_opt_follow_topk(const dsv4_follow_params *p)
 {
     int rc = follow_check(p, "follow_topk", FOLLOW_MAX_K);
     if (rc) return rc;
-    follow_topk_kernel<<<1, FOLLOW_THREADS, 0, p->stream>>>(*p);
+    follow_topk_kernel<<<p->n_rows > 0 ? p->n_rows : 1, FOLLOW_THREADS, 0, p->stream>>>(*p);
     DSV4_LAUNCH_CHECK("follow_topk_kernel");
     return 0;
 }
@@ -108,7 +114,7 @@ int dsv4_opt_follow_route(const dsv4_follow_params *p)
     DSV4_CHECK(p->logits && p->weights && p->n_experts >= p->k && p->logit_stride >= p->n_experts,
                "follow_route: logits/weights NULL or n_experts %d < k %d or stride %lld < n_experts", p->n_experts,
                p->k, (long long)p->logit_stride);
-    follow_route_kernel<<<1, FOLLOW_THREADS, 0, p->stream>>>(*p);
+    follow_route_kernel<<<p->n_rows > 0 ? p->n_rows : 1, FOLLOW_THREADS, 0, p->stream>>>(*p);
     DSV4_LAUNCH_CHECK("follow_route_kernel");
     return 0;
 }

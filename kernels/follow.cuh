@@ -23,7 +23,9 @@ extern "C" {
 
 typedef struct dsv4_follow_params {
     int n_seq;              /* C >= 1 */
-    int seq;                /* the following sequence, 0 <= seq < C */
+    int seq;                /* the following sequence's (first) row, 0 <= seq < C */
+    int n_rows;             /* rows seq .. seq + n_rows - 1 follow (a prefill run); 0 counts as 1 */
+    int64_t row_stride;     /* ints between consecutive rows' flag (and ids) */
     int k;                  /* ids per row: 1..1024 (route: <= 16) */
     const int32_t *flag;    /* [1] nonzero: follow this step; device */
     const int32_t *ids;     /* [k] the dump's row (-1 = none); device */

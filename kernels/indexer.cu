@@ -24,6 +24,12 @@ enum { IDX_TILE = 128, IDX_WARPS = 4, IDX_THREADS = IDX_WARPS * 32, IDX_MAX_H = 
 enum { IDX_F32_TILE = 64, IDX_F32_THREADS = 256, IDX_EW_THREADS = 256 };
 
 /* Entries of sequence c that are computed: the live ones, or all n_work. */
+/* The key buffer of query row c. */
+static __device__ __forceinline__ const uint16_t *idx_keys(const dsv4_indexer_params &p, int c)
+{
+    return p.keys + (size_t)(p.key_seq ? p.key_seq[c] : c) * p.key_seq_stride;
+}
+
 static __device__ __forceinline__ int idx_bound(const dsv4_indexer_params &p, int c)
 {
     return p.context == DSV4_INDEX_CONTEXT_LIVE ? p.n_live[c] : p.n_work;
@@ -48,7 +54,7 @@ __global__ void __launch_bounds__(IDX_THREADS) idx_bf16_kernel(const __grid_cons
         bool ok = row < p.n_heads;
         dsv4_cp_async16(q_s + row * pitch + ch * 8, qc + (size_t)(ok ? row : 0) * d + ch * 8, ok ? 16 : 0);
     }
-    const uint16_t *kc = p.keys + (size_t)c * p.key_seq_stride;
+    const uint16_t *kc = idx_keys(p, c);
     for (int i = threadIdx.x; i < IDX_TILE * chunks; i += IDX_THREADS) {
         int row = i / chunks, ch = i - row * chunks;
         bool ok = w0 + row < bound;
@@ -129,7 +135,7 @@ __global__ void __launch_bounds__(IDX_F32_THREADS) idx_f32_gemm(const __grid_con
     extern __shared__ __align__(16) unsigned char f32_smem[];
     float *q_s = reinterpret_cast<float *>(f32_smem); /* [H][d] */
     float *k_s = q_s + H * d;                          /* [IDX_F32_TILE][d+1] */
-    const uint16_t *qc = p.q + (size_t)c * H * d, *kc = p.keys + (size_t)c * p.key_seq_stride;
+    const uint16_t *qc = p.q + (size_t)c * H * d, *kc = idx_keys(p, c);
     for (int i = threadIdx.x; i < H * d; i += IDX_F32_THREADS) q_s[i] = __uint_as_float((uint32_t)qc[i] << 16);
     for (int i = threadIdx.x; i < IDX_F32_TILE * d; i += IDX_F32_THREADS) {
         int row = i / d, col = i - row * d;
@@ -193,7 +199,7 @@ static int idx_validate(const dsv4_indexer_params *p)
     DSV4_CHECK(p->q && p->keys && p->weights && p->n_live && p->scores, "indexer: q, keys, weights, n_live, scores "
                                                                         "must be non-NULL");
     DSV4_CHECK(dsv4_aligned16(p->q) && dsv4_aligned16(p->keys), "indexer: q and keys must be 16-byte aligned");
-    DSV4_CHECK(p->key_seq_stride % 8 == 0 && (p->n_seq == 1 || p->key_seq_stride >= (int64_t)p->n_work * p->head_dim),
+    DSV4_CHECK(p->key_seq_stride % 8 == 0 && (p->n_seq == 1 || p->key_seq || p->key_seq_stride >= (int64_t)p->n_work * p->head_dim),
                "indexer: key_seq_stride %lld must be a multiple of 8 and >= n_work*head_dim",
                (long long)p->key_seq_stride);
     DSV4_CHECK(p->score_stride >= p->n_work, "indexer: score_stride %lld < n_work %d", (long long)p->score_stride,

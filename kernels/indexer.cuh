@@ -1,5 +1,6 @@
 /* indexer.cuh - lightning-indexer scores (model-spec §8 step 4) for a batch of C sequences:
  *   I[c, w] = sum_h weights[c, h] * ReLU(q[c, h, :] . keys[c, w, :])   for w < n_live[c]
+ * A row c is one query (a decode token, or one token of a prefill chunk); key_seq[c] names its sequence's keys.
  * Flash: H_I = 64 heads, d_I = 128, weights already carry 128^-1/2 * 64^-1/2. fp32 accumulation in both variants.
  *
  * Variants (design.md switch `indexer`):
@@ -33,6 +34,8 @@ typedef struct dsv4_indexer_params {
     const uint16_t *q;       /* [C, H, d_I] bf16 bits, contiguous; device */
     const uint16_t *keys;    /* [C][>= n_work, d_I] bf16 bits, row stride d_I; device */
     int64_t key_seq_stride;  /* elements between sequences' key buffers (multiple of 8) */
+    const int32_t *key_seq;  /* [n_seq] the key buffer of each query row (a prefill has several rows of one
+                                sequence), each in [0, n_key_seqs); NULL: row c reads buffer c; device */
     const float *weights;    /* [C, H] head weights, already scaled; device */
     const int32_t *n_live;   /* [C] live entries per sequence, 0 <= n_live[c] <= n_work; device */
     float *scores;           /* [C, score_stride]; device; see index_context for what is written */

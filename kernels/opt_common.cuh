@@ -16,8 +16,20 @@
 #include <cuda_fp8.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "common.cuh"
+
+/* A device-side range check of the prefill bookkeeping (row, slot and source indices): on failure it names the
+ * kernel and the values and traps, so the step fails with a CUDA error at its next synchronisation instead of
+ * reading another sequence's cache. Costs a compare where it stands. */
+#define DSV4_DEV_CHECK(cond, fmt, ...)                                                                           \
+    do {                                                                                                         \
+        if (!(cond)) {                                                                                           \
+            printf("dsv4 device check failed in %s: %s: " fmt "\n", __func__, #cond, __VA_ARGS__);              \
+            __trap();                                                                                            \
+        }                                                                                                        \
+    } while (0)
 
 static __device__ __forceinline__ float dsv4_warp_sum(float v)
 {

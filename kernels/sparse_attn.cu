@@ -76,7 +76,19 @@ static __device__ __forceinline__ int attn_slot(const dsv4_sparse_attn_params &p
 {
     if (e >= p.n_idx) return -1;
     int s = p.idx[(size_t)c * p.n_idx + e];
-    return (s >= 0 && s < p.n_slots) ? s : -1;
+    return (s >= 0 && s < p.n_slots + p.n_fresh) ? s : -1;
+}
+
+/* Where slot s (>= 0) of query row c lives: its sequence's buffer, or past n_slots the step's fresh rows. `eb`:
+ * the bytes of one row (bf16: 2·d; fp8: the entry). */
+static __device__ __forceinline__ const unsigned char *attn_row(const dsv4_sparse_attn_params &p, int c, int s,
+                                                                 int64_t eb)
+{
+    if (s >= p.n_slots) return static_cast<const unsigned char *>(p.fresh) + (size_t)(s - p.n_slots) * eb;
+    const int64_t seq = p.seq ? p.seq[c] : c;
+    const int64_t esz = p.kv8 ? 1 : 2; /* kv_seq_stride counts elements of kv or bytes of kv8 */
+    const unsigned char *base = p.kv8 ? p.kv8 : reinterpret_cast<const unsigned char *>(p.kv);
+    return base + (size_t)(seq * p.kv_seq_stride * esz) + (size_t)s * eb;
 }
 
 /* Gather tile t (ATTN_T entries of sequence c) into kv_dst [ATTN_T][d+8] and its slots into idx_dst. */
@@ -84,11 +96,10 @@ static __device__ __forceinline__ void attn_issue_tile(const dsv4_sparse_attn_pa
                                                        uint16_t *kv_dst, int *idx_dst)
 {
     const int d = p.head_dim, chunks = d / 8, pitch = d + 8;
-    const uint16_t *base = p.kv + (size_t)c * p.kv_seq_stride;
     for (int i = threadIdx.x; i < ATTN_T * chunks; i += ATTN_THREADS) {
         int row = i / chunks, ch = i - row * chunks;
         int slot = attn_slot(p, c, t * ATTN_T + row);
-        const uint16_t *src = base + (size_t)(slot < 0 ? 0 : slot) * d + ch * 8;
+        const uint16_t *src = reinterpret_cast<const uint16_t *>(attn_row(p, c, slot < 0 ? 0 : slot, 2 * d)) + ch * 8;
         dsv4_cp_async16(kv_dst + row * pitch + ch * 8, src, slot < 0 ? 0 : 16);
     }
     if (threadIdx.x < ATTN_T) idx_dst[threadIdx.x] = attn_slot(p, c, t * ATTN_T + threadIdx.x);
@@ -99,11 +110,10 @@ static __device__ __forceinline__ void attn_issue_tile8(const dsv4_sparse_attn_p
                                                         uint8_t *raw_dst, int *idx_dst)
 {
     const int eb = (int)dsv4_kv8_entry_bytes(p.head_dim, p.rope_dim), chunks = eb / 16;
-    const uint8_t *base = p.kv8 + (size_t)c * p.kv_seq_stride;
     for (int i = threadIdx.x; i < ATTN_T * chunks; i += ATTN_THREADS) {
         int row = i / chunks, ch = i - row * chunks;
         int slot = attn_slot(p, c, t * ATTN_T + row);
-        dsv4_cp_async16(raw_dst + row * eb + ch * 16, base + (size_t)(slot < 0 ? 0 : slot) * eb + ch * 16,
+        dsv4_cp_async16(raw_dst + row * eb + ch * 16, attn_row(p, c, slot < 0 ? 0 : slot, eb) + ch * 16,
                         slot < 0 ? 0 : 16);
     }
     if (threadIdx.x < ATTN_T) idx_dst[threadIdx.x] = attn_slot(p, c, t * ATTN_T + threadIdx.x);
@@ -391,11 +401,11 @@ static __device__ __forceinline__ float2 attn_kv_pair(const dsv4_sparse_attn_par
 {
     const int d = p.head_dim;
     if (!p.kv8) {
-        uint32_t kk = reinterpret_cast<const uint32_t *>(p.kv + (size_t)c * p.kv_seq_stride + (size_t)slot * d)[i];
+        uint32_t kk = reinterpret_cast<const uint32_t *>(attn_row(p, c, slot, 2 * d))[i];
         return make_float2(dsv4_bf16_lo(kk), dsv4_bf16_hi(kk));
     }
     const int rope = p.rope_dim, nope = d - rope, ch = 2 * i;
-    const uint8_t *e = p.kv8 + (size_t)c * p.kv_seq_stride + (size_t)slot * dsv4_kv8_entry_bytes(d, rope);
+    const uint8_t *e = attn_row(p, c, slot, dsv4_kv8_entry_bytes(d, rope));
     if (ch >= nope) {
         uint32_t kk = reinterpret_cast<const uint32_t *>(e)[(ch - nope) / 2];
         return make_float2(dsv4_bf16_lo(kk), dsv4_bf16_hi(kk));
@@ -539,6 +549,8 @@ static int attn_validate(const dsv4_sparse_attn_params *p)
     DSV4_CHECK(p->q && (p->kv != NULL) != (p->kv8 != NULL) && p->idx && p->sink && p->out,
                "sparse_attn: q, one of kv and kv8, idx, sink, out must be non-NULL");
     DSV4_CHECK(p->rope_dim == 0 || (p->rope_cos && p->rope_sin), "sparse_attn: rope_cos/rope_sin are NULL");
+    DSV4_CHECK(p->n_fresh >= 0 && (p->n_fresh == 0 || (p->fresh && dsv4_aligned16(p->fresh))),
+               "sparse_attn: %d fresh rows need a 16-byte aligned fresh buffer", p->n_fresh);
     DSV4_CHECK(dsv4_aligned16(p->q) && dsv4_aligned16(p->kv ? (const void *)p->kv : p->kv8) && dsv4_aligned16(p->out),
                "sparse_attn: q, kv and out must be 16-byte aligned");
     if (p->kv8) {
@@ -546,12 +558,12 @@ static int attn_validate(const dsv4_sparse_attn_params *p)
             return dsv4_error(DSV4_ERR_UNSUPPORTED, "sparse_attn: no fp8 cache layout for head_dim %d, rope_dim %d "
                               "(kernels/kv_layout.h needs both parts multiples of 8)", p->head_dim, p->rope_dim);
         const int64_t eb = dsv4_kv8_entry_bytes(p->head_dim, p->rope_dim);
-        DSV4_CHECK(p->kv_seq_stride % 16 == 0 && (p->n_seq == 1 || p->kv_seq_stride >= (int64_t)p->n_slots * eb),
+        DSV4_CHECK(p->kv_seq_stride % 16 == 0 && (p->n_seq == 1 || p->seq || p->kv_seq_stride >= (int64_t)p->n_slots * eb),
                    "sparse_attn: kv_seq_stride %lld (bytes, fp8 cache) must be a multiple of 16 and >= n_slots*%lld",
                    (long long)p->kv_seq_stride, (long long)eb);
         return 0;
     }
-    DSV4_CHECK(p->kv_seq_stride % 8 == 0 && (p->n_seq == 1 || p->kv_seq_stride >= (int64_t)p->n_slots * p->head_dim),
+    DSV4_CHECK(p->kv_seq_stride % 8 == 0 && (p->n_seq == 1 || p->seq || p->kv_seq_stride >= (int64_t)p->n_slots * p->head_dim),
                "sparse_attn: kv_seq_stride %lld must be a multiple of 8 and >= n_slots*head_dim",
                (long long)p->kv_seq_stride);
     return 0;

@@ -1,6 +1,6 @@
 /* sparse_attn.cuh - sparse attention decode (model-spec §6 steps 6-7, §9 gather form) for a batch of C sequences.
  *
- * Per sequence c and head h: s_j = (q_h . K_j) * scale over the listed entries j (idx = -1: skip);
+ * Per query row c (a decode token or one token of a prefill chunk) and head h: s_j = (q_h . K_j) * scale over the listed entries j (idx = -1: skip);
  * p_j = e^{s_j} / (sum_k e^{s_k} + e^{sink_h}); o_h = sum_j p_j K_j (V = K); inverse RoPE on the trailing
  * rope_dim channels of o_h with the query position's cos/sin. Shapes as in Flash: H = 64, d = 512, rope_dim = 64,
  * n_idx = 128 window + 512 selected = 640.
@@ -43,6 +43,12 @@ typedef struct dsv4_sparse_attn_params {
     int64_t kv_seq_stride;/* between two sequences' KV buffers: elements (kv, multiple of 8) or BYTES (kv8,
                              multiple of 16) */
     const int32_t *idx;   /* [C, n_idx] slot ids, -1 = skip; device */
+    const int32_t *seq;   /* [C] the KV buffer of each query row (the rows of a prefill chunk share their
+                             sequence's), each a valid buffer; NULL: row c reads buffer c; device */
+    const void *fresh;    /* this step's own new KV rows, in the form of kv / kv8 (d bf16 / one entry each,
+                             contiguous): slot n_slots + i reads row i (a chunk's rows see their chunk's window
+                             entries here before the ring holds them); NULL when n_fresh is 0; device */
+    int n_fresh;          /* rows of fresh; every idx must be -1 or < n_slots + n_fresh */
     const float *sink;    /* [H] sink logits; device */
     const float *rope_cos;/* [C, rope_dim/2] cos(p_c * theta_i) of each sequence's query position; device */
     const float *rope_sin;/* [C, rope_dim/2] sin(p_c * theta_i); device */

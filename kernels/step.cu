@@ -1,13 +1,17 @@
-/* step.cu - device-side bookkeeping of one decode step: ring slots, live entry counts, RoPE tables, gather lists.
+/* step.cu - device-side bookkeeping of one step: ring slots, live entry counts, RoPE tables, gather lists, and the
+ * ring write of a step with runs (step.cuh).
  *
  * Quiet traps:
  * - The ring slot of position p is p mod W, written BEFORE the attention of p (the window includes the current
  *   token; the slot it overwrites held p - W, which is no longer in the window).
  * - Entry w is visible iff w < (p+1) div r (a window closing at p is already visible to p).
  * - CSA picks are filtered to live, distinct ids before they enter the gather list.
+ * - With runs, no ring slot is written before the attention: row j of a run reads positions of its own run from
+ *   the fresh rows, older ones from the ring, which still holds them; ring_write then keeps each run's last W.
  */
 #include "opt_common.cuh"
 #include "step.cuh"
+#include "window_plan.h"
 
 __global__ void step_setup_kernel(dsv4_step_setup_params p)
 {
@@ -15,7 +19,7 @@ __global__ void step_setup_kernel(dsv4_step_setup_params p)
     const int64_t pos = p.pos[c];
     const int act = p.active[c];
     if (threadIdx.x == 0) {
-        p.ring_slot[c] = act ? (int32_t)(pos % p.window) : -1;
+        p.ring_slot[c] = act && !p.runs ? (int32_t)(pos % p.window) : -1;
         p.live_csa[c] = act && p.ratio_csa > 0 ? (int32_t)((pos + 1) / p.ratio_csa) : 0;
         p.live_hca[c] = act && p.ratio_hca > 0 ? (int32_t)((pos + 1) / p.ratio_hca) : 0;
     }
@@ -33,9 +37,11 @@ __global__ void step_index_kernel(dsv4_step_index_params p)
     int32_t *out = p.idx + (size_t)c * n_idx;
     for (int j = threadIdx.x; j < n_idx; j += blockDim.x) {
         int32_t v;
-        if (j < W) {
-            int64_t t = pos - (W - 1) + j;
-            v = t >= 0 ? (int32_t)(t % W) : -1;
+        if (j < W) { /* window_plan.h: the ring, or with runs the run's own fresh rows */
+            const int64_t t = pos - (W - 1) + j;
+            v = dsv4_window_slot(pos, p.run_off ? p.run_off[c] : -1, c, t, W, p.fresh_base);
+            DSV4_DEV_CHECK(v < p.fresh_base || (v - p.fresh_base >= 0 && v - p.fresh_base <= c),
+                           "row %d position %lld window position %lld: slot %d", c, (long long)pos, (long long)t, v);
         } else if (p.kind == DSV4_STEP_INDEX_CSA) {
             /* a pick must be a live entry and listed once: a repeated id would be attended twice */
             const int32_t *tk = p.topk + (size_t)c * p.n_extra;
@@ -49,6 +55,28 @@ __global__ void step_index_kernel(dsv4_step_index_params p)
         }
         out[j] = v;
     }
+}
+
+__global__ void ring_write_kernel(dsv4_ring_write_params p)
+{
+    const int c = blockIdx.x;
+    if (!p.active[c] || !dsv4_window_ring_keeps(p.run_off[c], p.run_len[c], p.window)) return; /* a later row wins */
+    const int64_t slot = p.pos[c] % p.window;
+    const uint4 *src = reinterpret_cast<const uint4 *>(static_cast<const char *>(p.fresh) + (size_t)c * p.entry_bytes);
+    uint4 *dst = reinterpret_cast<uint4 *>(static_cast<char *>(p.ring) + (size_t)p.seq[c] * p.ring_seq_stride +
+                                           (size_t)slot * p.entry_bytes);
+    for (int i = threadIdx.x; i < p.entry_bytes / 16; i += blockDim.x) dst[i] = src[i];
+}
+
+int dsv4_opt_ring_write(const dsv4_ring_write_params *p)
+{
+    DSV4_CHECK(p && p->n_rows >= 1 && p->window >= 1 && p->entry_bytes > 0 && p->entry_bytes % 16 == 0 &&
+                   p->ring_seq_stride % 16 == 0 && p->pos && p->active && p->seq && p->run_off && p->run_len &&
+                   p->fresh && p->ring,
+               "ring_write: bad params");
+    ring_write_kernel<<<p->n_rows, 64, 0, p->stream>>>(*p);
+    DSV4_LAUNCH_CHECK("ring_write_kernel");
+    return 0;
 }
 
 int dsv4_opt_step_setup(const dsv4_step_setup_params *p)

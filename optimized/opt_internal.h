@@ -1,10 +1,10 @@
 /* opt_internal.h - internals of the optimized path shared by its host files (opt_layout.c: the arenas' layout and
  * the init sequence of both constructors; opt_model.c: options, the loader's weight source, init/free;
- * opt_random.cu: the generator's weight source and random state; opt_step.c: the decode step, its CUDA graphs
- * and the probes).
+ * opt_random.cu: the generator's weight source and random state; opt_step.c: the step over a ragged batch, its
+ * CUDA graphs and the probes).
  *
  * Ownership: three device arenas, one per lifetime (style rule 9): weights (read-only after init), state (the
- * per-sequence caches), scratch (the step's work buffers, sized for C tokens). Every view below points into one
+ * per-sequence caches), scratch (the step's work buffers, sized for the step budget Tm of rows). Every view below points into one
  * of them; opt_free releases the three. All cudaMalloc calls of the object go through opt_dev_alloc (counted;
  * opt_bench.c's L2-flush buffer of the kernel timer, outside any step, is its own).
  *
@@ -137,12 +137,32 @@ struct dsv4_opt {
     float *norm;                     /* [D] */
     float *hc_head_fn, *hc_head_base, *hc_head_scale;
     float *inv_main, *inv_cmp;       /* [np] */
-    /* step inputs: device and pinned host staging */
-    int32_t *d_in;                   /* [3, C]: tokens, pos, active */
-    int32_t *h_in;                   /* pinned [3, C] */
-    int32_t *h_next;                 /* pinned [C] */
+    /* The step's rows (dsv4_opt.h): a decode step has T = C rows, row c = sequence c; a step with runs (some
+     * sequence takes more than one token) has T = sum n_c rows, each sequence's run consecutive. */
+    int Tm;                          /* rows a step may hold: max(C, max_step_tokens); the scratch is sized by it */
+    int idx_rows;                    /* rows of one indexer slab: the scores are [idx_rows, pool_cap_csa] (>= C) */
+    int logit_rows;                  /* rows of the logits buffer (>= C): the head runs in blocks of these */
+    int T, runs;                     /* the current step: rows; 1 if it has runs (fresh KV rows, eager) */
+    int *row0, *nrun;                /* host [C]: each sequence's first row and run length in the current step */
+    int32_t *step_n, *step_tok;      /* host [C]: dsv4_opt_step's runs and tokens, handed to the ragged step */
+    /* step inputs: device and pinned host staging, [6, T] (stride T of the current step): tokens, pos, active,
+     * seq, run_off, run_len; then [logit_rows] the head rows of a step with runs */
+    int32_t *d_in;
+    int32_t *r_tok, *r_pos, *r_act, *r_seq, *r_off, *r_len; /* device views into d_in for the current step */
+    int32_t *d_head;                 /* [logit_rows] device: rows whose logits a step with runs computes */
+    int32_t *h_in;                   /* pinned [6·Tm + logit_rows] */
+    int32_t *h_next;                 /* pinned [logit_rows] */
     int *pos;                        /* [C] host positions (truth) */
-    /* scratch views (C rows each) */
+    void *kv_fresh;                  /* [Tm] window KV rows of a step with runs (bf16 rows or fp8 entries) */
+    size_t kv_fresh_bytes;           /* bytes of one fresh row */
+    uint16_t *xh;                    /* [logit_rows, D] the head's input rows of a step with runs */
+    /* the routed experts of a step with runs as grouped GEMMs (kernels/moe_sorted.cuh; bf16 weights, a budget of
+     * at least OPT_SORTED_MIN_ROWS rows): [Tm·K] pairs sorted by expert; NULL otherwise */
+    int32_t *ms_count, *ms_offset, *ms_perm, *ms_slot; /* [E + 1], [E + 1], [Tm·K], [Tm·K] */
+    uint16_t *ms_xs, *ms_h;          /* [Tm·K, D], [Tm·K, NI] bf16 */
+    float *ms_gu, *ms_y;             /* [Tm·K, 2·NI], [Tm·K, D] f32 */
+    int32_t *h_ms_offset;            /* pinned [E + 1] */
+    /* scratch views (Tm rows each unless said) */
     uint16_t *X, *X2;                /* [C, n, D] */
     float *Xf;                       /* [C, n, D] roundtrip copy */
     float *pre, *post, *comb;        /* [C, n], [C, n], [C, n, n] */
@@ -155,7 +175,7 @@ struct dsv4_opt {
     uint16_t *q, *qI;                /* [C, H·d], [C, H_I·d_I] */
     float *wI;                       /* [C, H_I] */
     float *kvf;                      /* [C, d] probe copy of the window KV */
-    float *iscore;                   /* [C, pool_cap_csa] */
+    float *iscore;                   /* [idx_rows, pool_cap_csa] (one slab) */
     int pool_cap_csa, pool_cap_hca;
     int32_t *topk_ids;               /* [C, topk] */
     int32_t *idx;                    /* [C, W + max extra] */
@@ -167,8 +187,8 @@ struct dsv4_opt {
     float *rw;                       /* [C, k] */
     uint16_t *h_sh, *h_r;            /* [C, NI_sh], [C, k, I] */
     float *y_sh;                     /* [C, D] */
-    float *logits;                   /* [C, V] */
-    int32_t *next;                   /* [C] */
+    float *logits;                   /* [logit_rows, V] */
+    int32_t *next;                   /* [logit_rows] */
     int32_t *ring_slot, *live_csa, *live_hca; /* [C] */
     float *cos_m, *sin_m, *cos_c, *sin_c;     /* [C, np] */
     void *ws;                        /* shared workspace of the kernels (mHC, attention, indexer, top-k) */
@@ -184,12 +204,17 @@ struct dsv4_opt {
      * [topk flag, router flag, topk ids (topk), router ids (K)] (flags 0: keep the own selection) */
     const dsv4_opt_follow *follow;   /* NULL: off */
     int follow_stride;               /* 2 + topk + K */
-    int32_t *h_follow;               /* pinned [L, follow_stride], filled by the host before each step */
-    int32_t *d_follow;               /* [L, follow_stride] scratch, copied from h_follow by the step */
+    int32_t *h_follow;               /* pinned [Tm][L, follow_stride], filled by the host before each step (one
+                                        [L, follow_stride] block per row of dump_seq's run) */
+    int32_t *d_follow;               /* [Tm][L, follow_stride] scratch, copied from h_follow by the step */
     int32_t *d_follow_changed;       /* [2] device counters: top-k rows, router rows whose selection changed */
     long follow_rows[2];             /* rows staged so far: top-k, router */
     int follow_stop;                 /* position of dump_seq where following stopped (token differs), -1 */
     int broken;                      /* a step failed part way: later steps are refused (only free is left) */
+    /* indexer timing (dsv4_opt_indexer_timing): events around each CSA layer's indexer in eager steps */
+    int prof_on;
+    cudaEvent_t *prof_ev;            /* [2L] while on */
+    double prof_ms;
     /* probing state of the current step */
     dsv4_probe_sink *probe;
     float *h_probe;                  /* pinned host staging for probe rows */
@@ -263,7 +288,7 @@ typedef int (*opt_build_fn)(void *ctx, const dsv4_opt_options *op, int rank, int
  * thread; *out is the public handle (rank 0's object, owning the others). */
 int opt_ranks_init(const dsv4_config *cfg, const dsv4_opt_options *op, opt_build_fn build, void *ctx,
                    dsv4_opt **out);
-int opt_ranks_step(struct opt_ranks *g, const int32_t *tokens, const uint8_t *active, dsv4_probe_sink *probe,
+int opt_ranks_step(struct opt_ranks *g, const int32_t *tokens, const int32_t *n_tok, dsv4_probe_sink *probe,
                    float *logits, int32_t *next);
 /* Refuses (DSV4_ERR_CUDA) once a collective failed or timed out: the communicators are aborted. */
 int opt_ranks_usable(const struct opt_ranks *g);
@@ -272,9 +297,9 @@ void opt_ranks_free(struct opt_ranks *g);
  * reset, random state); the first error, prefixed with its rank. */
 int opt_ranks_each(struct opt_ranks *g, int (*fn)(dsv4_opt *o, void *arg), void *arg);
 /* The rank's step body (opt_step.c), the argument checks every rank would make alike (run once, first). */
-int opt_step_rank(dsv4_opt *o, const int32_t *tokens, const uint8_t *active, dsv4_probe_sink *probe,
+int opt_step_rank(dsv4_opt *o, const int32_t *tokens, const int32_t *n_tok, dsv4_probe_sink *probe,
                   float *logits, int32_t *next);
-int opt_step_check(const dsv4_opt *o, const int32_t *tokens, const uint8_t *active);
+int opt_step_check(const dsv4_opt *o, const int32_t *tokens, const int32_t *n_tok);
 /* Free one rank's object (not the group). */
 void opt_free_one(dsv4_opt *o);
 /* Sum buf [n] f32 over the ranks in place on o->stream (ncclAllReduce, ncclFloat32, ncclSum); nothing on the
@@ -307,6 +332,9 @@ int opt_launch_topk(dsv4_opt *o, int n_work, int max_ctx);
 int opt_launch_step_index(dsv4_opt *o, const opt_layer *ly, int n_extra);
 int opt_launch_sparse_attn(dsv4_opt *o, const opt_layer *ly, int n_extra);
 
+/* A step with runs of at least this many rows (and bf16 weights) runs its routed experts as grouped GEMMs. */
+enum { OPT_SORTED_MIN_ROWS = 128 };
+
 /* Counted cudaMalloc (style rule 10). */
 int opt_dev_alloc(void **p, size_t bytes, const char *what);
 
@@ -330,8 +358,9 @@ int opt_experts(dsv4_opt *o, const opt_layer *ly);
 /* Device bytes of a linear's weights (codes, scales). */
 double opt_linear_bytes(const opt_linear *w);
 
-/* Work sizes of a step for the sequences active in it: CSA indexer/top-k entries and HCA extra gather entries. */
-void opt_step_sizes(const dsv4_opt *o, const uint8_t *active, int *n_csa, int *n_hca);
+/* Work sizes of a step for the runs n_tok (NULL: every sequence one token): CSA indexer/top-k entries and HCA
+ * extra gather entries, the buckets of the largest live count any row reaches. */
+void opt_step_sizes(const dsv4_opt *o, const int32_t *n_tok, int *n_csa, int *n_hca);
 /* The bucket those sizes are rounded to: the smallest power of two >= n from 16, capped at cap (0 for n <= 0). */
 int opt_bucket(int n, int cap);
 

@@ -35,6 +35,12 @@
 #include "opt_internal.h"
 #include "reference/ref_shard.h"
 
+/* A long prefill's indexer scores are computed in slabs of rows of about this many bytes (with the fp32 indexer
+ * its per-head dots too); a decode step is always one slab. The head of a step with runs runs in blocks of at
+ * least OPT_LOGIT_ROWS rows. */
+enum { OPT_LOGIT_ROWS = 64 };
+#define OPT_SCORE_SLAB_BYTES ((size_t)256 << 20)
+
 void *opt_carve(opt_carver *cv, size_t bytes)
 {
     cv->off = (cv->off + 255) & ~(size_t)255;
@@ -436,13 +442,21 @@ int opt_state_reset(dsv4_opt *o, int seq)
 }
 
 /* ------------------------------------------------------------------------------------ scratch */
+/* The row counts a step can launch with: C (a decode step), and with a step budget Tm > C every count of a step
+ * with runs, 1..Tm (the kernels' splits depend on it, not monotonically). */
+static int row_count(const dsv4_opt *o, int i) { return o->Tm > o->C ? i + 1 : o->C; }
+static int row_counts(const dsv4_opt *o) { return o->Tm > o->C ? o->Tm : 1; }
+
 static size_t workspace_need(const dsv4_opt *o)
 {
     size_t need = 0, s;
-    dsv4_mhc_pre_params mp = {.n_tok = o->C, .n_streams = o->n, .dim = o->D, .kernel = (dsv4_mhc_kernel)o->opt.mhc};
-    if ((s = dsv4_opt_mhc_pre_workspace_bytes(&mp)) > need) need = s;
-    mp.head = 1;
-    if ((s = dsv4_opt_mhc_pre_workspace_bytes(&mp)) > need) need = s;
+    for (int i = 0; i < row_counts(o); i++) {
+        dsv4_mhc_pre_params mp = {.n_tok = row_count(o, i), .n_streams = o->n, .dim = o->D,
+                                  .kernel = (dsv4_mhc_kernel)o->opt.mhc};
+        if ((s = dsv4_opt_mhc_pre_workspace_bytes(&mp)) > need) need = s;
+        mp.head = 1;
+        if ((s = dsv4_opt_mhc_pre_workspace_bytes(&mp)) > need) need = s;
+    }
     dsv4_sparse_attn_params ap = {.n_seq = o->C, .n_heads = o->H, .head_dim = o->d, .rope_dim = 2 * o->np,
                                   .kernel = (dsv4_attn_kernel)o->opt.attn, .out_dtype = DSV4_OUT_BF16};
     /* every gather-list size a step can use: the window, the CSA picks, the HCA buckets (each value opt_bucket
@@ -454,11 +468,13 @@ static size_t workspace_need(const dsv4_opt *o)
         extras[ne++] = b < o->pool_cap_hca ? b : o->pool_cap_hca;
         if (b >= o->pool_cap_hca) break;
     }
-    for (int i = 0; i < ne; i++) {
-        ap.n_idx = o->W + extras[i];
-        ap.n_slots = o->W + (o->pool_cap_hca > o->pool_cap_csa ? o->pool_cap_hca : o->pool_cap_csa);
-        if ((s = dsv4_opt_sparse_attn_workspace_bytes(&ap)) > need) need = s;
-    }
+    for (int t = 0; t < row_counts(o); t++)
+        for (int i = 0; i < ne; i++) {
+            ap.n_seq = row_count(o, t);
+            ap.n_idx = o->W + extras[i];
+            ap.n_slots = o->W + (o->pool_cap_hca > o->pool_cap_csa ? o->pool_cap_hca : o->pool_cap_csa);
+            if ((s = dsv4_opt_sparse_attn_workspace_bytes(&ap)) > need) need = s;
+        }
     /* fp8 mode: the split-K partials of every FP8 linear (wo_a: its groups in one launch) */
     for (int L = 0; L < o->cfg.num_hidden_layers && o->fp8; L++) {
         const opt_layer *ly = &o->layers[L];
@@ -466,17 +482,20 @@ static size_t workspace_need(const dsv4_opt *o)
         int nw = 4;
         for (int i = 0; i < ly->x.n; i++) w[nw++] = &ly->x.lin[i];
         for (int i = 0; i < ly->f.n; i++) w[nw++] = &ly->f.lin[i];
-        for (int i = 0; i < nw; i++)
-            if (w[i]->fp8 && (s = dsv4_opt_fp8_linear_workspace_bytes(o->C, w[i]->n_out, w[i]->n_in)) > need)
-                need = s;
-        const int wo_rows = o->o_r % 64 == 0 ? ly->wo_a.n_out : o->o_r; /* one launch, or one per group */
-        if ((s = dsv4_opt_fp8_linear_workspace_bytes(o->C, wo_rows, ly->wo_a.n_in)) > need) need = s;
+        for (int t = 0; t < row_counts(o); t++) {
+            const int S = row_count(o, t);
+            for (int i = 0; i < nw; i++)
+                if (w[i]->fp8 && (s = dsv4_opt_fp8_linear_workspace_bytes(S, w[i]->n_out, w[i]->n_in)) > need)
+                    need = s;
+            const int wo_rows = o->o_r % 64 == 0 ? ly->wo_a.n_out : o->o_r; /* one launch, or one per group */
+            if ((s = dsv4_opt_fp8_linear_workspace_bytes(S, wo_rows, ly->wo_a.n_in)) > need) need = s;
+        }
     }
-    if (o->pool_cap_csa > 0) {
-        dsv4_indexer_params ip = {.n_seq = o->C, .n_heads = o->HI, .head_dim = o->dI, .n_work = o->pool_cap_csa,
-                                  .kernel = (dsv4_indexer_kernel)o->opt.indexer};
+    if (o->pool_cap_csa > 0) { /* one indexer slab at most: idx_rows rows (a smaller last slab needs less) */
+        dsv4_indexer_params ip = {.n_seq = o->idx_rows, .n_heads = o->HI, .head_dim = o->dI,
+                                  .n_work = o->pool_cap_csa, .kernel = (dsv4_indexer_kernel)o->opt.indexer};
         if ((s = dsv4_opt_indexer_scratch_bytes(&ip)) > need) need = s;
-        dsv4_topk_params tp = {.n_seq = o->C, .k = o->topk, .n_work = o->pool_cap_csa,
+        dsv4_topk_params tp = {.n_seq = o->idx_rows, .k = o->topk, .n_work = o->pool_cap_csa,
                                .score_stride = o->pool_cap_csa};
         for (int b = 1; b < 2 * o->pool_cap_csa; b *= 2) { /* every power of two: opt_bucket's values and more */
             tp.n_work = b < o->pool_cap_csa ? b : o->pool_cap_csa;
@@ -491,8 +510,10 @@ static size_t workspace_need(const dsv4_opt *o)
 
 static void scratch_layout(dsv4_opt *o, opt_carver *cv)
 {
-    const size_t C = o->C, D = o->D, n = o->n, Hd = (size_t)o->H * o->d, HId = (size_t)o->HI * o->dI;
-    const size_t NI = o->NI, K = o->K;
+    /* every per-row view holds Tm rows (a decode-only object: C); the indexer scores one slab, the logits one
+     * block of head rows */
+    const size_t C = o->Tm, D = o->D, n = o->n, Hd = (size_t)o->H * o->d, HId = (size_t)o->HI * o->dI;
+    const size_t NI = o->NI, K = o->K, LR = o->logit_rows, L = o->cfg.num_hidden_layers;
     o->X = opt_carve(cv, C * n * D * 2);
     o->X2 = opt_carve(cv, C * n * D * 2);
     o->Xf = opt_carve(cv, C * n * D * 4);
@@ -508,9 +529,9 @@ static void scratch_layout(dsv4_opt *o, opt_carver *cv)
     o->qI = opt_carve(cv, C * HId * 2);
     o->wI = opt_carve(cv, C * o->HI * 4);
     o->kvf = opt_carve(cv, C * o->d * 4);
-    o->iscore = opt_carve(cv, C * (o->pool_cap_csa > 0 ? o->pool_cap_csa : 1) * 4);
+    o->iscore = opt_carve(cv, (size_t)o->idx_rows * (o->pool_cap_csa > 0 ? o->pool_cap_csa : 1) * 4);
     o->topk_ids = opt_carve(cv, C * o->topk * 4);
-    int extra = o->topk > o->pool_cap_hca ? o->topk : o->pool_cap_hca;
+    const size_t extra = (size_t)(o->topk > o->pool_cap_hca ? o->topk : o->pool_cap_hca);
     o->idx = opt_carve(cv, C * (o->W + extra) * 4);
     o->o = opt_carve(cv, C * Hd * 2);
     o->z = opt_carve(cv, C * o->G * o->o_r * 2);
@@ -522,8 +543,8 @@ static void scratch_layout(dsv4_opt *o, opt_carver *cv)
     o->h_sh = opt_carve(cv, C * o->NI_sh * 2);
     o->h_r = opt_carve(cv, C * K * NI * 2);
     o->y_sh = opt_carve(cv, C * D * 4);
-    o->logits = opt_carve(cv, C * o->V * 4);
-    o->next = opt_carve(cv, C * 4);
+    o->logits = opt_carve(cv, LR * o->V * 4);
+    o->next = opt_carve(cv, LR * 4);
     o->ring_slot = opt_carve(cv, C * 4);
     o->live_csa = opt_carve(cv, C * 4);
     o->live_hca = opt_carve(cv, C * 4);
@@ -531,11 +552,26 @@ static void scratch_layout(dsv4_opt *o, opt_carver *cv)
     o->sin_m = opt_carve(cv, C * (o->np + 1) * 4);
     o->cos_c = opt_carve(cv, C * (o->np + 1) * 4);
     o->sin_c = opt_carve(cv, C * (o->np + 1) * 4);
-    o->d_in = opt_carve(cv, 3 * C * 4);
+    o->d_in = opt_carve(cv, (6 * C + LR) * 4);
+    o->d_head = o->d_in ? o->d_in + 6 * C : NULL;
+    /* a decode-only object never has runs: no fresh rows, no gathered head rows */
+    o->kv_fresh = o->Tm > o->C ? opt_carve(cv, C * o->kv_fresh_bytes) : NULL;
+    o->xh = o->Tm > o->C ? opt_carve(cv, LR * D * 2) : NULL;
+    if (o->Tm > o->C && o->Tm >= OPT_SORTED_MIN_ROWS && !o->fp8) { /* grouped expert GEMMs of a long run */
+        const size_t P = C * K, E1 = (size_t)o->E + 1;
+        o->ms_count = opt_carve(cv, E1 * 4);
+        o->ms_offset = opt_carve(cv, E1 * 4);
+        o->ms_perm = opt_carve(cv, P * 4);
+        o->ms_slot = opt_carve(cv, P * 4);
+        o->ms_xs = opt_carve(cv, P * D * 2);
+        o->ms_gu = opt_carve(cv, P * 2 * NI * 4);
+        o->ms_h = opt_carve(cv, P * NI * 2);
+        o->ms_y = opt_carve(cv, P * D * 4);
+    }
     o->ws = opt_carve(cv, o->ws_bytes);
     o->cublas_ws = opt_carve(cv, o->cublas_ws_bytes);
     if (o->follow) {
-        o->d_follow = opt_carve(cv, (size_t)o->cfg.num_hidden_layers * o->follow_stride * 4);
+        o->d_follow = opt_carve(cv, C * L * o->follow_stride * 4);
         o->d_follow_changed = opt_carve(cv, 2 * 4);
     }
 }
@@ -653,32 +689,65 @@ int opt_init_common(dsv4_opt *o, opt_weight_src *src)
     opt_carver cv = {0};
     DSV4_TRY(weights_layout(o, src, &cv));
     o->w_bytes = cv.off;
+    /* caches, then the pool sizes the scratch depends on (counting passes: the plan before any allocation) */
+    cv = (opt_carver){0};
+    state_layout(o, &cv);
+    const size_t state_count = cv.off;
+    for (int L = 0; L < f->num_hidden_layers; L++) {
+        if (o->layers[L].attn == DSV4_ATTN_CSA) o->pool_cap_csa = o->layers[L].pool_cap;
+        if (o->layers[L].attn == DSV4_ATTN_HCA) o->pool_cap_hca = o->layers[L].pool_cap;
+    }
+    /* the step budget: rows of the scratch, of one indexer slab (its scores, and the fp32 indexer's per-head dots,
+     * are the big buffers of a long prefill: a slab keeps them near OPT_SCORE_SLAB_BYTES), of one head block */
+    o->Tm = o->opt.max_step_tokens > o->C ? o->opt.max_step_tokens : o->C;
+    const size_t per_row = (size_t)(o->pool_cap_csa > 0 ? o->pool_cap_csa : 1) * 4 *
+                           (o->opt.indexer == DSV4_OPT_INDEXER_FP32 ? 1 + (size_t)o->HI : 1);
+    size_t slab = OPT_SCORE_SLAB_BYTES / per_row;
+    if (slab < (size_t)o->C) slab = (size_t)o->C; /* a decode step is one slab, as before */
+    o->idx_rows = slab < (size_t)o->Tm ? (int)slab : o->Tm;
+    o->logit_rows = o->Tm > o->C && o->C < OPT_LOGIT_ROWS ? OPT_LOGIT_ROWS : o->C;
+    o->kv_fresh_bytes = (size_t)2 * o->d;
+    if (o->opt.kv == DSV4_OPT_KV_FP8 && (size_t)dsv4_kv8_entry_bytes(o->d, 2 * o->np) > o->kv_fresh_bytes)
+        o->kv_fresh_bytes = (size_t)dsv4_kv8_entry_bytes(o->d, 2 * o->np);
+    o->row0 = calloc((size_t)o->C, sizeof *o->row0);
+    o->nrun = calloc((size_t)o->C, sizeof *o->nrun);
+    o->step_n = calloc((size_t)o->C, sizeof *o->step_n);
+    o->step_tok = calloc((size_t)o->C, sizeof *o->step_tok);
+    if (!o->row0 || !o->nrun || !o->step_n || !o->step_tok)
+        return dsv4_error(DSV4_ERR_NOMEM, "optimized: out of host memory");
+    o->ws_bytes = workspace_need(o);
+    o->cublas_ws_bytes = (size_t)32 << 20;
+    cv = (opt_carver){0};
+    scratch_layout(o, &cv);
+    if (o->opt.print_plan) {
+        char b[5][32];
+        fprintf(stderr, "%s: memory plan (rank %d of %d): weights %s, caches %s, scratch %s for steps of up to %d "
+                "tokens over %d sequences (indexer scores in slabs of %d rows: %s; kernel workspace %s)\n",
+                src->what, o->rank, o->n_ranks, dsv4_mem_format((double)o->w_bytes, b[0], 32),
+                dsv4_mem_format((double)state_count, b[1], 32), dsv4_mem_format((double)cv.off, b[2], 32), o->Tm,
+                o->C, o->idx_rows, dsv4_mem_format((double)o->idx_rows * per_row, b[3], 32),
+                dsv4_mem_format((double)o->ws_bytes, b[4], 32));
+    }
     snprintf(what, sizeof what, "%s: weights", src->what);
     DSV4_TRY(dsv4_mem_check_device((double)o->w_bytes, what));
     DSV4_TRY(opt_dev_alloc(&o->w_mem, o->w_bytes, "weights"));
     cv = (opt_carver){.base = o->w_mem};
     DSV4_TRY(weights_layout(o, src, &cv));
-    /* caches, then the pool sizes the scratch depends on */
     DSV4_TRY(arena(o, src, state_layout, &o->s_mem, &o->s_bytes, "caches"));
-    for (int L = 0; L < f->num_hidden_layers; L++) {
-        if (o->layers[L].attn == DSV4_ATTN_CSA) o->pool_cap_csa = o->layers[L].pool_cap;
-        if (o->layers[L].attn == DSV4_ATTN_HCA) o->pool_cap_hca = o->layers[L].pool_cap;
-    }
     /* scratch */
-    o->ws_bytes = workspace_need(o);
-    o->cublas_ws_bytes = (size_t)32 << 20;
     DSV4_TRY(arena(o, src, scratch_layout, &o->x_mem, &o->x_bytes, "scratch"));
     o->h_probe_floats = (size_t)o->V;
     size_t more[] = {(size_t)o->n * o->D, (size_t)(o->pool_cap_csa > 0 ? o->pool_cap_csa : 1), (size_t)o->topk};
     for (int i = 0; i < 3; i++)
         if (more[i] > o->h_probe_floats) o->h_probe_floats = more[i];
     DSV4_OPT_CUDA(cudaMallocHost((void **)&o->h_probe, o->h_probe_floats * 4));
-    DSV4_OPT_CUDA(cudaMallocHost((void **)&o->h_in, (size_t)4 * o->C * 4));
-    o->h_next = o->h_in + 3 * o->C;
+    DSV4_OPT_CUDA(cudaMallocHost((void **)&o->h_in, ((size_t)6 * o->Tm + 2 * (size_t)o->logit_rows) * 4));
+    o->h_next = o->h_in + 6 * (size_t)o->Tm + o->logit_rows;
+    if (o->ms_offset) DSV4_OPT_CUDA(cudaMallocHost((void **)&o->h_ms_offset, ((size_t)o->E + 1) * 4));
     if (o->follow) {
-        DSV4_OPT_CUDA(cudaMallocHost((void **)&o->h_follow,
-                                     (size_t)f->num_hidden_layers * o->follow_stride * sizeof *o->h_follow));
-        memset(o->h_follow, 0, (size_t)f->num_hidden_layers * o->follow_stride * sizeof *o->h_follow);
+        const size_t nf = (size_t)o->Tm * f->num_hidden_layers * o->follow_stride;
+        DSV4_OPT_CUDA(cudaMallocHost((void **)&o->h_follow, nf * sizeof *o->h_follow));
+        memset(o->h_follow, 0, nf * sizeof *o->h_follow);
     }
     DSV4_OPT_CUBLAS(cublasCreate(&o->cublas));
     /* the stream once, then the workspace: cublasSetStream puts the handle back on cuBLAS's own workspace pool,
@@ -686,6 +755,11 @@ int opt_init_common(dsv4_opt *o, opt_weight_src *src)
     DSV4_OPT_CUBLAS(cublasSetStream(o->cublas, o->stream));
     DSV4_OPT_CUBLAS(cublasSetWorkspace(o->cublas, o->cublas_ws, o->cublas_ws_bytes));
     DSV4_TRY(opt_state_reset(o, -1));
+    /* the rows of a decode step until the first step sets them (dsv4_opt_time_indexer may run before one) */
+    o->T = o->C;
+    o->r_tok = o->d_in, o->r_pos = o->d_in + o->C, o->r_act = o->d_in + 2 * o->C;
+    o->r_seq = o->d_in + 3 * o->C, o->r_off = o->d_in + 4 * o->C, o->r_len = o->d_in + 5 * o->C;
+    for (int c = 0; c < o->C; c++) o->row0[c] = c, o->nrun[c] = 1;
     /* the loader's uploads ran on the legacy stream: finish everything before the first step */
     DSV4_OPT_CUDA(cudaDeviceSynchronize());
     return 0;

@@ -362,6 +362,7 @@ void opt_free_one(dsv4_opt *o)
 {
     if (!o) return;
     if (o->stream) cudaStreamSynchronize(o->stream);
+    if (o->prof_ev) dsv4_opt_indexer_timing(o, 0);
     for (int i = 0; i < o->n_graphs; i++) cudaGraphExecDestroy(o->graphs[i].exec);
     if (o->cublas) cublasDestroy(o->cublas);
     if (o->stream) cudaStreamDestroy(o->stream);
@@ -371,12 +372,18 @@ void opt_free_one(dsv4_opt *o)
     cudaFreeHost(o->h_probe);
     cudaFreeHost(o->h_in);
     cudaFreeHost(o->h_follow);
+    cudaFreeHost(o->h_ms_offset);
     free(o->layers);
     free(o->pos);
+    free(o->row0);
+    free(o->nrun);
+    free(o->step_n);
+    free(o->step_tok);
     free(o);
 }
 
 int dsv4_opt_position(const dsv4_opt *o, int seq) { return o && seq >= 0 && seq < o->C ? o->pos[seq] : 0; }
+int dsv4_opt_step_budget(const dsv4_opt *o) { return o ? o->Tm : 0; }
 
 static int reset_one(dsv4_opt *o, void *arg)
 {

@@ -91,6 +91,9 @@ int dsv4_opt_options_check(const dsv4_opt_options *op)
                "optimized: n_gpus %d outside [0, %d] (0: one GPU without NCCL)", op->n_gpus, DSV4_REF_SHARD_MAX);
     DSV4_CHECK(op->dump_seq >= 0 && op->dump_seq < op->n_seq, "optimized: dump_seq %d outside [0, %d)", op->dump_seq,
                op->n_seq);
+    DSV4_CHECK(op->max_step_tokens >= 0 && op->max_step_tokens <= DSV4_OPT_MAX_STEP_TOKENS,
+               "optimized: max_step_tokens %d outside [0, %d] (0: n_seq, decode steps only)", op->max_step_tokens,
+               DSV4_OPT_MAX_STEP_TOKENS);
     const struct {
         const char *name;
         unsigned v, n;

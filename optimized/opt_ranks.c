@@ -91,7 +91,7 @@ struct opt_ranks {
     opt_build_fn build;
     void *ctx;
     const int32_t *tokens;
-    const uint8_t *active;
+    const int32_t *n_tok;
     dsv4_probe_sink *probe;
     float *logits;
     int32_t *next;
@@ -366,7 +366,7 @@ static int step_body(struct opt_rank *rk)
     const int r0 = rk->rank == 0;
     rk->n_t = 0;
     rk->last_what = NULL;
-    DSV4_TRY(opt_step_rank(g->o[rk->rank], g->tokens, g->active, r0 ? g->probe : NULL, r0 ? g->logits : NULL,
+    DSV4_TRY(opt_step_rank(g->o[rk->rank], g->tokens, g->n_tok, r0 ? g->probe : NULL, r0 ? g->logits : NULL,
                                r0 ? g->next : NULL));
     if (rk->rbuf) { /* replica check: the replicated state every later step reads, hashed on the host */
         const dsv4_opt *o = g->o[rk->rank];
@@ -465,7 +465,8 @@ int opt_ranks_init(const dsv4_config *cfg, const dsv4_opt_options *op, opt_build
         for (int L = 0; L < cfg->num_hidden_layers; L++)
             if (cfg->attn_type[L] == DSV4_ATTN_CSA && opt_pool_capacity(op->max_context, cfg->compress_ratio[L]) > cap)
                 cap = opt_pool_capacity(op->max_context, cfg->compress_ratio[L]);
-        g->e_floats = (size_t)op->n_seq * (size_t)(cap > cfg->hidden_size ? cap : cfg->hidden_size);
+        const int rows = op->max_step_tokens > op->n_seq ? op->max_step_tokens : op->n_seq; /* the step budget */
+        g->e_floats = (size_t)rows * (size_t)(cap > cfg->hidden_size ? cap : cfg->hidden_size);
     }
     pthread_mutex_init(&g->e_mu, NULL);
     pthread_cond_init(&g->e_cv, NULL);
@@ -503,11 +504,11 @@ int opt_ranks_usable(const struct opt_ranks *g)
     return 0;
 }
 
-int opt_ranks_step(struct opt_ranks *g, const int32_t *tokens, const uint8_t *active, dsv4_probe_sink *probe,
+int opt_ranks_step(struct opt_ranks *g, const int32_t *tokens, const int32_t *n_tok, dsv4_probe_sink *probe,
                    float *logits, int32_t *next)
 {
     DSV4_TRY(opt_ranks_usable(g));
-    g->body = step_body, g->tokens = tokens, g->active = active, g->probe = probe, g->logits = logits,
+    g->body = step_body, g->tokens = tokens, g->n_tok = n_tok, g->probe = probe, g->logits = logits,
     g->next = next;
     int rc = run_ranks(g);
     if (rc) {
@@ -656,10 +657,10 @@ int opt_ranks_init(const dsv4_config *cfg, const dsv4_opt_options *op, opt_build
     *out = NULL;
     return dsv4_error(DSV4_ERR_UNSUPPORTED, "--gpus %d: this build has no NCCL (CMake found no libnccl)", op->n_gpus);
 }
-int opt_ranks_step(struct opt_ranks *g, const int32_t *tokens, const uint8_t *active, dsv4_probe_sink *probe,
+int opt_ranks_step(struct opt_ranks *g, const int32_t *tokens, const int32_t *n_tok, dsv4_probe_sink *probe,
                    float *logits, int32_t *next)
 {
-    (void)g, (void)tokens, (void)active, (void)probe, (void)logits, (void)next;
+    (void)g, (void)tokens, (void)n_tok, (void)probe, (void)logits, (void)next;
     return dsv4_error(DSV4_ERR_UNSUPPORTED, "this build has no NCCL");
 }
 int opt_ranks_usable(const struct opt_ranks *g)

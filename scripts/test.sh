@@ -39,7 +39,7 @@ vg_tests=(test_model_config test_model_dequant test_model_load test_model_corrup
           test_dump_corrupt test_dump_probe test_dump_roundtrip test_verify_basic test_verify_filters test_verify_topk
           test_verify_reports test_verify_after_tie test_verify_partial test_opt_follow test_opt_options
           test_opt_shard_plan test_ref_ops test_golden test_robust_limits test_robust_dump test_robust_interrupt
-          test_robust_regressions)
+          test_robust_regressions test_opt_prefill_plan)
 extra_log=$(mktemp)
 trap 'rm -f "$log" "$extra_log"' EXIT
 vg_one() { # $1 test name; prints one result line

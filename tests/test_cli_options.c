@@ -5,7 +5,8 @@
  * - run: the optimized path's options (--attn ... --dump-seq) given with --path ref-cpu / ref-gpu, which would be
  *   ignored there; an empty number (--decode "" once ran as 0 decode steps); an empty or trailing-comma
  *   --dump-positions (once a dump of no positions); --decode-from past the prompt (once clamped silently), and
- *   --decode-from K > 0 with --path opt (once taken and ignored: it feeds the prompt as one-token steps); a
+ *   --decode-from K > 0 with --path opt (once taken and ignored; since issue 35 the opt prefill, taken); a bad
+ *   --prefill-chunk (0, past 32768, with a reference path); a
  *   --max-context below the run's positions (once found at that step, after the load), --batch past 4096; a
  *   --follow dump of other weights (once followed silently); a --prompt-tokens folder (once "no token ids") and
  *   a token past the vocabulary (once refused by the path without naming the file); a --dump naming the run's
@@ -182,14 +183,19 @@ START_TEST(run_refuses_empty_and_out_of_range_numbers)
     /* past the 3-token prompt: refused */
     snprintf(args, sizeof args, "%s --decode-from 99", pre);
     expect_cli(2, args, NEED("--decode-from 99", "3 tokens"), NULL);
-    /* --path opt feeds the prompt as one-token steps: a prefill of K > 0 positions is refused there (it was
-     * taken and ignored); 0, what it does, is taken (the run then fails on --dump-seq, checked after it) */
-    snprintf(args, sizeof args, "%s --path opt --decode-from 2", pre);
-    expect_cli(2, args, NEED("--decode-from 2: --path opt feeds the prompt as one-token steps"), NULL);
-    snprintf(args, sizeof args, "%s --path opt --decode-from 4", pre);
-    expect_cli(2, args, NEED("--decode-from 4"), NULL);
+    /* --path opt prefills 0..K-1 in chunks (issue 35): K > 0 and 0 are both taken (the run then fails on
+     * --dump-seq, checked after them); past the prompt it is refused as on the references */
+    snprintf(args, sizeof args, "%s --path opt --decode-from 2 --batch 2 --dump-seq 2", pre);
+    expect_cli(2, args, NEED("--dump-seq 2"), NEED("--decode-from"));
     snprintf(args, sizeof args, "%s --path opt --decode-from 0 --batch 2 --dump-seq 2", pre);
     expect_cli(2, args, NEED("--dump-seq 2"), NEED("--decode-from"));
+    /* --prefill-chunk: a count of at least 1, and an option of --path opt */
+    snprintf(args, sizeof args, "%s --path opt --prefill-chunk 0", pre);
+    expect_cli(2, args, NEED("--prefill-chunk: '0'"), NULL);
+    snprintf(args, sizeof args, "%s --path opt --prefill-chunk 40000", pre);
+    expect_cli(2, args, NEED("--prefill-chunk: '40000'"), NULL);
+    snprintf(args, sizeof args, "%s --prefill-chunk 8", pre);
+    expect_cli(2, args, NEED("--prefill-chunk is an option of --path opt"), NULL);
     /* the prompt length itself is the default, and allowed */
     snprintf(args, sizeof args, "%s --decode-from 3 --decode 1", pre);
     expect_cli(0, args, NEED("prefill 3"), NULL);

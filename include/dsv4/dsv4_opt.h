@@ -1,9 +1,12 @@
 /* dsv4_opt.h - the optimized CUDA path (design.md "The paths"; model-spec §4-§12) on one GPU.
  *
- * A batch of C sequences decoded together, each with its own length: every step feeds one token to each ACTIVE
- * sequence at that sequence's next position (an inactive one keeps its state and position). A prompt is fed as
- * consecutive steps; this is exact, since prefill and decode run the same state machine (model-spec §7.6), and
- * batch prefill of many tokens at once is a later optimisation. Per sequence the caches are allocated once for
+ * A batch of C sequences, each with its own length. A step feeds each sequence a RUN of n_c >= 0 consecutive
+ * tokens at its next positions (dsv4_opt_step_ragged): 1 is a decode, more a prefill chunk, and all T = sum n_c
+ * tokens are processed together as the rows of one step (GEMMs over T rows, the compressors and the window over
+ * each run, the indexer and the attention per row with that row's own causal view). A step where every n_c <= 1
+ * (dsv4_opt_step) is the decode step: row c is sequence c, CUDA graphs, no fresh-row bookkeeping. Chunked,
+ * one-token and whole-prompt feeding run the same state machine (model-spec §7.6) and differ only by the
+ * summation orders of GEMMs of other row counts. Per sequence the caches are allocated once for
  * max_context positions (window ring, compressed pools of max_context/r entries, compressor states, indexer key
  * pool); the step allocates nothing (dsv4_opt_device_alloc_count proves it) and is bitwise deterministic.
  * Weights live on the GPU in bf16 (dequantised by the shared loader), in fp32 where model-spec keeps fp32 (mHC
@@ -62,7 +65,13 @@ typedef struct dsv4_opt_options {
     dsv4_opt_quantize quantize; /* default none */
     const dsv4_opt_follow *follow; /* NULL: off; else dump_seq follows its choices (borrowed while o lives; with
                                       n_gpus every rank applies the same rows) */
+    int max_step_tokens;      /* the token budget of one step (sum of the runs), which sizes the scratch: 0 or
+                                 <= n_seq: n_seq (decode only, the scratch of a decode step); at most
+                                 DSV4_OPT_MAX_STEP_TOKENS */
+    int print_plan;           /* 1: the constructor prints its memory plan to stderr before it allocates */
 } dsv4_opt_options;
+
+enum { DSV4_OPT_MAX_STEP_TOKENS = 32768 }; /* rows of one step (a CUDA grid dimension bounds them below 65536) */
 
 /* The defaults: every optimization on, C = 1, max_context 4096, graphs on, dump sequence 0, device 0, no NCCL. */
 void dsv4_opt_options_default(dsv4_opt_options *o);
@@ -96,6 +105,25 @@ void dsv4_opt_free(dsv4_opt *o);
  * write) leaves the step half done, so every later step is refused: only dsv4_opt_free is left. */
 int dsv4_opt_step(dsv4_opt *o, const int32_t *tokens, const uint8_t *active, dsv4_probe_sink *probe,
                   float *logits, int32_t *next);
+/* One step over a ragged batch: sequence c takes n_tok[c] >= 0 tokens at its next positions, tokens holding them
+ * back to back in sequence order (sum n_tok[c] <= the step budget max(n_seq, max_step_tokens)). probe: dump_seq's
+ * probes for every position of its run that the sink stores. logits [vocab] (may be NULL): the logits of
+ * dump_seq's last token of this step (untouched when n_tok[dump_seq] is 0). next [C] (may be NULL): each
+ * sequence's greedy argmax after its last token (-1 for a sequence with n_tok 0 in a step with runs; a step where
+ * every n_tok <= 1 is dsv4_opt_step's and writes every entry). Errors as dsv4_opt_step. */
+int dsv4_opt_step_ragged(dsv4_opt *o, const int32_t *tokens, const int32_t *n_tok, dsv4_probe_sink *probe,
+                         float *logits, int32_t *next);
+/* The step budget o was sized for: max(n_seq, max_step_tokens). */
+int dsv4_opt_step_budget(const dsv4_opt *o);
+
+/* ---- Chunk planning (optimized/opt_plan.c: host-only, also in a build without CUDA) ------------------------
+ * How a batch is cut into steps within a token budget. want[c]: the tokens sequence c could take now (0: none, 1:
+ * a decode, more: the rest of its prompt). Every decode (want 1) takes its token first, in sequence order, while
+ * the budget lasts; then the prefills take min(want, what is left), in sequence order, so the earliest prompt
+ * finishes first and a decode is never starved by a prompt. n[c] receives the tokens of sequence c in the step;
+ * returns their sum (0 when nothing wants a token or budget < 1). */
+int dsv4_opt_plan_step(int n_seq, const int32_t *want, int budget, int32_t *n);
+
 /* Positions consumed so far by sequence `seq`. */
 int dsv4_opt_position(const dsv4_opt *o, int seq);
 /* Start sequence `seq` afresh at position 0 (its compressor states are cleared; caches are reused). */
@@ -117,6 +145,12 @@ void dsv4_opt_memory(const dsv4_opt *o, size_t *weights, size_t *state, size_t *
  * collectives per step and the timed steps. DSV4_ERR_USAGE without ranks. */
 int dsv4_opt_nccl_timing(dsv4_opt *o, int on);
 int dsv4_opt_nccl_time(const dsv4_opt *o, double *us, int *calls_per_step, int *steps);
+/* Indexer timing of the prefill (dsv4 bench --prefill): on = 1 records device events around every CSA layer's
+ * indexer (key compressor, queries, scores, top-k, following) in every step with runs (those run eagerly), and
+ * synchronises after each such step; dsv4_opt_indexer_ms: the summed time since it was turned on. The one-GPU
+ * path only (DSV4_ERR_USAGE with --gpus). */
+int dsv4_opt_indexer_timing(dsv4_opt *o, int on);
+double dsv4_opt_indexer_ms(const dsv4_opt *o);
 /* The weights mode o runs in (auto resolved: bf16 or fp8). */
 dsv4_opt_weights dsv4_opt_weights_mode(const dsv4_opt *o);
 /* Weight bytes of decoder layer `layer` on the device (with n_gpus >= 1: rank 0's shard); layer -1: the rest

@@ -18,6 +18,17 @@ int dsv4_opt_step(dsv4_opt *o, const int32_t *tokens, const uint8_t *active, dsv
 {
     return dsv4_error(DSV4_ERR_UNSUPPORTED, "optimized path: this build has no CUDA");
 }
+int dsv4_opt_step_ragged(dsv4_opt *o, const int32_t *tokens, const int32_t *n_tok, dsv4_probe_sink *probe,
+                         float *logits, int32_t *next)
+{
+    return dsv4_error(DSV4_ERR_UNSUPPORTED, "optimized path: this build has no CUDA");
+}
+int dsv4_opt_step_budget(const dsv4_opt *o) { return 0; }
+int dsv4_opt_indexer_timing(dsv4_opt *o, int on)
+{
+    return dsv4_error(DSV4_ERR_UNSUPPORTED, "optimized path: this build has no CUDA");
+}
+double dsv4_opt_indexer_ms(const dsv4_opt *o) { return 0.0; }
 int dsv4_opt_position(const dsv4_opt *o, int seq) { return 0; }
 int dsv4_opt_reset(dsv4_opt *o, int seq) { return dsv4_error(DSV4_ERR_UNSUPPORTED, "optimized path: this build has no CUDA"); }
 int dsv4_opt_dump_entries(dsv4_opt *o, dsv4_probe_sink *probe)
