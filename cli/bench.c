@@ -36,6 +36,7 @@
 
 #include "bench_args.h"
 #include "bench_model.h"
+#include "bench_serve_args.h"
 #include "commands.h"
 #include "dsv4/dsv4.h"
 #include "dsv4/dsv4_opt.h"
@@ -43,8 +44,10 @@
 #ifndef DSV4_HAVE_CUDA
 int dsv4_cmd_bench(int argc, char **argv)
 {
-    for (int i = 1; i < argc; i++)
+    for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--prefill")) return bench_prefill(argc, argv);
+        if (!strcmp(argv[i], "--serve")) return bench_serve(argc, argv);
+    }
     bench_args a;
     int rc = bench_check_args(argc, argv, &a);
     if (rc) return rc;
@@ -269,8 +272,10 @@ static int record_failure(json_t *fails, int C, const char *variant, const char 
 
 int dsv4_cmd_bench(int argc, char **argv)
 {
-    for (int i = 1; i < argc; i++)
+    for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--prefill")) return bench_prefill(argc, argv);
+        if (!strcmp(argv[i], "--serve")) return bench_serve(argc, argv);
+    }
     bench_args a;
     if (bench_check_args(argc, argv, &a)) return 2;
     t_start = now_s();

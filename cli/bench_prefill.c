@@ -22,12 +22,14 @@
 #include "dsv4/dsv4.h"
 #include "dsv4/dsv4_opt.h"
 
+#ifdef DSV4_HAVE_CUDA
 static double now_s(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
+#endif
 
 typedef struct prefill_args {
     int n, chunk, layers, reps;
