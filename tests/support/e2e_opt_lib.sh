@@ -37,7 +37,10 @@ router_rows() {
 verify() {
     local name=$1 gated=$2 g=$3 c=$4 log="$LOG/verify-$1.txt" js="$LOG/verify-$1.json"
     rm -f "$js"
-    "$BIN" verify --profile bf16 --no-color --json "$js" "$g" "$c" >"$log" 2>&1
+    # VERIFY_BASELINE (optional): a precision-matched baseline of the same run, for models the fixed bf16 profile
+    # was not calibrated on (baseline mode, docs/verify.md)
+    "$BIN" verify --profile bf16 ${VERIFY_BASELINE:+--baseline "$VERIFY_BASELINE"} --no-color --json "$js" "$g" "$c" \
+        >"$log" 2>&1
     local rc=$? ok=1 why=""
     [ $rc -eq 0 ] || { ok=0; why="verifier exit $rc"; }
     # a dataset missing from the candidate is listed by the verifier, not failed
