@@ -26,7 +26,7 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: dsv4 replay --model DIR CANDIDATE.h5 [--path ref-cpu|ref-gpu] [--baseline BASELINE.h5\n"
+    fprintf(f, "usage: dsv4 replay --model DIR CANDIDATE.h5 [--path ref-cpu|ref-gpu [--gpu-weights W]] [--baseline B.h5\n"
                "                   [--baseline-replay R.h5]] [--profile fp32|bf16|FILE] [--json OUT] [--html OUT]\n"
                "                   [--keep DIR] [--allow-different-weights] [--quiet]\n\n"
                "Judges a free-running candidate layer by layer on its OWN inputs: the fp32 reference\n"
@@ -40,6 +40,7 @@ static void usage(FILE *f)
                "                       --emulate bf16 --tokens-from GOLDEN.h5), replayed the same way: each float\n"
                "                       probe's local error must stay within the baseline's local error (the gates\n"
                "                       of dsv4 verify --baseline); without it, the profile's fixed gates\n"
+               "  --gpu-weights W      ref-gpu: auto, resident or stream (dsv4 run --help)\n"
                "  --baseline-replay R  the baseline's replay made before (replay-baseline.h5 of --keep): not\n"
                "                       replayed again (one baseline for many candidates)\n"
                "  --profile P          selections' rules (and, without --baseline, every gate); default bf16\n"
@@ -57,20 +58,24 @@ static void usage(FILE *f)
 }
 
 /* dsv4 run --path PATH --replay DUMP --dump OUT (its own lines go to stdout: which replay ran, how long). */
-static int replay_one(const char *model, const char *path, const char *dump, const char *out,
+static int replay_one(const char *model, const char *path, const char *gpu_weights, const char *dump, const char *out,
                       int allow_different_weights)
 {
-    char *argv[10] = {"run", "--model", (char *)model, "--path", (char *)path, "--replay", (char *)dump, "--dump",
+    char *argv[13] = {"run", "--model", (char *)model, "--path", (char *)path, "--replay", (char *)dump, "--dump",
                       (char *)out, NULL};
     int argc = 9;
     if (allow_different_weights) argv[argc++] = "--allow-different-weights";
+    if (gpu_weights) {
+        argv[argc++] = "--gpu-weights";
+        argv[argc++] = (char *)gpu_weights;
+    }
     return dsv4_cmd_run(argc, argv);
 }
 
 int dsv4_cmd_replay(int argc, char **argv)
 {
     const char *model = NULL, *cand = NULL, *base = NULL, *profile = "bf16", *json = NULL, *html = NULL, *keep = NULL;
-    const char *path = "ref-cpu", *base_replay = NULL;
+    const char *path = "ref-cpu", *base_replay = NULL, *gpu_weights = NULL;
     int allow = 0, quiet = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = dsv4_cli_value(argc, argv, i);
@@ -82,6 +87,7 @@ int dsv4_cmd_replay(int argc, char **argv)
                             : !strcmp(a, "--keep")     ? &keep
                             : !strcmp(a, "--path")     ? &path
                             : !strcmp(a, "--baseline-replay") ? &base_replay
+                            : !strcmp(a, "--gpu-weights") ? &gpu_weights
                                                        : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
@@ -116,6 +122,10 @@ int dsv4_cmd_replay(int argc, char **argv)
         fprintf(stderr, "dsv4 replay: --path '%s': want ref-cpu or ref-gpu (the fp32 references recompute)\n", path);
         return 2;
     }
+    if (gpu_weights && strcmp(path, "ref-gpu")) {
+        fprintf(stderr, "dsv4 replay: --gpu-weights is an option of --path ref-gpu (not of %s)\n", path);
+        return 2;
+    }
     if (base_replay && !base) {
         fprintf(stderr, "dsv4 replay: --baseline-replay %s needs --baseline (the run it is the replay of)\n",
                 base_replay);
@@ -143,13 +153,13 @@ int dsv4_cmd_replay(int argc, char **argv)
     int status = 2;
     printf("dsv4 replay: the candidate %s\n", cand);
     fflush(stdout);
-    if (replay_one(model, path, cand, rc_path, allow)) goto out;
+    if (replay_one(model, path, gpu_weights, cand, rc_path, allow)) goto out;
     if (base && base_replay)
         printf("dsv4 replay: the baseline %s, its replay %s (made before)\n", base, base_replay);
     else if (base) {
         printf("dsv4 replay: the baseline %s\n", base);
         fflush(stdout);
-        if (replay_one(model, path, base, rb_path, allow)) goto out;
+        if (replay_one(model, path, gpu_weights, base, rb_path, allow)) goto out;
     }
     dsv4_verify_options o;
     dsv4_verify_options_init(&o);

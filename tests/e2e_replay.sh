@@ -74,6 +74,21 @@ st=$?
 check "a candidate storing no whole window (11 positions, window 16) is refused, exit 2 (was $st)" \
     '[ $st -eq 2 ] && grep -q "at most 11 consecutive ones" "$T/subset.txt"'
 
+# scripts/dump_truncate.py: the first 50 tokens of a run of 74 are the run of those 50 (what the Flash-width script
+# reads its 16K experiment from a 32K run by), and replay judges it as it judges that run
+/usr/bin/python3 -c 'import h5py, sys; print(" ".join(map(str, h5py.File(sys.argv[1], "r")["tokens"][:50])))' \
+    "$G/forced.h5" >"$T/p50.txt"
+"$BIN" run --model "$G" --path ref-cpu --emulate bf16 --tokens-from "$G/forced.h5" --dump-positions 20-73 \
+    --dump "$T/emu74.h5" >/dev/null 2>&1
+"$BIN" run --model "$G" --path ref-cpu --emulate bf16 --prompt-tokens "$T/p50.txt" --dump-positions 20-49 \
+    --dump "$T/emu50.h5" >/dev/null 2>&1
+/usr/bin/python3 "$SRC/scripts/dump_truncate.py" "$T/emu74.h5" "$T/trunc50.h5" --tokens 50 >/dev/null
+check "a dump cut to its first 50 tokens is the run of those 50 within fp32" \
+    '"$BIN" verify --profile fp32 "$T/emu50.h5" "$T/trunc50.h5" --quiet'
+"$BIN" replay --model "$G" "$T/trunc50.h5" --baseline "$T/emu50.h5" --quiet --json "$T/trunc.json" >/dev/null 2>&1
+st=$?
+check "and it passes replay with the run of those 50 as its baseline (exit $st)" '[ $st -eq 0 ]'
+
 # faults planted into the emulation's dump the way a bug in one layer acts (tests/support/dump_fault.py), from a
 # position on: replay with the unfaulted emulation as the baseline flags that layer first
 for spec in "attn-scale 1 30 attn_out" "kv-rope-sign 3 30 kv" "topk-drop 2 40 topk_idx"; do
