@@ -10,7 +10,7 @@
 #     divergence at the layer the fault first acted) and the three dump faults of tests/support/dump_fault.py;
 #   - --replay with --path opt, and --emulate with --replay, are refused (exit 2).
 # Skipped (77) without a GPU.
-# shellcheck disable=SC2016 # check() evaluates its condition later, on purpose
+# shellcheck disable=SC2016,SC2034 # check() evaluates its condition (and the variables it names) later, on purpose
 set -u -o pipefail
 SRC=${DSV4_SOURCE_DIR:?}
 BUILD=${DSV4_BINARY_DIR:?}
