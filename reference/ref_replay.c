@@ -116,10 +116,10 @@ static int plan_segments(dsv4_ref_replay *r, const int32_t *pos, const char *pat
         i = j + 1;
     }
     if (!r->n_cmp)
-        return dsv4_error(DSV4_ERR_USAGE, "%s: replay compares a position p only when the candidate stores its whole "
-                          "window max(0, p-%d)..p (sliding_window %d) and every position of it is stored; the "
-                          "candidate stores %d positions, at most %d consecutive ones, none from 0 (dump a range of "
-                          "at least %d consecutive positions, or all)", path, W - 1, W, r->n_pos, longest, W);
+        return dsv4_error(DSV4_ERR_USAGE, "%s: replay compares a position p only when the candidate stores every "
+                          "position of its window max(0, p-%d)..p (sliding_window %d); it stores %d positions, at most "
+                          "%d consecutive ones and none of them from 0: dump a run of at least %d consecutive "
+                          "positions (or all)", path, W - 1, W, r->n_pos, longest, W);
     return 0;
 }
 

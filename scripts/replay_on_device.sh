@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # replay_on_device.sh [BUDGET_S] - issue 40's Flash-width evidence (docs/verify.md "Layer-local replay", "The
 # Flash-width table"), in one device call of at most 9 minutes on one H200:
-#   1. build dsv4_cli and test_ref_gpu_flash for sm_90 in build-replay/; write the Flash-width random model
+#   1. build dsv4_cli, dsv4_faults and test_ref_gpu_flash for sm_90 in build-replay/; start the GPU test of replay
+#      (ctest e2e_replay_gpu: ref-gpu replay == ref-cpu replay on the golden sets, faults caught at their layer) in
+#      the background, beside the runs below (small models; OpenBLAS on 8 threads); write the Flash-width random model
 #      (test_ref_gpu_flash --write-model; $DSV4_FLASH_MODEL, default /tmp/dsv4-flash, reused when there);
 #   2. the prompt of e2e_opt_flash_gpu.sh's formula, 32,768 tokens (the 16K prompt is its first 16,384);
 #   3. the optimized path free-running with its defaults on the 32K prompt, and the baseline (ref-gpu --emulate bf16,
@@ -94,14 +96,16 @@ note "machine: ${gpu:-no nvidia-smi}; $(nproc) cores; $(nvcc --version | tail -n
 build=$root/build-replay
 t0=$SECONDS
 if ! cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 >"$OUT/configure.log" 2>&1 ||
-    ! timeout $(($(left) - 200)) cmake --build "$build" --target dsv4_cli test_ref_gpu_flash -j"$(nproc)" \
-        >"$OUT/build.log" 2>&1; then
+    ! timeout $(($(left) - 200)) cmake --build "$build" --target dsv4_cli dsv4_faults test_ref_gpu_flash \
+        -j"$(nproc)" >"$OUT/build.log" 2>&1; then
     tail -n 20 "$OUT/configure.log" "$OUT/build.log"
     note "build: FAILED ($((SECONDS - t0)) s; $OUT/build.log)"
     status=2
     exit 2
 fi
-note "build: $((SECONDS - t0)) s (dsv4_cli, test_ref_gpu_flash; sm_90)"
+note "build: $((SECONDS - t0)) s (dsv4_cli, dsv4_faults, test_ref_gpu_flash; sm_90)"
+(cd "$build" && OPENBLAS_NUM_THREADS=8 timeout 200 ctest -V -R '^e2e_replay_gpu$') >"$OUT/e2e_replay_gpu.log" 2>&1 &
+gpu_test=$!
 bin=$build/dsv4
 M=${DSV4_FLASH_MODEL:-/tmp/dsv4-flash}
 mkdir -p "$M"
@@ -171,7 +175,7 @@ opt_run opt-default-32k "$D/p32.txt" "$S16,$S32"
 default_s=$run_s
 if step run-base-32k 200 40 "$bin" run --model "$M" --path ref-gpu --gpu-weights "$BGW" --emulate bf16 \
     --prompt-tokens "$D/p32.txt" --dump-positions "$S16,$S32" --dump "$D/base-32k.h5"; then
-    note "baseline (ref-gpu --emulate bf16, free-running, 32K): $step_s s"
+    note "baseline (ref-gpu --emulate bf16, free-running, $T32 tokens): $step_s s"
 fi
 for f in opt-default base; do
     [ -f "$D/$f-32k.h5" ] &&
@@ -224,4 +228,14 @@ for v in "attn-simt|--attn simt" "indexer-fp32|--indexer fp32" "mhc-roundtrip|--
     rm -f "$D/$name-16k.h5"
 done
 note "the naive variants ran at $T16 tokens only (the budget of one call); their $T32-token rows are not run"
+
+# ------------------------------------------------------------------------------------------ the GPU test's result
+wait "$gpu_test"
+rc=$?
+lines=$(sed 's/^[0-9]*: //' "$OUT/e2e_replay_gpu.log")
+note "e2e_replay_gpu (ref-gpu replay == ref-cpu replay on the golden sets; faults at their layer): exit $rc," \
+    "$(grep -c '^ok:' <<<"$lines") ok, $(grep -c '^FAILED' <<<"$lines") failed$(grep -q 'Skipped' <<<"$lines" &&
+        echo ' (SKIPPED: no GPU)')"
+while IFS= read -r l; do note "  $l"; done < <(grep -E '^(FAILED|   [A-Z]+ )' <<<"$lines" | head -n 12 | cut -c1-200)
+[ $rc -eq 0 ] || status=1
 exit $status
