@@ -22,10 +22,11 @@
 #   7. one summary table: variant x length, the verdict, the first locally broken layer/probe, the largest RMS ratio
 #      of the candidate's local error to the baseline's, the seconds of the run.
 # BUDGET_S (default 530) bounds the whole script; every step is time-boxed and a step the budget cannot hold is
-# skipped and says so; the summary is always printed. Logs and the replay reports (JSON) go to $OUT (default
-# /tmp/replay-out); the dumps (about 2 GB) to /tmp/dsv4-replay-dumps. REPLAY_GPU_WEIGHTS (default stream: a replay
-# computes two runs of 192 positions, so the weights are better streamed than uploaded) and BASE_GPU_WEIGHTS
-# (default auto) choose ref-gpu's weights for the replays and for the baseline's 32K run.
+# skipped and says so; the summary is always printed. Logs and the terminal reports go to $OUT (default
+# /tmp/replay-out); the dumps (about 2 GB) and the JSON reports to /tmp/dsv4-replay-dumps. REPLAY_GPU_WEIGHTS
+# (default stream: a replay computes two runs of 192 positions, so the weights are better streamed than uploaded) and
+# BASE_GPU_WEIGHTS (default auto) choose ref-gpu's weights for the replays and for the baseline's 32K run.
+# REPLAY_TOKENS (default 32768) sets the long prompt (the short one is its first half), for a shorter trial.
 #   device call: command "bash scripts/replay_on_device.sh 2>&1 | tail -n 80", carry [".debs"]
 # Exit status: 0 every candidate PASS and every fault caught at its layer, 1 otherwise (or a step skipped or failed),
 # 2 when the build or the setup failed.
@@ -57,7 +58,7 @@ print_summary() {
     echo "|---|---|---|---|---:|---|"
     for r in "${rows[@]}"; do echo "$r"; done
     echo "(ratio: the largest RMS local error of the candidate over the baseline's, over the float probes; a fault must"
-    echo " be DIVERGED first at its layer. Reports: $OUT/*.json, logs $OUT/*.log)"
+    echo " be DIVERGED first at its layer. The reports: $OUT/judge-*.log, the JSON in $D)"
     echo "result: $([ "$status" -eq 0 ] && echo PASS || echo FAIL)"
 }
 trap print_summary EXIT
@@ -135,7 +136,7 @@ judge() {
         status=1
         return
     fi
-    local log=$OUT/judge-${name%% *}-$len.log js=$OUT/judge-${name%% *}-$len.json lim
+    local log=$OUT/judge-${name%% *}-$len.log js=$D/judge-${name%% *}-$len.json lim # the JSON is large: not in $OUT
     lim=$(left)
     [ "$lim" -gt 120 ] && lim=120
     if [ "$lim" -lt 20 ]; then
