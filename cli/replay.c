@@ -26,9 +26,9 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: dsv4 replay --model DIR CANDIDATE.h5 [--path ref-cpu|ref-gpu [--gpu-weights W]] [--baseline B.h5\n"
-               "                   [--baseline-replay R.h5]] [--profile fp32|bf16|FILE] [--json OUT] [--html OUT]\n"
-               "                   [--keep DIR] [--allow-different-weights] [--quiet]\n\n"
+    fprintf(f, "usage: dsv4 replay --model DIR CANDIDATE.h5 [--path ref-cpu|ref-gpu [--gpu-weights W]]\n"
+               "                   [--baseline B.h5 [--baseline-replay R.h5]] [--profile fp32|bf16|FILE]\n"
+               "                   [--json OUT] [--html OUT] [--keep DIR] [--allow-different-weights] [--quiet]\n\n"
                "Judges a free-running candidate layer by layer on its OWN inputs: the fp32 reference\n"
                "recomputes every layer from the candidate's streams, window KV, compressed and indexer entries,\n"
                "top-k and router choices (dsv4 run --replay), and the candidate is compared with that, so an\n"

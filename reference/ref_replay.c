@@ -195,8 +195,8 @@ int dsv4_ref_replay_load(const char *path, const dsv4_config *cfg, dsv4_ref_repl
             if (want && (rc = dsv4_dump_read_rows(d, name, 0, want, r->data[k][L]))) break;
         }
     if (!rc && n_missing)
-        rc = dsv4_error(DSV4_ERR_USAGE, "%s: replay needs probes the candidate did not dump (%d): %s%s", path, n_missing,
-                        missing, n_missing > 8 ? ", ..." : "");
+        rc = dsv4_error(DSV4_ERR_USAGE, "%s: replay needs probes the candidate did not dump (%d): %s%s", path,
+                        n_missing, missing, n_missing > 8 ? ", ..." : "");
     dsv4_dump_free(d);
     if (rc) {
         dsv4_ref_replay_free(r);

@@ -79,7 +79,9 @@ step() {
     local rc=$?
     step_s=$((SECONDS - t0))
     if [ $rc -ne 0 ]; then
-        note "$name: FAILED (exit $rc after $step_s s$([ $rc -eq 124 ] && echo ": its $lim s were up"); $OUT/$name.log):"
+        local why=""
+        [ $rc -eq 124 ] && why=": its $lim s were up"
+        note "$name: FAILED (exit $rc after $step_s s$why; $OUT/$name.log):"
         note "  $(tail -n 2 "$OUT/$name.log" | tr '\n' ' ' | cut -c1-300)"
     fi
     return $rc

@@ -46,7 +46,8 @@ check "faithful candidates pass replay, the gated faults are caught at their lay
 "$BIN" replay --model "$G" "$T/partial.h5" >"$T/partial.txt" 2>&1
 st=$?
 check "a candidate without kv is refused, exit 2 (was $st), the missing probes named" \
-    '[ $st -eq 2 ] && grep -q "replay needs probes the candidate did not dump" "$T/partial.txt" && grep -q "layers/0/kv" "$T/partial.txt"'
+    '[ $st -eq 2 ] && grep -q "replay needs probes the candidate did not dump" "$T/partial.txt" &&
+     grep -q "layers/0/kv" "$T/partial.txt"'
 # a candidate of some positions (docs/verify.md "Replay at long context"): two runs of stored positions, 20-50 and 55-73
 # with the window of 16: compared are 35-50 and 70-73 (those whose window is stored), and there the replay is the full
 # replay's within fp32, every per-position probe and the CSA entries made inside the first run (layer 2, ratio 2:
@@ -61,7 +62,8 @@ check "a subset candidate: 20 positions compared in 2 segments" \
 check "a subset candidate's replay is the full replay's within fp32 at the compared positions" \
     '"$BIN" verify --profile fp32 "$T/replay-full.h5" "$T/replay-sub.h5" --quiet --json "$T/sub.json" \
         --probes "attn_*,ffn_*,kv,indexer_scores,topk_idx,router_*,out,final/*" &&
-     /usr/bin/python3 -c "import json,sys; r=json.load(open(sys.argv[1])); sys.exit(len(r[\"positions\"]) != 20)" "$T/sub.json"'
+     /usr/bin/python3 -c "import json, sys; sys.exit(len(json.load(open(sys.argv[1]))[\"positions\"]) != 20)" \
+         "$T/sub.json"'
 check "and so are the CSA entries made inside its first run" \
     '"$BIN" verify --profile fp32 "$T/replay-full.h5" "$T/replay-sub.h5" --quiet --probes compressed_kv,indexer_kv \
         --layers 2-2 --positions 23-47'

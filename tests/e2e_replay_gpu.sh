@@ -40,12 +40,14 @@ for m in tiny random-106 random-109 topk512; do
     d=$T/$m
     mkdir -p "$d"
     "$BIN" run --model "$G" --path ref-cpu --emulate bf16 --tokens-from "$G/forced.h5" "${pos[@]}" \
-        --dump "$d/emu.h5" >"$d/emu.log" 2>&1 || { echo "FAILED: $m: the emulation run (see below)"; tail -n 3 "$d/emu.log"; exit 1; }
+        --dump "$d/emu.h5" >"$d/emu.log" 2>&1 ||
+        { echo "FAILED: $m: the emulation run:"; tail -n 3 "$d/emu.log"; exit 1; }
     "$BIN" run --model "$G" --path ref-cpu --replay "$d/emu.h5" --dump "$d/cpu.h5" >"$d/cpu.log" 2>&1
     "$BIN" run --model "$G" --path ref-gpu --replay "$d/emu.h5" --dump "$d/gpu.h5" >"$d/gpu.log" 2>&1
     st=$?
     [ $st -eq 0 ] || tail -n 3 "$d/gpu.log"
-    check "$m: a candidate replayed on ref-gpu is its replay on ref-cpu within fp32 ($(grep -o '[0-9]* positions compared, in [0-9]* segments*' "$d/gpu.log"))" \
+    what=$(grep -o '[0-9]* positions compared, in [0-9]* segments*' "$d/gpu.log")
+    check "$m: a candidate replayed on ref-gpu is its replay on ref-cpu within fp32 ($what)" \
         '[ $st -eq 0 ] && "$BIN" verify --profile fp32 "$d/cpu.h5" "$d/gpu.h5" --quiet --json "$d/cg.json"'
     [ -f "$d/cg.json" ] && echo "   $(/usr/bin/python3 "$SUMMARY" "$d/cg.json")"
 
@@ -92,6 +94,7 @@ check "--replay with --path opt is refused, exit 2 (was $st)" \
     '[ $st -eq 2 ] && grep -q "runs on --path ref-cpu or ref-gpu" "$T/opt.txt"'
 "$BIN" run --model "$G" --path ref-gpu --emulate bf16 --replay "$d/emu.h5" --dump "$T/x.h5" >"$T/emu.txt" 2>&1
 st=$?
-check "--replay with --emulate is refused, exit 2 (was $st)" '[ $st -eq 2 ] && grep -q "not with --follow, --emulate" "$T/emu.txt"'
+check "--replay with --emulate is refused, exit 2 (was $st)" \
+    '[ $st -eq 2 ] && grep -q "not with --follow, --emulate" "$T/emu.txt"'
 echo "e2e_replay_gpu: $pass passed, $fail failed"
 [ $fail -eq 0 ]
