@@ -1,5 +1,6 @@
-/* ref_replay.c - the candidate state that layer-local replay injects into the CPU reference (issue 40, docs/verify.md
- * "Layer-local replay"; dsv4_ref.h).
+/* ref_replay.c - the candidate state that layer-local replay injects into either reference (issue 40, docs/verify.md
+ * "Layer-local replay"; dsv4_ref.h): one data model, read row by row by ref_forward.c and uploaded per forward call
+ * by ref_gpu.cu.
  *
  * A free-running candidate cannot follow the reference's choices, so after one near-tie flip its caches differ and
  * a comparison against the reference's own trajectory compounds every earlier difference. Replay judges each layer
