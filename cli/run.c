@@ -74,12 +74,14 @@ static void run_usage(FILE *f)
             "                         token is not DUMP's (or past DUMP's tokens). DUMP must hold the model's\n"
             "                         weights_digest\n"
             "  --allow-different-weights  follow (or replay) a DUMP of other weights (same shapes) all the same\n"
-            "  --replay CAND.h5       layer-local replay (ref-cpu; docs/verify.md \"Layer-local replay\"): run\n"
-            "                         CAND's tokens in one forward, every layer starting from CAND's streams\n"
-            "                         and running on its window KV, entries, top-k and router choices, so the\n"
-            "                         dump holds what each layer adds to CAND's own state; CAND needs every\n"
-            "                         position of out, kv, attn_out, attn_hc_post/comb, router_ids, topk_idx\n"
-            "                         and its compressed/indexer entries. dsv4 replay judges CAND with it\n"
+            "  --replay CAND.h5       layer-local replay (ref-cpu or ref-gpu; docs/verify.md \"Layer-local\n"
+            "                         replay\"): run CAND's tokens, every layer starting from CAND's streams and\n"
+            "                         running on its window KV, entries, top-k and router choices, so the dump\n"
+            "                         holds what each layer adds to CAND's own state. CAND needs, at the\n"
+            "                         positions it stores, out, kv, attn_out, attn_hc_post/comb, router_ids,\n"
+            "                         topk_idx, and every compressed/indexer entry; a position is compared when\n"
+            "                         its window (sliding_window positions up to it) is stored too, and only the\n"
+            "                         runs of stored positions holding one are computed. dsv4 replay judges CAND\n"
             "ref-cpu and ref-gpu only:\n"
             "  --emulate none|bf16    bf16: round to bf16 exactly where the optimized path holds bf16 (weights,\n"
             "                         residual streams, GEMM inputs, caches, attention P and outputs; docs/verify.md\n"
@@ -316,13 +318,13 @@ static int parse_args(int argc, char **argv, run_args *a)
     }
     if (!a->model) return dsv4_error(DSV4_ERR_USAGE, "--model DIR is required (see dsv4 run --help)");
     if (a->replay) { /* the candidate's tokens, every position, one forward over them all */
-        if (strcmp(a->path, "ref-cpu"))
-            return dsv4_error(DSV4_ERR_USAGE, "--replay runs on --path ref-cpu (not %s)", a->path);
+        if (strcmp(a->path, "ref-cpu") && strcmp(a->path, "ref-gpu"))
+            return dsv4_error(DSV4_ERR_USAGE, "--replay runs on --path ref-cpu or ref-gpu (not %s)", a->path);
         if (a->follow || a->ref.emulate != DSV4_REF_EMULATE_NONE || a->prompt_tokens || a->decode >= 0 ||
             a->decode_from >= 0 || a->greedy || a->positions)
-            return dsv4_error(DSV4_ERR_USAGE, "--replay takes the candidate's tokens and stores every position: not "
-                              "with --follow, --emulate, --prompt-tokens, --decode, --decode-from, --greedy or "
-                              "--dump-positions");
+            return dsv4_error(DSV4_ERR_USAGE, "--replay runs the plain fp32 reference on the candidate's tokens and "
+                              "stores the positions it compares: not with --follow, --emulate, --prompt-tokens, "
+                              "--decode, --decode-from, --greedy or --dump-positions");
         if (a->tokens_from && strcmp(a->tokens_from, a->replay))
             return dsv4_error(DSV4_ERR_USAGE, "--replay %s runs that dump's tokens: --tokens-from names another",
                               a->replay);
@@ -607,7 +609,7 @@ int dsv4_cmd_run(int argc, char **argv)
         goto out;
     }
     int K = a.decode_from >= 0 ? a.decode_from : pl.P;
-    if (a.replay) K = pl.T; /* one forward over every token: the candidate's state is injected layer by layer */
+    if (a.replay) K = pl.T; /* the plan of one forward over every token (the replay runs its segments: fewer) */
     const int use_opt = !strcmp(a.path, "opt");
 
     /* the positions before the model: a bad list is a usage error before any loading */
@@ -688,6 +690,21 @@ int dsv4_cmd_run(int argc, char **argv)
         if (a.replay && (rc = dsv4_cli_replay_open(a.replay, cfg, digest, a.allow_different_weights, &replay)))
             goto out;
         a.ref.replay = replay;
+        if (replay) { /* the dump stores the positions replay compares (those whose window the candidate stored) */
+            int n_cmp;
+            const int32_t *cmp = dsv4_ref_replay_compared(replay, &n_cmp);
+            int32_t *np = malloc(((size_t)n_cmp + 1) * sizeof *np);
+            if (!np) {
+                rc = dsv4_error(DSV4_ERR_NOMEM, "out of memory");
+                goto out;
+            }
+            memcpy(np, cmp, (size_t)n_cmp * sizeof *np);
+            free(positions);
+            positions = np;
+            n_pos = n_cmp;
+            printf("dsv4 run: replay of %s: %d positions compared, in %d segment%s run\n", a.replay, n_cmp,
+                   dsv4_ref_replay_segments(replay), dsv4_ref_replay_segments(replay) == 1 ? "" : "s");
+        }
         if (!strcmp(a.path, "ref-cpu")) rc = dsv4_ref_cpu_init_opts(m, pl.T, &a.ref, &ref);
         else rc = dsv4_ref_gpu_init_opts(m, pl.T, &a.ref, &ref);
     }
@@ -731,7 +748,11 @@ int dsv4_cmd_run(int argc, char **argv)
         goto out;
     }
     double t_pre0 = now_s(), t_pre = 0.0;
-    if (K > 0 && !op) {
+    if (replay) { /* the segments, then no decode step: the positions are the candidate's */
+        cli_progress_call(&pr, 0, K, pl.T);
+        if ((rc = dsv4_ref_replay_run(ref, sink))) goto out;
+        t_pre = now_s() - t_pre0;
+    } else if (K > 0 && !op) {
         cli_progress_call(&pr, 0, K, pl.T);
         if ((rc = dsv4_ref_prefill(ref, pl.tokens, K, sink, logits))) goto out;
         t_pre = now_s() - t_pre0;

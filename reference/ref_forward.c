@@ -27,7 +27,9 @@
  *   the layer would read its own: the streams at each layer's start (and before the head), the window KV after the
  *   own kv is probed, each compressed / indexer entry after the own one is kept for the dump, the top-k and router
  *   choices as following applies them, and the attention output with the mHC post / comb before the mid-layer
- *   post. Everything probed is then this reference's output on the candidate's inputs.
+ *   post. Everything probed is then this reference's output on the candidate's inputs. The forward runs one segment
+ *   of stored positions at a time (dsv4_ref_replay_run); an entry made here is kept for the dump only when judged
+ *   (its window inside the segment, ref_replay.c).
  * - DSV4_FAULT(...) sites plant the bugs of ref_fault.h in the emulation; they exist only in the test-only binary
  *   dsv4_faults (everywhere else the condition is the constant 0).
  */
@@ -75,13 +77,14 @@ static void replay_rows(const dsv4_ref_cpu *c, dsv4_ref_replay_kind kind, int L,
         memcpy(dst + (size_t)s * stride, dsv4_ref_replay_row(c->replay, kind, L, p0 + s), width * sizeof(float));
 }
 
-/* Replay: the entries [from, to) this layer just made go to `own` (what the dump shows), and the candidate's take
- * their place in the pool (what the layer reads from now on). */
-static void replay_entries(const dsv4_ref_cpu *c, dsv4_ref_replay_kind kind, int L, float *pool, float *own, int from,
-                           int to, size_t d)
+/* Replay: of the entries [from, to) this layer just made, the judged ones go to `own` (what the dump shows; it holds
+ * the candidate's elsewhere), and the candidate's take their place in the pool (what the layer reads from now on). */
+static void replay_entries(const dsv4_ref_cpu *c, dsv4_ref_replay_kind kind, int L, const dsv4_ref_compressor *cmp,
+                           float *pool, float *own, int from, int to, size_t d)
 {
     for (int w = from; w < to; w++) {
-        memcpy(own + (size_t)w * d, pool + (size_t)w * d, d * sizeof(float));
+        if (dsv4_ref_replay_entry_judged(c->replay, cmp->ratio, cmp->overlap, w))
+            memcpy(own + (size_t)w * d, pool + (size_t)w * d, d * sizeof(float));
         memcpy(pool + (size_t)w * d, dsv4_ref_replay_row(c->replay, kind, L, w), d * sizeof(float));
     }
 }
@@ -210,7 +213,8 @@ static int indexer_all(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int L, int p0, int
     int rc = compress_all(c, sc, L, &st->icmp, sc->ikv, sc->ig, w->idx_ape, w->idx_norm, st->ipool, &st->n_ientries,
                           st->pool_cap, p0, S);
     if (rc) return rc;
-    if (c->replay) replay_entries(c, DSV4_REF_REPLAY_IDX, L, st->ipool, st->own_ipool, ifrom, st->n_ientries, dI);
+    if (c->replay)
+        replay_entries(c, DSV4_REF_REPLAY_IDX, L, &st->icmp, st->ipool, st->own_ipool, ifrom, st->n_ientries, dI);
     dsv4_ref_linear(sc->qI, sc->qr, w->idx_wq_b, S, qr, HI * dI);
     for (int s = 0; s < S; s++)
         for (int h = 0; h < HI; h++)
@@ -298,7 +302,8 @@ static int attention_all(dsv4_ref_cpu *c, dsv4_ref_scratch *sc, int L, int p0, i
         rc = compress_all(c, sc, L, &st->cmp, sc->ckv, sc->cg, w->cmp_ape, w->cmp_norm, st->pool, &st->n_entries,
                           st->pool_cap, p0, S);
         if (rc) return rc;
-        if (c->replay) replay_entries(c, DSV4_REF_REPLAY_CMP, L, st->pool, st->own_pool, from, st->n_entries, d);
+        if (c->replay)
+            replay_entries(c, DSV4_REF_REPLAY_CMP, L, &st->cmp, st->pool, st->own_pool, from, st->n_entries, d);
     }
     if (w->attn == DSV4_ATTN_CSA && (rc = indexer_all(c, sc, L, p0, S, probe))) return rc;
 

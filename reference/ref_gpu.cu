@@ -27,6 +27,12 @@
  *   rounding, norm after); with g->follow the own picks are probed, then the dump's rows merged in. With neither
  *   set not one kernel differs from the plain reference (the emulated attention and MoE sum are kernels of their
  *   own, the plain ones untouched).
+ * - Layer-local replay (g->replay; ref_replay.c, docs/verify.md "Layer-local replay"): the candidate's rows are
+ *   uploaded where the CPU injects them (ref_forward.c), from the one data model both references share: the streams
+ *   at each layer's start and before the head, the window KV after the own kv is probed, each compressor's new
+ *   entries after the judged ones are kept in own_pool / own_ipool, the top-k and router rows through following's
+ *   merge, the attention output with post / comb before the mid-layer mHC post. dsv4_ref_replay_run runs the
+ *   segments, gpu_replay_seek setting the pools before each.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <stdarg.h>
@@ -89,6 +95,49 @@ static int probe_rows_i32(dsv4_ref_gpu *g, dsv4_probe_sink *probe, int L, const 
         if (rc) return rc;
     }
     return 0;
+}
+
+/* --------------------------------------------------------------------------------------------- replay */
+/* Layer-local replay (g->replay; ref_replay.c, the CPU's sites in ref_forward.c): the candidate's rows [S, width] of
+ * `kind` at layer L from position p0 into dev (consecutive rows: the positions of one segment). */
+static int replay_upload(dsv4_ref_gpu *g, dsv4_ref_replay_kind kind, int L, int p0, int S, float *dev, size_t width)
+{
+    const void *rows = dsv4_ref_replay_rows_at(g->replay, kind, L, p0, S);
+    if (!rows)
+        return dsv4_error(DSV4_ERR_USAGE, "ref-gpu: replay of %s: layer %d lacks rows at positions %d..%d",
+                          dsv4_ref_replay_path(g->replay), L, p0, p0 + S - 1);
+    DSV4_REF_CUDA_CHECK(cudaMemcpy(dev, rows, (size_t)S * width * sizeof(float), cudaMemcpyHostToDevice));
+    return 0;
+}
+
+/* Replay: the candidate's entries [w0, w0+n) of kind at layer L into pool rows w0.. (width floats each). */
+static int replay_upload_entries(dsv4_ref_gpu *g, dsv4_ref_replay_kind kind, int L, float *pool, int w0, int n,
+                                 size_t width)
+{
+    const void *rows = dsv4_ref_replay_rows_at(g->replay, kind, L, w0, n);
+    if (!rows)
+        return dsv4_error(DSV4_ERR_USAGE, "ref-gpu: replay of %s: layer %d lacks entries %d..%d",
+                          dsv4_ref_replay_path(g->replay), L, w0, w0 + n - 1);
+    DSV4_REF_CUDA_CHECK(cudaMemcpy(pool + (size_t)w0 * width, rows, (size_t)n * width * sizeof(float),
+                                   cudaMemcpyHostToDevice));
+    return 0;
+}
+
+/* Replay: of the entries [from, to) a compressor just made in pool, the judged ones go to own (what the dump shows),
+ * then the candidate's take their place in the pool (what the layer reads from now on). */
+static int replay_entries(dsv4_ref_gpu *g, dsv4_ref_replay_kind kind, int L, const dsv4_ref_gpu_compressor *c,
+                          float *pool, float *own, int from, int to)
+{
+    const size_t width = (size_t)c->d_c;
+    for (int w = from; w < to;) { /* runs of judged entries, one copy each */
+        int e = w;
+        while (e < to && dsv4_ref_replay_entry_judged(g->replay, c->ratio, c->overlap, e)) e++;
+        if (e > w)
+            DSV4_REF_CUDA_CHECK(cudaMemcpy(own + (size_t)w * width, pool + (size_t)w * width,
+                                           (size_t)(e - w) * width * sizeof(float), cudaMemcpyDeviceToDevice));
+        w = e > w ? e : w + 1;
+    }
+    return to > from ? replay_upload_entries(g, kind, L, pool, from, to - from, width) : 0;
 }
 
 /* --------------------------------------------------------------------------------------------- forward */
@@ -155,8 +204,11 @@ static int indexer(dsv4_ref_gpu *g, int L, int p0, int S, dsv4_probe_sink *probe
     int D = f->hidden_size, HI = f->index_n_heads, dI = f->index_head_dim, qr = f->q_lora_rank;
     DSV4_TRY(dsv4_ref_gpu_linear(g->blas, sc->ikv, sc->xn, w->idx_wkv, S, D, 2 * dI));
     DSV4_TRY(dsv4_ref_gpu_linear(g->blas, sc->ig, sc->xn, w->idx_wgate, S, D, 2 * dI));
+    const int ifrom = w->n_ientries;
     DSV4_TRY(compress(g, &w->icmp, sc->ikv, sc->ig, w->idx_ape, w->idx_norm, w->ipool, &w->n_ientries, w->pool_cap, p0,
                  S));
+    if (g->replay)
+        DSV4_TRY(replay_entries(g, DSV4_REF_REPLAY_IDX, L, &w->icmp, w->ipool, w->own_ipool, ifrom, w->n_ientries));
     DSV4_TRY(dsv4_ref_gpu_linear(g->blas, sc->qI, sc->qr, w->idx_wq_b, S, qr, HI * dI));
     DSV4_TRY(dsv4_ref_gpu_rope(sc->qI, S, HI, dI, g->n_pairs, sc->cos_c, sc->sin_c, 0));
     if (g->emu) DSV4_TRY(dsv4_ref_gpu_emu_round(sc->qI, (size_t)S * HI * dI)); /* emu: o->qI, the indexer queries */
@@ -190,7 +242,7 @@ static int indexer(dsv4_ref_gpu *g, int L, int p0, int S, dsv4_probe_sink *probe
     }
     if (probe) DSV4_TRY(probe_rows_i32(g, probe, L, "topk_idx", sc->topk, g->topk, (size_t)k, p0, S));
     /* following: after the probe (the dump records the own picks), the attention reads the dump's */
-    return g->follow ? ref_gpu_follow_topk(g, L, p0, S, k) : k;
+    return g->follow || g->replay ? ref_gpu_follow_topk(g, L, p0, S, k) : k;
 }
 
 /* Attention block of layer L (after the mHC pre): q, kv, compressors, indexer, sink attention, output. */
@@ -217,14 +269,19 @@ static int attention(dsv4_ref_gpu *g, int L, int p0, int S, dsv4_probe_sink *pro
     DSV4_TRY(dsv4_ref_gpu_rmsnorm(sc->kv, sc->kv, w->kv_norm, S, d, eps));
     DSV4_TRY(dsv4_ref_gpu_rope(sc->kv, S, 1, d, np, cosv, sinv, 0));
     if (probe) DSV4_TRY(probe_rows(g, probe, L, "kv", sc->kv, d, p0, S)); /* emu: o->kvf, the fp32 copy */
+    if (g->replay) /* the candidate's KV is what the window holds from here on */
+        DSV4_TRY(replay_upload(g, DSV4_REF_REPLAY_KV, L, p0, S, sc->kv, (size_t)d));
     if (g->emu) DSV4_TRY(dsv4_ref_gpu_emu_round(sc->kv, (size_t)S * d)); /* emu: ly->kvc ring slot (attention's) */
 
     if (w->ratio > 0) {
         int width = w->cmp.width;
         DSV4_TRY(dsv4_ref_gpu_linear(g->blas, sc->ckv, sc->xn, w->cmp_wkv, S, D, width));
         DSV4_TRY(dsv4_ref_gpu_linear(g->blas, sc->cg, sc->xn, w->cmp_wgate, S, D, width));
+        const int from = w->n_entries;
         DSV4_TRY(compress(g, &w->cmp, sc->ckv, sc->cg, w->cmp_ape, w->cmp_norm, w->pool, &w->n_entries, w->pool_cap, p0,
                      S));
+        if (g->replay)
+            DSV4_TRY(replay_entries(g, DSV4_REF_REPLAY_CMP, L, &w->cmp, w->pool, w->own_pool, from, w->n_entries));
     }
     int n_topk = 0;
     if (w->attn == DSV4_ATTN_CSA) {
@@ -292,7 +349,7 @@ static int moe(dsv4_ref_gpu *g, int L, int p0, int S, dsv4_probe_sink *probe)
     size_t nk = (size_t)S * k;
     DSV4_REF_CUDA_CHECK(cudaMemcpy(g->h_rids, sc->rids, nk * sizeof(int32_t), cudaMemcpyDeviceToHost));
     /* following: after the probes, the experts run the dump's ids, weighted by the own scores of those ids */
-    if (g->follow) DSV4_TRY(ref_gpu_follow_router(g, L, p0, S));
+    if (g->follow || g->replay) DSV4_TRY(ref_gpu_follow_router(g, L, p0, S));
     int32_t *count = g->h_count, *start = g->h_count + E;
     memset(count, 0, (size_t)E * sizeof(int32_t));
     for (size_t i = 0; i < nk; i++) {
@@ -353,13 +410,21 @@ static int layer_forward(dsv4_ref_gpu *g, int L, int p0, int S, dsv4_probe_sink 
     gpu_layer *w = &g->lw[L];
     gpu_scratch *sc = &g->sc;
     DSV4_TRY(ref_gpu_weights_layer(g, L)); /* streamed: the layer's dense tensors, dequantised into the arena */
+    const int n = g->cfg.hc_mult, D = g->cfg.hidden_size;
+    /* replay: the layer starts from the candidate's streams (layer 0 from the embedding, as the candidate's) */
+    if (g->replay && L > 0) DSV4_TRY(replay_upload(g, DSV4_REF_REPLAY_OUT, L - 1, p0, S, sc->X, (size_t)n * D));
     DSV4_TRY(mhc_pre(g, L, &w->hc_attn, w->attn_norm, p0, S, 1, probe));
     DSV4_TRY(attention(g, L, p0, S, probe));
+    if (g->replay) { /* the streams between the sublayers: the candidate's attention output, post and comb */
+        DSV4_TRY(replay_upload(g, DSV4_REF_REPLAY_ATTN_OUT, L, p0, S, sc->aout, (size_t)D));
+        DSV4_TRY(replay_upload(g, DSV4_REF_REPLAY_HC_POST, L, p0, S, sc->post, (size_t)n));
+        DSV4_TRY(replay_upload(g, DSV4_REF_REPLAY_HC_COMB, L, p0, S, sc->comb, (size_t)n * n));
+    }
     DSV4_TRY(mhc_post(g, sc->aout, S));
     DSV4_TRY(mhc_pre(g, L, &w->hc_ffn, w->ffn_norm, p0, S, 0, probe));
     DSV4_TRY(moe(g, L, p0, S, probe));
     DSV4_TRY(mhc_post(g, sc->fout, S));
-    if (probe) DSV4_TRY(probe_rows(g, probe, L, "out", sc->X, (size_t)g->cfg.hc_mult * g->cfg.hidden_size, p0, S));
+    if (probe) DSV4_TRY(probe_rows(g, probe, L, "out", sc->X, (size_t)n * D, p0, S));
     return 0;
 }
 
@@ -412,6 +477,15 @@ static int forward_call(dsv4_ref_gpu *g, int p0, const int32_t *tokens, int S, d
     for (int s = 0; s < S; s++)
         DSV4_CHECK(tokens[s] >= 0 && tokens[s] < V, "reference: token %d at position %d outside [0, %d)", tokens[s],
                    p0 + s, V);
+    if (g->replay) { /* the candidate's state belongs to its tokens: another token is a caller's mistake */
+        int nt;
+        const int32_t *rt = dsv4_ref_replay_tokens(g->replay, &nt);
+        for (int s = 0; s < S; s++)
+            if (p0 + s >= nt || rt[p0 + s] != tokens[s])
+                return dsv4_error(DSV4_ERR_USAGE, "replay of %s: position %d is not the candidate's token (%d, "
+                                  "candidate %d)", dsv4_ref_replay_path(g->replay), p0 + s, tokens[s],
+                                  p0 + s < nt ? rt[p0 + s] : -1);
+    }
     ref_gpu_follow_start(g, p0, tokens, S); /* following stops for good at a token that is not the dump's */
     DSV4_REF_CUDA_CHECK(cudaMemcpy(sc->tokens, tokens, (size_t)S * sizeof(int32_t), cudaMemcpyHostToDevice));
     DSV4_TRY(ref_gpu_weights_embed(g, tokens, S));
@@ -422,6 +496,9 @@ static int forward_call(dsv4_ref_gpu *g, int p0, const int32_t *tokens, int S, d
         /* the host is at most a layer ahead of the GPU here: each MoE waits for its routing ids */
         if (g->layer_progress) g->layer_progress(g->progress_ctx, L + 1, f->num_hidden_layers);
     }
+    if (g->replay) /* the head on the candidate's last streams */
+        DSV4_TRY(replay_upload(g, DSV4_REF_REPLAY_OUT, f->num_hidden_layers - 1, p0, S, sc->X,
+                               (size_t)f->hc_mult * f->hidden_size));
     DSV4_TRY(head_forward(g, p0, S, probe, logits_last));
     DSV4_REF_CUDA_CHECK(cudaDeviceSynchronize());
     return 0;
@@ -447,20 +524,44 @@ static int gpu_dump_entries(dsv4_ref *r, dsv4_probe_sink *probe)
     int rc = 0;
     for (int L = 0; L < f->num_hidden_layers && !rc; L++) {
         const gpu_layer *w = &g->lw[L];
-        if (w->ratio <= 0 || w->n_entries == 0) continue;
+        /* replay: what own_pool shows (the judged entries made here, the candidate's elsewhere), every entry */
+        const int n_cmp = g->replay ? (int)dsv4_ref_replay_rows(g->replay, DSV4_REF_REPLAY_CMP, L) : w->n_entries;
+        const int n_idx = g->replay ? (int)dsv4_ref_replay_rows(g->replay, DSV4_REF_REPLAY_IDX, L) : w->n_ientries;
+        if (w->ratio <= 0 || n_cmp == 0) continue;
         for (int which = 0; which < 2 && !rc; which++) {
-            int rows = which ? w->n_ientries : w->n_entries, len = which ? f->index_head_dim : f->head_dim;
+            int rows = which ? n_idx : n_cmp, len = which ? f->index_head_dim : f->head_dim;
             if (which && (w->attn != DSV4_ATTN_CSA || rows == 0)) break;
+            const float *src = g->replay ? (which ? w->own_ipool : w->own_pool) : (which ? w->ipool : w->pool);
             float *h = (float *)malloc((size_t)rows * len * sizeof(float));
             if (!h) return dsv4_error(DSV4_ERR_NOMEM, "ref-gpu: no memory for %d entries", rows);
-            cudaError_t e = cudaMemcpy(h, which ? w->ipool : w->pool, (size_t)rows * len * sizeof(float),
-                                       cudaMemcpyDeviceToHost);
+            cudaError_t e = cudaMemcpy(h, src, (size_t)rows * len * sizeof(float), cudaMemcpyDeviceToHost);
             if (e != cudaSuccess) rc = dsv4_ref_gpu_cuda_fail(e, "cudaMemcpy(entries)", __FILE__, __LINE__);
             else rc = dsv4_probe_entries(probe, L, which ? "indexer_kv" : "compressed_kv", h, rows, len);
             free(h);
         }
     }
     return rc;
+}
+
+/* Replay, before the segment starting at `first`: the pools' rows below first div ratio are the candidate's entries
+ * and the entry counts say so (the compressors' state is stale: the entries it makes first are not judged). */
+static int gpu_replay_seek(dsv4_ref *r, int first)
+{
+    dsv4_ref_gpu *g = (dsv4_ref_gpu *)r->impl;
+    const dsv4_config *f = &g->cfg;
+    for (int L = 0; L < f->num_hidden_layers; L++) {
+        gpu_layer *w = &g->lw[L];
+        if (w->ratio <= 0) continue;
+        w->n_entries = first / w->ratio;
+        if (w->n_entries > 0)
+            DSV4_TRY(replay_upload_entries(g, DSV4_REF_REPLAY_CMP, L, w->pool, 0, w->n_entries, (size_t)f->head_dim));
+        if (w->attn != DSV4_ATTN_CSA) continue;
+        w->n_ientries = first / w->ratio;
+        if (w->n_ientries > 0)
+            DSV4_TRY(replay_upload_entries(g, DSV4_REF_REPLAY_IDX, L, w->ipool, 0, w->n_ientries,
+                                           (size_t)f->index_head_dim));
+    }
+    return 0;
 }
 
 static void gpu_free(void *impl)
@@ -474,6 +575,7 @@ static void gpu_free(void *impl)
     cudaFree(g->w_arena);
     cudaFree(g->i_arena);
     cudaFree(g->state_mem);
+    cudaFree(g->own_mem);
     cudaFree(g->scratch_mem);
     cudaFree(g->inv_main);
     if (g->blas) cublasDestroy(g->blas);
@@ -504,6 +606,7 @@ static const dsv4_ref_vtable dsv4_ref_gpu_vtable = {
     gpu_free,
     gpu_follow_stats,
     gpu_stats,
+    gpu_replay_seek,
 };
 
 extern "C" int dsv4_ref_gpu_init(dsv4_model *m, int max_tokens, dsv4_ref **out)
@@ -529,12 +632,18 @@ extern "C" int dsv4_ref_gpu_init_opts(dsv4_model *m, int max_tokens, const dsv4_
     r->vt = &dsv4_ref_gpu_vtable;
     r->impl = g;
     r->max_tokens = max_tokens;
+    r->replay = o->replay;
     int rc = ref_gpu_init_model(m, max_tokens, o, g);
     if (rc) {
         dsv4_ref_free(r);
         return rc;
     }
-    dsv4_ref_producer_set(r, g->emu, NULL, g->follow); /* what was rounded and whose choices were followed */
+    char extra[160] = ""; /* a replay says whose candidate it replayed */
+    if (g->replay) {
+        const char *rp = dsv4_ref_replay_path(g->replay), *base = strrchr(rp, '/');
+        snprintf(extra, sizeof extra, " replay=%.120s", base ? base + 1 : rp);
+    }
+    dsv4_ref_producer_set(r, g->emu, extra, g->follow); /* what was rounded and whose choices were followed */
     *out = r;
     return 0;
 }

@@ -14,6 +14,8 @@
  *   router's weights bit for bit: a row that agrees with the dump leaves the step unchanged.
  * - Following stops for good at the first position whose token is not the dump's (or past its tokens), checked
  *   per call before the layers, as the CPU checks per forward call.
+ * - Layer-local replay (g->replay) runs on the candidate's top-k and router rows through the same merge (choice_row,
+ *   the CPU's): a top-k row of -1 only is no choice.
  * Deterministic: every sum has a fixed order (one thread per output element, j ascending); no atomics.
  */
 #include "dsv4/dsv4_opt.h"
@@ -80,6 +82,19 @@ extern "C" int dsv4_ref_gpu_moe_sum(float *fo, const float *y, const int32_t *sl
 /* Is position p following the dump? Until the first position whose token is not the dump's. */
 static int follow_on(const dsv4_ref_gpu *g, int p) { return g->follow && (g->follow_stop < 0 || p < g->follow_stop); }
 
+/* The choice row to run on at (L, p) instead of the own one: the follow table's, or the replayed candidate's (a top-k
+ * row of -1 only is no choice); NULL: keep the own. The CPU's choice_row (ref_forward.c). */
+static const int32_t *choice_row(const dsv4_ref_gpu *g, dsv4_opt_follow_kind kind, int L, int p, int k)
+{
+    if (follow_on(g, p)) return dsv4_opt_follow_row(g->follow, kind, L, p);
+    if (!g->replay) return NULL;
+    const int32_t *row = (const int32_t *)dsv4_ref_replay_row(
+        g->replay, kind == DSV4_OPT_FOLLOW_TOPK ? DSV4_REF_REPLAY_TOPK : DSV4_REF_REPLAY_ROUTER, L, p);
+    for (int j = 0; row && j < k; j++)
+        if (row[j] != -1) return row;
+    return NULL;
+}
+
 void ref_gpu_follow_start(dsv4_ref_gpu *g, int p0, const int32_t *tokens, int S)
 {
     if (!g->follow) return;
@@ -93,16 +108,14 @@ int ref_gpu_follow_topk(dsv4_ref_gpu *g, int L, int p0, int S, int k)
 {
     const int tk = g->topk;
     int any = 0;
-    for (int s = 0; s < S && !any; s++)
-        any = follow_on(g, p0 + s) && dsv4_opt_follow_row(g->follow, DSV4_OPT_FOLLOW_TOPK, L, p0 + s);
+    for (int s = 0; s < S && !any; s++) any = choice_row(g, DSV4_OPT_FOLLOW_TOPK, L, p0 + s, tk) != NULL;
     if (!any) return k;
     int32_t *h = g->h_ftopk; /* [S, tk]: the own picks, k per row */
     if (k > 0)
         DSV4_REF_CUDA_CHECK(cudaMemcpy(h, g->sc.topk, (size_t)S * tk * sizeof(int32_t), cudaMemcpyDeviceToHost));
     int changed = 0;
     for (int s = 0; s < S; s++) {
-        const int32_t *row = follow_on(g, p0 + s) ? dsv4_opt_follow_row(g->follow, DSV4_OPT_FOLLOW_TOPK, L, p0 + s)
-                                                  : NULL;
+        const int32_t *row = choice_row(g, DSV4_OPT_FOLLOW_TOPK, L, p0 + s, tk);
         int32_t *idx = h + (size_t)s * tk;
         for (int i = k; i < tk; i++) idx[i] = -1; /* the row as wide as the dump's (the attention skips -1) */
         if (!row) continue;
@@ -123,8 +136,7 @@ int ref_gpu_follow_router(dsv4_ref_gpu *g, int L, int p0, int S)
     const int k = f->num_experts_per_tok;
     int changed = 0;
     for (int s = 0; s < S; s++) {
-        const int32_t *row = follow_on(g, p0 + s) ? dsv4_opt_follow_row(g->follow, DSV4_OPT_FOLLOW_ROUTER, L, p0 + s)
-                                                  : NULL;
+        const int32_t *row = choice_row(g, DSV4_OPT_FOLLOW_ROUTER, L, p0 + s, k);
         g->h_rflag[s] = 0;
         if (!row) continue;
         g->fstats.router_rows++;

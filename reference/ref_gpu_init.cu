@@ -205,6 +205,44 @@ static size_t layout_state(dsv4_ref_gpu *g, int max_tokens, float *mem, int *rc)
     return off;
 }
 
+/* Replay: what the dump shows (own_pool / own_ipool of every compress layer, one device allocation), the
+ * candidate's entries until the reference judges one (ref_replay.c). */
+static int replay_own_init(dsv4_ref_gpu *g)
+{
+    const dsv4_config *f = &g->cfg;
+    const size_t d = f->head_dim, dI = f->index_head_dim;
+    size_t total = 0;
+    for (int L = 0; L < f->num_hidden_layers; L++) {
+        const gpu_layer *w = &g->lw[L];
+        if (w->ratio > 0) total += (size_t)w->pool_cap * (d + (w->attn == DSV4_ATTN_CSA ? dI : 0));
+    }
+    if (!total) return 0;
+    DSV4_TRY(ref_gpu_alloc(g, (void **)&g->own_mem, total * sizeof(float), "ref-gpu replay entries"));
+    size_t off = 0;
+    for (int L = 0; L < f->num_hidden_layers; L++) {
+        gpu_layer *w = &g->lw[L];
+        if (w->ratio <= 0) continue;
+        const int csa = w->attn == DSV4_ATTN_CSA;
+        for (int which = 0; which < 1 + csa; which++) {
+            const dsv4_ref_replay_kind kind = which ? DSV4_REF_REPLAY_IDX : DSV4_REF_REPLAY_CMP;
+            const size_t width = which ? dI : d;
+            float *own = g->own_mem + off;
+            off += (size_t)w->pool_cap * width;
+            if (which) w->own_ipool = own;
+            else w->own_pool = own;
+            const int64_t n = dsv4_ref_replay_rows(g->replay, kind, L);
+            if (n > w->pool_cap)
+                return dsv4_error(DSV4_ERR_USAGE, "ref-gpu: the replayed candidate has %lld entries at layer %d, the "
+                                  "pool holds %d (max_tokens must be the candidate's token count)", (long long)n, L,
+                                  w->pool_cap);
+            if (n > 0)
+                DSV4_REF_CUDA_CHECK(cudaMemcpy(own, dsv4_ref_replay_rows_at(g->replay, kind, L, 0, (int)n),
+                                               (size_t)n * width * sizeof(float), cudaMemcpyHostToDevice));
+        }
+    }
+    return 0;
+}
+
 int ref_gpu_init_model(dsv4_model *m, int max_tokens, const dsv4_ref_options *o, dsv4_ref_gpu *g)
 {
     g->model = m;
@@ -213,6 +251,7 @@ int ref_gpu_init_model(dsv4_model *m, int max_tokens, const dsv4_ref_options *o,
     DSV4_TRY(dsv4_ref_check_config(f, max_tokens));
     g->emu = o->emulate == DSV4_REF_EMULATE_BF16;
     g->follow = o->follow;
+    g->replay = o->replay;
     g->follow_stop = -1;
     g->fstats.stopped_at = -1;
     g->layer_progress = o->layer_progress;
@@ -276,6 +315,7 @@ int ref_gpu_init_model(dsv4_model *m, int max_tokens, const dsv4_ref_options *o,
     layout_state(g, max_tokens, g->state_mem, &rc);
     if (rc) return rc;
     DSV4_TRY(dsv4_ref_gpu_attention_prepare(g->m_max, f->head_dim, g->topk));
+    if (g->replay) DSV4_TRY(replay_own_init(g));
 
     /* scratch of one call of up to chunk tokens (the plan's layout) */
     if (dm.pool_cap_max != g->pool_cap_max)
@@ -304,7 +344,8 @@ int ref_gpu_init_model(dsv4_model *m, int max_tokens, const dsv4_ref_options *o,
     g->h_ex = g->h_count + 2 * (size_t)f->n_routed_experts;
     for (size_t i = 0; i < nk; i++) g->h_pair_of[i] = (int32_t)i; /* sc.ident: 0, 1, 2, ... */
     DSV4_REF_CUDA_CHECK(cudaMemcpy(g->sc.ident, g->h_pair_of, nk * sizeof(int32_t), cudaMemcpyHostToDevice));
-    if (g->follow) { /* the host rows of following: a call's picks, the merge's scratch, the merged router rows */
+    if (g->follow || g->replay) { /* following's (and replay's) host rows: a call's picks, the merge's scratch, the
+                                   * merged router rows */
         size_t tk = (size_t)g->topk, k = (size_t)f->num_experts_per_tok, mk = tk > k ? tk : k;
         g->h_ftopk = (int32_t *)dsv4_ref_alloc(((size_t)g->chunk * tk + 4 * mk + (size_t)g->chunk) * sizeof(int32_t),
                                                "ref-gpu following rows");

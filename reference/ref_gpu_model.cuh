@@ -39,6 +39,9 @@ typedef struct gpu_layer {
     float *ipool;                      /* [pool_cap, d_I] indexer keys (csa) */
     int n_entries, n_ientries, pool_cap;
     dsv4_ref_gpu_compressor cmp, icmp;
+    /* replay only (else NULL), in g->own_mem: what the dump shows, [pool_cap, d] and [pool_cap, d_I] (the CPU's
+     * own_pool / own_ipool: the candidate's entries, each judged one replaced by the entry made here) */
+    float *own_pool, *own_ipool;
 } gpu_layer;
 
 typedef dsv4_ref_gpu_scratch gpu_scratch;
@@ -99,6 +102,8 @@ typedef struct dsv4_ref_gpu {
     /* options (dsv4_ref_options) */
     int emu;                          /* 1: emulate bf16 at the CPU emulation's sites (ref_forward.c "emu:") */
     const dsv4_opt_follow *follow;    /* borrowed, NULL: off */
+    const dsv4_ref_replay *replay;    /* borrowed, NULL: off (layer-local replay: the CPU's injection sites) */
+    float *own_mem;                   /* device, owned (replay): every layer's own_pool / own_ipool */
     int follow_stop;                  /* first position whose token is not the dump's, -1: none yet */
     dsv4_ref_follow_stats fstats;
     int32_t *h_ftopk;                 /* following, host, owned (one allocation): [chunk, topk] the picks of a call */
@@ -137,7 +142,8 @@ int ref_gpu_weights_embed(dsv4_ref_gpu *g, const int32_t *tokens, int S);
 /* After a call (the device synchronised): its wall time, the copy and dequantisation times, the GPU memory held. */
 void ref_gpu_stats_call_end(dsv4_ref_gpu *g, double wall_s);
 
-/* ref_gpu_emu.cu: decision following of one call of S tokens at p0, the CPU's rule (ref_forward.c). */
+/* ref_gpu_emu.cu: decision following (and replay's choices) of one call of S tokens at p0, the CPU's rule
+ * (ref_forward.c). */
 /* Stop following for good at the first of the call's positions whose token is not the dump's (before the layers). */
 void ref_gpu_follow_start(dsv4_ref_gpu *g, int p0, const int32_t *tokens, int S);
 /* After the topk_idx probe of CSA layer L: merge the dump's rows into sc.topk [S, topk] (own k picks per row).

@@ -229,15 +229,40 @@ static int cpu_dump_entries(dsv4_ref *r, dsv4_probe_sink *probe)
     dsv4_ref_cpu *c = r->impl;
     for (int L = 0; L < c->cfg.num_hidden_layers; L++) {
         const dsv4_ref_layer_state *s = &c->ls[L];
-        if (c->lw[L].ratio <= 0 || s->n_entries == 0) continue;
-        /* replay: the entries made here from the candidate's inputs, not the candidate's own the pool holds */
-        int rc = dsv4_probe_entries(probe, L, "compressed_kv", c->replay ? s->own_pool : s->pool, s->n_entries,
+        /* replay: what own_pool shows (the judged entries made here, the candidate's elsewhere), every entry */
+        const int n_cmp = c->replay ? (int)dsv4_ref_replay_rows(c->replay, DSV4_REF_REPLAY_CMP, L) : s->n_entries;
+        const int n_idx = c->replay ? (int)dsv4_ref_replay_rows(c->replay, DSV4_REF_REPLAY_IDX, L) : s->n_ientries;
+        if (c->lw[L].ratio <= 0 || n_cmp == 0) continue;
+        int rc = dsv4_probe_entries(probe, L, "compressed_kv", c->replay ? s->own_pool : s->pool, n_cmp,
                                     c->cfg.head_dim);
         if (rc) return rc;
-        if (c->lw[L].attn != DSV4_ATTN_CSA || s->n_ientries == 0) continue;
-        rc = dsv4_probe_entries(probe, L, "indexer_kv", c->replay ? s->own_ipool : s->ipool, s->n_ientries,
+        if (c->lw[L].attn != DSV4_ATTN_CSA || n_idx == 0) continue;
+        rc = dsv4_probe_entries(probe, L, "indexer_kv", c->replay ? s->own_ipool : s->ipool, n_idx,
                                 c->cfg.index_head_dim);
         if (rc) return rc;
+    }
+    return 0;
+}
+
+/* Replay: rows [0, n) of the candidate's entries of kind at layer L into dst (width d). */
+static void replay_entries_to(const dsv4_ref_replay *rp, dsv4_ref_replay_kind kind, int L, float *dst, int64_t n,
+                              size_t d)
+{
+    if (n > 0) memcpy(dst, dsv4_ref_replay_rows_at(rp, kind, L, 0, (int)n), (size_t)n * d * sizeof(float));
+}
+
+static int cpu_replay_seek(dsv4_ref *r, int first)
+{
+    dsv4_ref_cpu *c = r->impl;
+    for (int L = 0; L < c->cfg.num_hidden_layers; L++) {
+        dsv4_ref_layer_state *s = &c->ls[L];
+        const int ratio = c->lw[L].ratio;
+        if (ratio <= 0) continue;
+        s->n_entries = first / ratio;
+        replay_entries_to(c->replay, DSV4_REF_REPLAY_CMP, L, s->pool, s->n_entries, c->cfg.head_dim);
+        if (c->lw[L].attn != DSV4_ATTN_CSA) continue;
+        s->n_ientries = first / ratio;
+        replay_entries_to(c->replay, DSV4_REF_REPLAY_IDX, L, s->ipool, s->n_ientries, c->cfg.index_head_dim);
     }
     return 0;
 }
@@ -253,6 +278,7 @@ static const dsv4_ref_vtable dsv4_ref_cpu_vtable = {
     .dump_entries = cpu_dump_entries,
     .free_impl = cpu_free,
     .follow_stats = cpu_follow_stats,
+    .replay_seek = cpu_replay_seek,
 };
 
 static int cpu_init(dsv4_model *m, int max_tokens, const dsv4_ref_options *opt, dsv4_ref_cpu *c)
@@ -292,6 +318,19 @@ static int cpu_init(dsv4_model *m, int max_tokens, const dsv4_ref_options *opt, 
     c->state_mem = dsv4_ref_alloc(state * sizeof(float), "decode state");
     if (!c->state_mem) return DSV4_ERR_NOMEM;
     layout_state(c, max_tokens, c->state_mem);
+    for (int L = 0; c->replay && L < nl; L++) { /* what the dump shows where no entry is judged: the candidate's */
+        const dsv4_ref_layer_state *s = &c->ls[L];
+        if (c->lw[L].ratio <= 0) continue;
+        const int64_t n_cmp = dsv4_ref_replay_rows(c->replay, DSV4_REF_REPLAY_CMP, L);
+        const int64_t n_idx = dsv4_ref_replay_rows(c->replay, DSV4_REF_REPLAY_IDX, L);
+        if (n_cmp > s->pool_cap || n_idx > s->pool_cap)
+            return dsv4_error(DSV4_ERR_USAGE, "reference: the replayed candidate has %lld entries at layer %d, the "
+                              "pool holds %d (max_tokens must be the candidate's token count)",
+                              (long long)(n_cmp > n_idx ? n_cmp : n_idx), L, s->pool_cap);
+        replay_entries_to(c->replay, DSV4_REF_REPLAY_CMP, L, s->own_pool, n_cmp, f->head_dim);
+        if (c->lw[L].attn == DSV4_ATTN_CSA)
+            replay_entries_to(c->replay, DSV4_REF_REPLAY_IDX, L, s->own_ipool, n_idx, f->index_head_dim);
+    }
 
     size_t step = dsv4_ref_scratch_layout(c, 1, &c->step, NULL);
     c->step_mem = dsv4_ref_alloc(step * sizeof(float), "decode scratch");
@@ -357,6 +396,7 @@ int dsv4_ref_cpu_init_opts(dsv4_model *m, int max_tokens, const dsv4_ref_options
     r->vt = &dsv4_ref_cpu_vtable;
     r->impl = c;
     r->max_tokens = max_tokens;
+    r->replay = o->replay;
     int rc = cpu_init(m, max_tokens, o, c);
 #ifdef DSV4_TEST_FAULTS
     if (!rc && !(rc = dsv4_ref_fault_init()) && dsv4_ref_test_fault != DSV4_FAULT_NONE && !c->emu)
@@ -454,6 +494,26 @@ int dsv4_ref_prefill(dsv4_ref *r, const int32_t *tokens, int n, dsv4_probe_sink 
     int rc = r->vt->forward(r, tokens, n, probe, logits_last);
     if (rc) return rc;
     r->pos += n;
+    return 0;
+}
+
+int dsv4_ref_replay_run(dsv4_ref *r, dsv4_probe_sink *probe)
+{
+    DSV4_CHECK(r, "dsv4_ref_replay_run: NULL argument");
+    const dsv4_ref_replay *rp = r->replay;
+    int T = 0;
+    const int32_t *tokens = dsv4_ref_replay_tokens(rp, &T);
+    DSV4_CHECK(rp && r->vt->replay_seek, "dsv4_ref_replay_run: the reference was made without a replay");
+    DSV4_CHECK(r->pos == 0 && T <= r->max_tokens, "dsv4_ref_replay_run: only as the first call, with max_tokens >= "
+               "the candidate's %d tokens (position %d, max_tokens %d)", T, r->pos, r->max_tokens);
+    for (int i = 0; i < dsv4_ref_replay_segments(rp); i++) {
+        int first, last;
+        dsv4_ref_replay_segment(rp, i, &first, &last);
+        DSV4_TRY(r->vt->replay_seek(r, first));
+        r->pos = first;
+        DSV4_TRY(r->vt->forward(r, tokens + first, last - first + 1, probe, NULL));
+    }
+    r->pos = T;
     return 0;
 }
 

@@ -30,6 +30,9 @@ typedef struct dsv4_ref_vtable {
     void (*follow_stats)(const dsv4_ref *r, dsv4_ref_follow_stats *s);
     /* ref-gpu: where its time and memory went (dsv4_ref_gpu_stats_get); NULL: zeros */
     void (*gpu_stats)(const dsv4_ref *r, dsv4_ref_gpu_stats *s);
+    /* replay (dsv4_ref_replay_run), before the segment starting at `first`: every compressor's entry count set to
+     * first div ratio and the pools' rows below it the candidate's entries */
+    int (*replay_seek)(dsv4_ref *r, int first);
 } dsv4_ref_vtable;
 
 struct dsv4_ref {
@@ -37,6 +40,7 @@ struct dsv4_ref {
     void *impl;     /* owned: released by vt->free_impl */
     int pos;        /* positions consumed */
     int max_tokens; /* capacity given at init */
+    const dsv4_ref_replay *replay; /* borrowed, NULL: off (dsv4_ref_replay_run) */
     char producer[320]; /* "" = vt->producer; else this instance's (options appended) */
 };
 
@@ -147,8 +151,9 @@ typedef struct dsv4_ref_layer_state {
     float *ipool;      /* [pool_cap, d_I] indexer keys (csa) */
     int n_ientries;
     dsv4_ref_compressor icmp;
-    /* replay only (else NULL): the entries this reference makes from the candidate's inputs, [pool_cap, d] and
-     * [pool_cap, d_I]; the pools above then hold the candidate's, which the layer reads */
+    /* replay only (else NULL): what the dump shows, [pool_cap, d] and [pool_cap, d_I]: the candidate's entries, each
+     * judged one replaced by the entry this reference makes from the candidate's inputs (ref_replay.c); the pools
+     * above hold the candidate's, which the layer reads */
     float *own_pool, *own_ipool;
 } dsv4_ref_layer_state;
 

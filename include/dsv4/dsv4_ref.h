@@ -69,18 +69,22 @@ typedef struct dsv4_ref_options {
      * (ids both chose keep their slots; router weights recomputed from the own scores for the dump's ids).
      * Following stops at the first position whose token is not the dump's. Borrowed while the reference lives. */
     const dsv4_opt_follow *follow;
-    /* NULL: off. Else layer-local replay (docs/verify.md "Layer-local replay"; the CPU reference, emulate NONE, no
-     * follow, one forward over all the candidate's tokens): every layer starts from the candidate's streams and runs
-     * on its window KV, compressed and indexer entries, top-k and router choices and inter-sublayer streams, so the
-     * probes are what each layer adds to the CANDIDATE's state; the per-entry probes are the entries this reference
-     * makes from the candidate's inputs. Borrowed while the reference lives. */
+    /* NULL: off. Else layer-local replay (docs/verify.md "Layer-local replay"; either reference, emulate NONE, no
+     * follow, run by dsv4_ref_replay_run): every layer starts from the candidate's streams and runs on its window KV,
+     * compressed and indexer entries, top-k and router choices and inter-sublayer streams, so the probes are what
+     * each layer adds to the CANDIDATE's state; the per-entry probes are the entries this reference makes from the
+     * candidate's inputs where judged (ref_replay.c). max_tokens must be the candidate's token count. Borrowed while
+     * the reference lives. */
     const dsv4_ref_replay *replay;
 } dsv4_ref_options;
 
 /* ---- Layer-local replay's input (reference/ref_replay.c) ----------------------------------------------------
- * The rows of a candidate dump that replay injects. DSV4_ERR_USAGE, naming every missing probe (or the first missing
- * position), when the dump lacks what replay needs: every position 0..T-1 of out, kv, attn_out, attn_hc_post,
- * attn_hc_comb, router_ids and (CSA) topk_idx, and every entry of compressed_kv (CSA, HCA) and indexer_kv (CSA). */
+ * The rows of a candidate dump that replay injects. DSV4_ERR_USAGE, naming every missing probe, when the dump lacks
+ * what replay needs: at every stored position out, kv, attn_out, attn_hc_post, attn_hc_comb, router_ids and (CSA)
+ * topk_idx, and every entry of compressed_kv (CSA, HCA) and indexer_kv (CSA); or when no stored position has its
+ * whole window (sliding_window positions up to it, or all from 0) stored. A candidate may store a subset of positions:
+ * only the positions whose window is stored are compared (dsv4_ref_replay_compared), and the reference runs only the
+ * runs of consecutive stored positions that hold them (the segments). */
 typedef enum dsv4_ref_replay_kind {
     DSV4_REF_REPLAY_OUT,      /* f32 [hc_mult * D] the layer's output streams */
     DSV4_REF_REPLAY_KV,       /* f32 [head_dim] the window KV vector */
@@ -99,9 +103,25 @@ const char *dsv4_ref_replay_path(const dsv4_ref_replay *r);
 const char *dsv4_ref_replay_weights_digest(const dsv4_ref_replay *r);
 const int32_t *dsv4_ref_replay_tokens(const dsv4_ref_replay *r, int *n);
 /* Row `row` (a position, or an entry for the per-entry kinds) of `kind` at layer L: f32 or int32 by kind; NULL when
- * out of range or the layer has none. */
+ * not stored or the layer has none. */
 const void *dsv4_ref_replay_row(const dsv4_ref_replay *r, dsv4_ref_replay_kind kind, int layer, int64_t row);
-
+/* The n rows from `row` when all are held as consecutive rows (positions of one segment; entries), else NULL. */
+const void *dsv4_ref_replay_rows_at(const dsv4_ref_replay *r, dsv4_ref_replay_kind kind, int layer, int64_t row,
+                                    int n);
+/* Rows held of kind at layer L: stored positions, or the entries closed by the last token (0: none). */
+int64_t dsv4_ref_replay_rows(const dsv4_ref_replay *r, dsv4_ref_replay_kind kind, int layer);
+/* The segments the reference runs, ascending: segment i is positions first..last, all stored. */
+int dsv4_ref_replay_segments(const dsv4_ref_replay *r);
+void dsv4_ref_replay_segment(const dsv4_ref_replay *r, int i, int *first, int *last);
+/* The compared positions (those whose window is stored), ascending: what the replay's dump stores. */
+const int32_t *dsv4_ref_replay_compared(const dsv4_ref_replay *r, int *n);
+/* 1 when the reference's entry w of a compressor of this ratio (overlap 1: CSA's two windows) is made from positions
+ * of one segment only, so it is the reference's on the candidate's inputs; else the replay shows the candidate's. */
+int dsv4_ref_replay_entry_judged(const dsv4_ref_replay *r, int ratio, int overlap, int64_t w);
+/* Run the replay: for each segment the reference's pools get the candidate's entries before it and its entry count is
+ * set to the segment's first entry, then one forward over the segment's tokens (probes for the positions probe wants:
+ * the compared ones). r was made with options.replay = this replay and max_tokens = its token count. */
+int dsv4_ref_replay_run(dsv4_ref *r, dsv4_probe_sink *probe);
 /* The defaults: emulate NONE, weights LAZY, gpu_weights AUTO, no following, no progress. */
 void dsv4_ref_options_default(dsv4_ref_options *o);
 /* "auto", "resident", "stream"; parse: DSV4_ERR_USAGE naming the allowed values. */
