@@ -33,6 +33,9 @@
 set -u -o pipefail
 cd "$(dirname "$0")/.." || exit 2
 root=$PWD
+# shellcheck source=tests/support/kit_python.sh disable=SC1091
+source "$root/tests/support/kit_python.sh"
+kit_python >/dev/null || { kit_python; exit 1; } # KIT_PY: a python3 with numpy and h5py
 budget=${1:-530}
 OUT=${OUT:-/tmp/replay-out}
 D=/tmp/dsv4-replay-dumps
@@ -122,7 +125,7 @@ BGW=${BASE_GPU_WEIGHTS:-auto}
 # ------------------------------------------------------------------------------------------ 2. prompts, positions
 T32=${REPLAY_TOKENS:-32768} # the long prompt (a short trial: REPLAY_TOKENS=2048); the short one is its first half
 T16=$((T32 / 2))
-vocab=$(/usr/bin/python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["vocab_size"])' "$M/config.json")
+vocab=$("$KIT_PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["vocab_size"])' "$M/config.json")
 for ((i = 0; i < T32; i++)); do echo $((2 + (i * 7919 + i * i % 8191) % (vocab - 2))); done >"$D/p32.txt"
 head -n "$T16" "$D/p32.txt" >"$D/p16.txt"
 S16=$((T16 - 192))-$((T16 - 1)) # a run of 192 positions at the end of each prompt: the window of 128, 65 compared
@@ -151,7 +154,7 @@ judge() {
         --baseline-replay "$D/base-$len.replay.h5" --json "$js" >"$log" 2>&1
     local rc=$?
     [ $rc -gt 1 ] && note "judge $name $len: exit $rc ($log): $(tail -n 2 "$log" | tr '\n' ' ' | cut -c1-250)"
-    got=$(/usr/bin/python3 "$root/scripts/replay_summary.py" "$js")
+    got=$("$KIT_PY" "$root/scripts/replay_summary.py" "$js")
     read -r verdict first ratio <<<"$got"
     if [ "$expect" = pass ]; then
         [ "$verdict" = PASS ] && ok="" || ok=" (want PASS)"
@@ -170,7 +173,8 @@ opt_run() {
     run_s=-
     step "run-$name" 200 40 "$bin" run --model "$M" --path opt --prompt-tokens "$prompt" --dump-positions "$pos" \
         --dump "$D/$name.h5" "$@" || return 1
-    run_s="$step_s s, $(grep -o '([0-9.]* tokens/s)' "$OUT/run-$name.log" | tr -d '()' | sed 's/ tokens/ tok/')"
+    run_s="$step_s s, prefill $(grep -o 'prefill [0-9]* in [0-9.]* s, [0-9.]* tokens/s' "$OUT/run-$name.log" |
+        sed 's/.*, \([0-9.]*\) tokens.*/\1/') tok/s"
 }
 
 # ------------------------------------------------------------------------------------------ 3. the 32K runs
@@ -182,7 +186,7 @@ if step run-base-32k 200 40 "$bin" run --model "$M" --path ref-gpu --gpu-weights
 fi
 for f in opt-default base; do
     [ -f "$D/$f-32k.h5" ] &&
-        step "cut-$f-16k" 90 20 /usr/bin/python3 "$root/scripts/dump_truncate.py" "$D/$f-32k.h5" "$D/$f-16k.h5" \
+        step "cut-$f-16k" 90 20 "$KIT_PY" "$root/scripts/dump_truncate.py" "$D/$f-32k.h5" "$D/$f-16k.h5" \
             --tokens "$T16"
 done
 note "prompts $T16 and $T32 tokens; positions stored $S16 and $S32; the opt dump of both: $(du -sh \
@@ -207,7 +211,7 @@ for spec in "attn-scale 1" "topk-drop 2" "kv-rope-sign 3"; do
     read -r kind layer <<<"$spec"
     name=fault-$kind-L$layer
     if [ -f "$D/opt-default-32k.h5" ] &&
-        step "plant-$name" 90 20 /usr/bin/python3 "$root/tests/support/dump_fault.py" "$D/opt-default-32k.h5" \
+        step "plant-$name" 90 20 "$KIT_PY" "$root/tests/support/dump_fault.py" "$D/opt-default-32k.h5" \
             "$D/$name.h5" --kind "$kind" --layer "$layer" --from "$T16"; then
         judge "$name (from $T16)" "$D/$name.h5" 32k "$layer"
     else

@@ -15,6 +15,9 @@
 # shellcheck disable=SC2016 # check() evaluates its condition later, on purpose
 set -u -o pipefail
 SRC=${DSV4_SOURCE_DIR:?}
+# shellcheck source=tests/support/kit_python.sh disable=SC1091
+source "$SRC/tests/support/kit_python.sh"
+kit_python >/dev/null || { kit_python; exit 1; } # KIT_PY: a python3 with numpy and h5py
 BUILD=${DSV4_BINARY_DIR:?}
 BIN=$BUILD/dsv4
 T=$(mktemp -d "${TMPDIR:-/tmp}/dsv4-e2e-replay-XXXXXX")
@@ -62,7 +65,7 @@ check "a subset candidate: 20 positions compared in 2 segments" \
 check "a subset candidate's replay is the full replay's within fp32 at the compared positions" \
     '"$BIN" verify --profile fp32 "$T/replay-full.h5" "$T/replay-sub.h5" --quiet --json "$T/sub.json" \
         --probes "attn_*,ffn_*,kv,indexer_scores,topk_idx,router_*,out,final/*" &&
-     /usr/bin/python3 -c "import json, sys; sys.exit(len(json.load(open(sys.argv[1]))[\"positions\"]) != 20)" \
+     "$KIT_PY" -c "import json, sys; sys.exit(len(json.load(open(sys.argv[1]))[\"positions\"]) != 20)" \
          "$T/sub.json"'
 check "and so are the CSA entries made inside its first run" \
     '"$BIN" verify --profile fp32 "$T/replay-full.h5" "$T/replay-sub.h5" --quiet --probes compressed_kv,indexer_kv \
@@ -78,13 +81,13 @@ check "a candidate storing no whole window (11 positions, window 16) is refused,
 
 # scripts/dump_truncate.py: the first 50 tokens of a run of 74 are the run of those 50 (what the Flash-width script
 # reads its 16K experiment from a 32K run by), and replay judges it as it judges that run
-/usr/bin/python3 -c 'import h5py, sys; print(" ".join(map(str, h5py.File(sys.argv[1], "r")["tokens"][:50])))' \
+"$KIT_PY" -c 'import h5py, sys; print(" ".join(map(str, h5py.File(sys.argv[1], "r")["tokens"][:50])))' \
     "$G/forced.h5" >"$T/p50.txt"
 "$BIN" run --model "$G" --path ref-cpu --emulate bf16 --tokens-from "$G/forced.h5" --dump-positions 20-73 \
     --dump "$T/emu74.h5" >/dev/null 2>&1
 "$BIN" run --model "$G" --path ref-cpu --emulate bf16 --prompt-tokens "$T/p50.txt" --dump-positions 20-49 \
     --dump "$T/emu50.h5" >/dev/null 2>&1
-/usr/bin/python3 "$SRC/scripts/dump_truncate.py" "$T/emu74.h5" "$T/trunc50.h5" --tokens 50 >/dev/null
+"$KIT_PY" "$SRC/scripts/dump_truncate.py" "$T/emu74.h5" "$T/trunc50.h5" --tokens 50 >/dev/null
 check "a dump cut to its first 50 tokens is the run of those 50 within fp32" \
     '"$BIN" verify --profile fp32 "$T/emu50.h5" "$T/trunc50.h5" --quiet'
 "$BIN" replay --model "$G" "$T/trunc50.h5" --baseline "$T/emu50.h5" --quiet --json "$T/trunc.json" >/dev/null 2>&1
@@ -95,11 +98,11 @@ check "and it passes replay with the run of those 50 as its baseline (exit $st)"
 # position on: replay with the unfaulted emulation as the baseline flags that layer first
 for spec in "attn-scale 1 30 attn_out" "kv-rope-sign 3 30 kv" "topk-drop 2 40 topk_idx"; do
     read -r kind layer from probe <<<"$spec"
-    /usr/bin/python3 "$SRC/tests/support/dump_fault.py" "$T/emu.h5" "$T/fault.h5" --kind "$kind" --layer "$layer" \
+    "$KIT_PY" "$SRC/tests/support/dump_fault.py" "$T/emu.h5" "$T/fault.h5" --kind "$kind" --layer "$layer" \
         --from "$from" >/dev/null
     "$BIN" replay --model "$G" "$T/fault.h5" --baseline "$T/emu.h5" --quiet --json "$T/fault.json" >/dev/null 2>&1
     st=$?
-    got=$(/usr/bin/python3 "$SRC/scripts/replay_summary.py" "$T/fault.json")
+    got=$("$KIT_PY" "$SRC/scripts/replay_summary.py" "$T/fault.json")
     check "dump fault $kind at layer $layer from $from: DIVERGED first at $layer/$probe (exit $st: $got)" \
         '[ $st -eq 1 ] && [ "${got% *}" = "DIVERGED $layer/$probe" ]'
 done

@@ -13,6 +13,9 @@
 # shellcheck disable=SC2016,SC2034 # check() evaluates its condition (and the variables it names) later, on purpose
 set -u -o pipefail
 SRC=${DSV4_SOURCE_DIR:?}
+# shellcheck source=tests/support/kit_python.sh disable=SC1091
+source "$SRC/tests/support/kit_python.sh"
+kit_python >/dev/null || { kit_python; exit 1; } # KIT_PY: a python3 with numpy and h5py
 BUILD=${DSV4_BINARY_DIR:?}
 BIN=$BUILD/dsv4
 FBIN=$BUILD/dsv4_faults
@@ -49,7 +52,7 @@ for m in tiny random-106 random-109 topk512; do
     what=$(grep -o '[0-9]* positions compared, in [0-9]* segments*' "$d/gpu.log")
     check "$m: a candidate replayed on ref-gpu is its replay on ref-cpu within fp32 ($what)" \
         '[ $st -eq 0 ] && "$BIN" verify --profile fp32 "$d/cpu.h5" "$d/gpu.h5" --quiet --json "$d/cg.json"'
-    [ -f "$d/cg.json" ] && echo "   $(/usr/bin/python3 "$SUMMARY" "$d/cg.json")"
+    [ -f "$d/cg.json" ] && echo "   $("$KIT_PY" "$SUMMARY" "$d/cg.json")"
 
     "$BIN" run --model "$G" --path ref-gpu --tokens-from "$G/forced.h5" "${pos[@]}" --dump "$d/ref.h5" \
         >"$d/ref.log" 2>&1
@@ -70,19 +73,19 @@ for fault in rope-sign topk-drop-last; do
     "$BIN" replay --model "$G" --path ref-gpu "$d/$fault.h5" --baseline "$d/emu.h5" --baseline-replay \
         "$d/base-replay.h5" --quiet --json "$d/$fault.json" >/dev/null 2>&1
     st=$?
-    got=$(/usr/bin/python3 "$SUMMARY" "$d/$fault.json")
+    got=$("$KIT_PY" "$SUMMARY" "$d/$fault.json")
     first=$(echo "$got" | cut -d' ' -f2)
     check "emulation fault $fault (acted first at layer ${acted:-?}): DIVERGED at that layer on ref-gpu ($got)" \
         '[ $st -eq 1 ] && [ -n "$acted" ] && [ "${first%%/*}" = "$acted" ]'
 done
 for spec in "attn-scale 1 30 attn_out" "kv-rope-sign 3 30 kv" "topk-drop 2 40 topk_idx"; do
     read -r kind layer from probe <<<"$spec"
-    /usr/bin/python3 "$SRC/tests/support/dump_fault.py" "$d/emu.h5" "$d/df.h5" --kind "$kind" --layer "$layer" \
+    "$KIT_PY" "$SRC/tests/support/dump_fault.py" "$d/emu.h5" "$d/df.h5" --kind "$kind" --layer "$layer" \
         --from "$from" >/dev/null
     "$BIN" replay --model "$G" --path ref-gpu "$d/df.h5" --baseline "$d/emu.h5" --baseline-replay \
         "$d/base-replay.h5" --quiet --json "$d/df.json" >/dev/null 2>&1
     st=$?
-    got=$(/usr/bin/python3 "$SUMMARY" "$d/df.json")
+    got=$("$KIT_PY" "$SUMMARY" "$d/df.json")
     check "dump fault $kind at layer $layer: DIVERGED first at $layer/$probe on ref-gpu ($got)" \
         '[ $st -eq 1 ] && [ "${got% *}" = "DIVERGED $layer/$probe" ]'
 done
