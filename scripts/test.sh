@@ -31,15 +31,15 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 ru
 
 # ------------------------------------------------------------------------------------ valgrind memcheck
 # The Check unit tests of model/ (quant.c included), dump/, verify/ (the after-tie rule included), the follow table,
-# the opt options and the --gpus plan (host code), the reference ops, the golden-set checks and the robustness
+# the opt options, the --gpus plan and the serving scheduler (host code), the reference ops, the golden-set checks and the robustness
 # tests, unforked (CK_FORK=no: valgrind follows one process). Not run: the e2e reference runs and timing tests
 # (minutes under valgrind, and covered by the sanitizer build), test_ref_model (it interposes malloc to prove
 # decode allocates nothing, which valgrind's own malloc replaces).
 vg_tests=(test_model_config test_model_dequant test_model_load test_model_corrupt test_quantize test_dump_compat
           test_dump_corrupt test_dump_probe test_dump_roundtrip test_verify_basic test_verify_filters test_verify_topk
           test_verify_reports test_verify_after_tie test_verify_partial test_opt_follow test_opt_options
-          test_opt_shard_plan test_ref_ops test_golden test_robust_limits test_robust_dump test_robust_interrupt
-          test_robust_regressions test_opt_prefill_plan)
+          test_opt_shard_plan test_serve_sched test_ref_ops test_golden test_robust_limits test_robust_dump
+          test_robust_interrupt test_robust_regressions test_opt_prefill_plan)
 extra_log=$(mktemp)
 trap 'rm -f "$log" "$extra_log"' EXIT
 vg_one() { # $1 test name; prints one result line
