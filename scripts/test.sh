@@ -31,8 +31,8 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 ru
 
 # ------------------------------------------------------------------------------------ valgrind memcheck
 # The Check unit tests of model/ (quant.c included), dump/, verify/ (the after-tie rule included), the follow table,
-# the opt options, the --gpus plan and the serving scheduler (host code), the reference ops, the golden-set checks and the robustness
-# tests, unforked (CK_FORK=no: valgrind follows one process). Not run: the e2e reference runs and timing tests
+# the opt options, the --gpus plan and the serving scheduler (host code), the reference ops, the golden-set checks
+# and the robustness tests, unforked (CK_FORK=no: valgrind follows one process). Not run: the e2e reference runs and timing tests
 # (minutes under valgrind, and covered by the sanitizer build), test_ref_model (it interposes malloc to prove
 # decode allocates nothing, which valgrind's own malloc replaces).
 vg_tests=(test_model_config test_model_dequant test_model_load test_model_corrupt test_quantize test_dump_compat
