@@ -180,10 +180,14 @@ struct dsv4_opt {
     uint16_t *ms_xs, *ms_h;          /* [Tm·K, D], [Tm·K, NI] bf16 */
     float *ms_gu, *ms_y;             /* [Tm·K, 2·NI], [Tm·K, D] f32 */
     size_t ms_bytes;                 /* scratch bytes of the views above (the memory plan) */
-    /* fp8 mode, a budget of at least OPT_SORTED_MIN_ROWS rows: one weight matrix dequantised to bf16 for cuBLAS
-     * (an FP4 expert's w13 or w2 for the grouped experts, an FP8 linear over a long run); NULL otherwise */
+    /* fp8 mode, a budget of at least OPT_SORTED_MIN_ROWS rows: weight matrices dequantised to bf16 for cuBLAS: an
+     * FP8 linear over a long run (from wdq), or the grouped FP4 experts' two slots of [2·NI, D] (wdq and
+     * wdq + wdq_slot), filled on the side stream while the main stream multiplies the other; NULL otherwise */
     uint16_t *wdq;
-    size_t wdq_elems;
+    size_t wdq_elems, wdq_slot;
+    cudaStream_t side;               /* the FP4 experts' dequantisation (created with the two slots) */
+    cudaEvent_t wdq_ready[2], wdq_free[2]; /* slot s dequantised / no longer read by a GEMM */
+    cudaEvent_t wdq_start;           /* the main stream's work before the experts' GEMMs */
     int32_t *h_ms_offset;            /* pinned [E + 1] */
     /* scratch views (Tm rows each unless said) */
     uint16_t *X, *X2;                /* [C, n, D] */

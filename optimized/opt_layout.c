@@ -574,9 +574,10 @@ static void scratch_layout(dsv4_opt *o, opt_carver *cv)
     }
     /* fp8 mode: the largest matrix a long run dequantises (an FP4 expert's w13; an FP8 linear: wq_a, wkv, wq_b,
      * indexer wq_b, wo_a, wo_b, shared w1 / w3 / w2, the rank's shapes) */
-    o->wdq_elems = 0;
+    o->wdq_elems = 0, o->wdq_slot = 0;
     if (o->fp8 && long_runs) {
-        size_t m = grouped ? (size_t)2 * NI * D : 0;
+        o->wdq_slot = grouped ? (size_t)2 * NI * D : 0; /* two slots: the experts' dequantisation overlaps GEMMs */
+        size_t m = 2 * o->wdq_slot;
         if (o->opt.prefill_linears == DSV4_OPT_PREFILL_LINEARS_GEMM) {
             const size_t cand[] = {(size_t)o->qr * D,        (size_t)o->d * D,    Hd * o->qr,
                                    (size_t)o->HI * o->dI * o->qr, (size_t)o->o_r * Hd, (size_t)D * o->G * o->o_r,
@@ -765,6 +766,14 @@ int opt_init_common(dsv4_opt *o, opt_weight_src *src)
     DSV4_OPT_CUDA(cudaMallocHost((void **)&o->h_in, ((size_t)6 * o->Tm + 2 * (size_t)o->logit_rows) * 4));
     o->h_next = o->h_in + 6 * (size_t)o->Tm + o->logit_rows;
     if (o->ms_offset) DSV4_OPT_CUDA(cudaMallocHost((void **)&o->h_ms_offset, ((size_t)o->E + 1) * 4));
+    if (o->wdq && o->wdq_slot) { /* the FP4 experts' dequantisation stream and its slot events */
+        DSV4_OPT_CUDA(cudaStreamCreateWithFlags(&o->side, cudaStreamNonBlocking));
+        DSV4_OPT_CUDA(cudaEventCreateWithFlags(&o->wdq_start, cudaEventDisableTiming));
+        for (int i = 0; i < 2; i++) {
+            DSV4_OPT_CUDA(cudaEventCreateWithFlags(&o->wdq_ready[i], cudaEventDisableTiming));
+            DSV4_OPT_CUDA(cudaEventCreateWithFlags(&o->wdq_free[i], cudaEventDisableTiming));
+        }
+    }
     if (o->follow) {
         const size_t nf = (size_t)o->Tm * f->num_hidden_layers * o->follow_stride;
         DSV4_OPT_CUDA(cudaMallocHost((void **)&o->h_follow, nf * sizeof *o->h_follow));

@@ -365,6 +365,13 @@ void opt_free_one(dsv4_opt *o)
     if (o->prof_ev) dsv4_opt_stage_timing(o, 0);
     for (int i = 0; i < o->n_graphs; i++) cudaGraphExecDestroy(o->graphs[i].exec);
     if (o->cublas) cublasDestroy(o->cublas);
+    if (o->side) cudaStreamSynchronize(o->side);
+    if (o->wdq_start) cudaEventDestroy(o->wdq_start);
+    for (int i = 0; i < 2; i++) {
+        if (o->wdq_ready[i]) cudaEventDestroy(o->wdq_ready[i]);
+        if (o->wdq_free[i]) cudaEventDestroy(o->wdq_free[i]);
+    }
+    if (o->side) cudaStreamDestroy(o->side);
     if (o->stream) cudaStreamDestroy(o->stream);
     cudaFree(o->w_mem);
     cudaFree(o->s_mem);

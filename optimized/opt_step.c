@@ -326,17 +326,45 @@ static int attention(dsv4_opt *o, int L, int n_csa, int n_hca)
 
 /* The routed experts of a long run as grouped GEMMs: the pairs sorted by expert (their offsets come to the host:
  * the step runs eagerly), each held expert's rows through one up and one down cuBLAS GEMM, then the combine. FP4
- * experts (fp8 mode) are first dequantised, one matrix of one expert at a time, into wdq: the same bf16 values
- * the decode kernels multiply (exact), read by the same GEMM; only experts with rows are expanded. */
-static const uint16_t *expert_matrix(dsv4_opt *o, const opt_layer *ly, int e, int up, int *rc)
+ * experts (fp8 mode) are first dequantised, one matrix of one expert at a time: the same bf16 values the decode
+ * kernels multiply (exact), read by the same GEMM; only experts with rows are expanded. The i-th expert with rows
+ * goes to slot i % 2, dequantised on the side stream while the main stream multiplies the previous one (an
+ * expert's GEMM of a few hundred rows leaves most SMs idle): the side waits for the GEMM that last read the slot
+ * (wdq_free), the GEMM for its dequantisation (wdq_ready); the values do not depend on the timing. */
+static int expert_gemms(dsv4_opt *o, const opt_layer *ly, const int32_t *off, int held, int up)
 {
     const size_t D = o->D, NI = o->NI;
-    if (!o->fp8) return up ? ly->w13 + (size_t)e * 2 * NI * D : ly->w2 + (size_t)e * D * NI;
-    *rc = up ? dsv4_opt_fp4_dequant(ly->q13 + (size_t)e * 2 * NI * D / 2, ly->s13 + (size_t)e * 2 * NI * D / 32,
-                                    (int64_t)(2 * NI), (int)D, o->wdq, o->stream)
-             : dsv4_opt_fp4_dequant(ly->q2 + (size_t)e * D * NI / 2, ly->s2 + (size_t)e * D * NI / 32, (int64_t)D,
-                                    (int)NI, o->wdq, o->stream);
-    return o->wdq;
+    DSV4_CHECK(!o->fp8 || (o->wdq && o->wdq_slot && o->side), "optimized: FP4 grouped experts without their slots");
+    const int n_out = up ? 2 * (int)NI : (int)D, n_in = up ? (int)D : (int)NI;
+    float *y = up ? o->ms_gu : o->ms_y;
+    const uint16_t *x = up ? o->ms_xs : o->ms_h;
+    if (o->fp8) { /* the side stream starts after all the main stream's work so far (wdq's other readers too) */
+        DSV4_OPT_CUDA(cudaEventRecord(o->wdq_start, o->stream));
+        DSV4_OPT_CUDA(cudaStreamWaitEvent(o->side, o->wdq_start, 0));
+    }
+    for (int e = 0, i = 0; e < held; e++) {
+        const int n = off[e + 1] - off[e];
+        if (n <= 0) continue;
+        const uint16_t *w = NULL;
+        const int s = i++ & 1;
+        if (!o->fp8) {
+            w = up ? ly->w13 + (size_t)e * 2 * NI * D : ly->w2 + (size_t)e * D * NI;
+        } else {
+            uint16_t *dst = o->wdq + (size_t)s * o->wdq_slot;
+            DSV4_OPT_CUDA(cudaStreamWaitEvent(o->side, o->wdq_free[s], 0));
+            DSV4_TRY(up ? dsv4_opt_fp4_dequant(ly->q13 + (size_t)e * 2 * NI * D / 2,
+                                               ly->s13 + (size_t)e * 2 * NI * D / 32, n_out, n_in, dst, o->side)
+                        : dsv4_opt_fp4_dequant(ly->q2 + (size_t)e * D * NI / 2, ly->s2 + (size_t)e * D * NI / 32,
+                                               n_out, n_in, dst, o->side));
+            DSV4_OPT_CUDA(cudaEventRecord(o->wdq_ready[s], o->side));
+            DSV4_OPT_CUDA(cudaStreamWaitEvent(o->stream, o->wdq_ready[s], 0));
+            w = dst;
+        }
+        DSV4_TRY(opt_gemm(o, y + (size_t)off[e] * n_out, 1, n_out, x + (size_t)off[e] * n_in, n_in, w, n_out, n_in,
+                          n));
+        if (o->fp8) DSV4_OPT_CUDA(cudaEventRecord(o->wdq_free[s], o->stream));
+    }
+    return 0;
 }
 
 static int experts_sorted(dsv4_opt *o, const opt_layer *ly, int e_begin, int e_end)
@@ -356,23 +384,9 @@ static int experts_sorted(dsv4_opt *o, const opt_layer *ly, int e_begin, int e_e
     DSV4_CHECK(off[held] >= 0 && off[held] <= T * K, "optimized: the experts' sort gave %d rows for %d pairs",
                off[held], T * K);
     DSV4_TRY(dsv4_opt_moe_gather(&mp, off[held]));
-    int rc = 0;
-    for (int e = 0; e < held; e++) {
-        const int n = off[e + 1] - off[e];
-        if (n <= 0) continue;
-        const uint16_t *w = expert_matrix(o, ly, e, 1, &rc);
-        DSV4_TRY(rc);
-        DSV4_TRY(opt_gemm(o, o->ms_gu + (size_t)off[e] * 2 * NI, 1, 2 * NI, o->ms_xs + (size_t)off[e] * D, D, w,
-                          2 * NI, D, n));
-    }
+    DSV4_TRY(expert_gemms(o, ly, off, held, 1));
     DSV4_TRY(dsv4_opt_moe_swiglu_sorted(&mp, off[held]));
-    for (int e = 0; e < held; e++) {
-        const int n = off[e + 1] - off[e];
-        if (n <= 0) continue;
-        const uint16_t *w = expert_matrix(o, ly, e, 0, &rc);
-        DSV4_TRY(rc);
-        DSV4_TRY(opt_gemm(o, o->ms_y + (size_t)off[e] * D, 1, D, o->ms_h + (size_t)off[e] * NI, NI, w, D, NI, n));
-    }
+    DSV4_TRY(expert_gemms(o, ly, off, held, 0));
     return dsv4_opt_moe_combine(&mp);
 }
 
