@@ -223,7 +223,8 @@ typedef struct dsv4_opt_kernel_time {
     char name[24];    /* "mhc_pre", "gemm_x", "gemm_wq_b", "indexer", "topk", "attn_csa", "attn_hca", "gemm_wo",
                          "gemm_ffn", "moe_experts", "head" */
     int layer;        /* the layer whose weights it used; -1: none (head) */
-    double us;        /* median of single launches, each with a cold L2 */
+    double us;        /* median of single launches, each with a cold L2 (dsv4_opt_stage_times: the stage's
+                         device time summed over the timed steps) */
     double bytes;     /* fewest bytes the launch must move */
     double flops;     /* useful FLOPs */
     int work;         /* indexer/top-k: entries per sequence the grid covers; attention: entries gathered */
