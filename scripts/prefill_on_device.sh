@@ -188,7 +188,7 @@ for cfg in "bf16|--weights bf16|1" "fp8|--weights fp8|1" "fp8-decode-kernels|--w
         note "bench --prefill 8192, chunk 8192, 4 Flash-shaped layers, $wargs:"
         if [ "$table" = 1 ]; then
             grep -E '^prefill:|^prefill stages: sum|^\| ' "$OUT/bench-prefill-$w.log" | sed 's/^prefill: //; s/^/    /' >"$OUT/b.lines"
-            grep -m1 'memory plan' "$OUT/bench-prefill-$w.log" | cut -c1-260 | sed 's/^/    /' >>"$OUT/b.lines"
+            grep -m1 'memory plan' "$OUT/bench-prefill-$w.log" | cut -c1-330 | sed 's/^/    /' >>"$OUT/b.lines"
         else
             grep -E '^prefill: [0-9]|of the floor' "$OUT/bench-prefill-$w.log" | sed 's/^prefill: /    /' >"$OUT/b.lines"
         fi
