@@ -4,13 +4,21 @@
  * What it measures and how:
  * - The prompt (random tokens) is fed in steps of --prefill-chunk tokens (dsv4_opt_step_ragged); the time is host
  *   wall time from the first step to the last one's synchronisation; the caches start empty (a real prefill, not
- *   dsv4 bench's random state). Rep 0 warms up (cuBLAS heuristics, first launches); the best later rep is kept.
+ *   dsv4 bench's random state). One rep warms up (cuBLAS heuristics, first launches), then --reps timed reps
+ *   (default 3): the median is reported.
  * - FLOPs: per position p the decode step's useful FLOPs at live p + 1 (bench_step_roofline), without the head, plus
  *   one head per step (the logits of the chunk's last token). The FLOP floor is FLOPs / the cuBLAS bf16 GEMM rate
  *   measured at the start of the same run (bench_measure_ceilings); "of the floor" = floor / measured time.
- * - The indexer's share: one more rep with device events around every CSA layer's indexer (key compressor,
- *   queries, scores, top-k), dsv4_opt_indexer_timing; it synchronises per step, so it is a rep of its own.
+ * - The stages: --reps more reps with dsv4_opt_stage_timing on (a device event at every stage boundary of each
+ *   step, so the stages tile the step; the step synchronises anyway). Per stage the median over those reps of its
+ *   time summed over the prompt's steps, its useful FLOPs and fewest bytes (the library counts them per row:
+ *   optimized/opt_bench.c), TFLOP/s and that rate as a share of the measured bf16 GEMM rate. The sum of the stages
+ *   is compared with the untimed median: the events cost a few microseconds each, and the host gaps between
+ *   steps (with --prefill-chunk < N) fall outside every stage.
  * - Then one decode step (C = 1) after the prompt: its time, for the record.
+ * - The ablation of the prefill GEMMs: --experts decode runs the routed experts (bf16 or FP4) on the decode kernels
+ *   instead of grouped GEMMs (options.prefill_experts); --linears kernel runs the FP8 linears (fp8 weights) on the
+ *   FP8 linear kernel instead of cuBLAS over the dequantised matrix (options.prefill_linears).
  */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
@@ -32,7 +40,7 @@ static double now_s(void)
 #endif
 
 typedef struct prefill_args {
-    int n, chunk, layers, reps;
+    int n, chunk, layers, reps, experts_decode, linears_kernel;
     unsigned long long seed;
     dsv4_opt_weights weights;
     const char *variant;
@@ -51,7 +59,7 @@ static int count_arg(const char *k, const char *v, long lo, long hi, int *out)
 static int parse(int argc, char **argv, prefill_args *a)
 {
     memset(a, 0, sizeof *a);
-    a->layers = 4, a->reps = 2, a->seed = 1, a->weights = DSV4_OPT_WEIGHTS_BF16, a->variant = "all-on";
+    a->layers = 4, a->reps = 3, a->seed = 1, a->weights = DSV4_OPT_WEIGHTS_BF16, a->variant = "all-on";
     for (int i = 1; i < argc; i++) {
         const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int rc = 0;
@@ -67,6 +75,14 @@ static int parse(int argc, char **argv, prefill_args *a)
             if (!v || (strcmp(v, "bf16") && strcmp(v, "fp8")))
                 return dsv4_error(DSV4_ERR_USAGE, "--weights: want bf16 or fp8");
             a->weights = strcmp(v, "fp8") ? DSV4_OPT_WEIGHTS_BF16 : DSV4_OPT_WEIGHTS_FP8;
+        } else if (!strcmp(k, "--experts")) {
+            if (!v || (strcmp(v, "grouped") && strcmp(v, "decode")))
+                return dsv4_error(DSV4_ERR_USAGE, "--experts: want grouped or decode");
+            a->experts_decode = !strcmp(v, "decode");
+        } else if (!strcmp(k, "--linears")) {
+            if (!v || (strcmp(v, "gemm") && strcmp(v, "kernel")))
+                return dsv4_error(DSV4_ERR_USAGE, "--linears: want gemm or kernel");
+            a->linears_kernel = !strcmp(v, "kernel");
         } else if (!strcmp(k, "--variant")) {
             static const char *const ok[] = {"all-on", "attn-simt", "indexer-fp32", "mhc-roundtrip", "index-max",
                                              "all-naive"};
@@ -112,6 +128,55 @@ static int prefill_once(dsv4_opt *o, const int32_t *tok, int n, int chunk, doubl
     return 0;
 }
 
+static int cmp_double(const void *x, const void *y)
+{
+    const double a = *(const double *)x, b = *(const double *)y;
+    return a < b ? -1 : a > b;
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* The stage table: per stage the median over the timed reps (st[rep][stage]), then the sum. */
+static void print_stages(dsv4_opt_kernel_time st[][DSV4_OPT_MAX_STAGES], int reps, int ns, int steps,
+                         double step_ms, double gemm_tf, double copy_gbs)
+{
+    double v[100], sum_ms = 0, sum_fl = 0;
+    printf("\nprefill stages (device events at every stage boundary, summed over the prompt's %d step(s), median of "
+           "%d timed reps; TFLOP/s against the bf16 GEMM rate %.0f TFLOP/s measured now, GB/s against the copy rate "
+           "%.0f GB/s):\n",
+           steps, reps, gemm_tf, copy_gbs);
+    printf("| stage | ms | %% of step | GFLOP | GB | TFLOP/s | %% of GEMM rate | GB/s | %% of copy rate |\n");
+    printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    double tot[DSV4_OPT_MAX_STAGES];
+    for (int i = 0; i < ns; i++) {
+        for (int r = 0; r < reps; r++) v[r] = st[r][i].us / 1e3;
+        tot[i] = median(v, reps);
+        sum_ms += tot[i];
+    }
+    for (int i = 0; i < ns; i++) {
+        const dsv4_opt_kernel_time *k = &st[0][i];
+        const double ms = tot[i], tf = ms > 0 ? k->flops / (ms * 1e9) : 0, gbs = ms > 0 ? k->bytes / (ms * 1e6) : 0;
+        sum_fl += k->flops;
+        char tfs[32] = "-", tfp[32] = "-";
+        if (k->flops > 0) {
+            snprintf(tfs, sizeof tfs, "%.1f", tf);
+            snprintf(tfp, sizeof tfp, "%.1f%%", 100 * tf / gemm_tf);
+        }
+        printf("| %s | %.2f | %.1f%% | %.1f | %.3f | %s | %s | %.0f | %.1f%% |\n", k->name, ms,
+               sum_ms > 0 ? 100 * ms / sum_ms : 0.0, k->flops / 1e9, k->bytes / 1e9, tfs, tfp, gbs,
+               100 * gbs / copy_gbs);
+    }
+    printf("| **sum** | %.2f | 100%% | %.1f | | %.1f | %.1f%% | | |\n", sum_ms, sum_fl / 1e9,
+           sum_ms > 0 ? sum_fl / (sum_ms * 1e9) : 0.0, sum_ms > 0 ? 100 * sum_fl / (sum_ms * 1e9) / gemm_tf : 0.0);
+    printf("prefill stages: sum %.1f ms against the untimed median %.1f ms (%+.1f%%: the events and, between "
+           "steps, the host)\n",
+           sum_ms, step_ms, step_ms > 0 ? 100 * (sum_ms - step_ms) / step_ms : 0.0);
+}
+
 int bench_prefill(int argc, char **argv)
 {
     prefill_args a;
@@ -134,6 +199,8 @@ int bench_prefill(int argc, char **argv)
     dsv4_opt_options_default(&oo);
     oo.n_seq = 1, oo.max_context = max_ctx, oo.max_step_tokens = a.chunk, oo.print_plan = 1;
     oo.weights = a.weights;
+    oo.prefill_experts = a.experts_decode ? DSV4_OPT_PREFILL_EXPERTS_DECODE : DSV4_OPT_PREFILL_EXPERTS_GROUPED;
+    oo.prefill_linears = a.linears_kernel ? DSV4_OPT_PREFILL_LINEARS_KERNEL : DSV4_OPT_PREFILL_LINEARS_GEMM;
     const int all = !strcmp(a.variant, "all-naive");
     if (all || !strcmp(a.variant, "attn-simt")) oo.attn = DSV4_OPT_ATTN_SIMT;
     if (all || !strcmp(a.variant, "indexer-fp32")) oo.indexer = DSV4_OPT_INDEXER_FP32;
@@ -148,15 +215,20 @@ int bench_prefill(int argc, char **argv)
         h ^= h << 13, h ^= h >> 7, h ^= h << 17;
         tok[p] = (int32_t)(h % (uint64_t)cfg.vocab_size);
     }
-    double best = 0, ms = 0, idx_ms = 0, idx_total = 0, dec_ms = 0;
-    for (int r = 0; !rc && r < a.reps; r++) {
+    double wall[101], ms = 0, med = 0, dec_ms = 0;
+    for (int r = 0; !rc && r <= a.reps; r++) { /* rep 0 warms up */
         if ((rc = prefill_once(o, tok, a.n, a.chunk, &ms))) break;
-        fprintf(stderr, "dsv4 bench --prefill: rep %d: %.1f ms%s\n", r, ms, r == 0 && a.reps > 1 ? " (warm-up)" : "");
-        if ((r > 0 || a.reps == 1) && (best == 0 || ms < best)) best = ms;
+        fprintf(stderr, "dsv4 bench --prefill: rep %d: %.1f ms%s\n", r, ms, r == 0 ? " (warm-up)" : "");
+        if (r > 0) wall[r - 1] = ms;
     }
-    if (!rc && !(rc = dsv4_opt_indexer_timing(o, 1)) && !(rc = prefill_once(o, tok, a.n, a.chunk, &idx_total))) {
-        idx_ms = dsv4_opt_indexer_ms(o);
-        rc = dsv4_opt_indexer_timing(o, 0);
+    if (!rc) med = median(wall, a.reps);
+    dsv4_opt_kernel_time(*st)[DSV4_OPT_MAX_STAGES] = calloc((size_t)a.reps, sizeof *st);
+    int ns = 0, timed_steps = 0;
+    if (!rc && !st) rc = dsv4_error(DSV4_ERR_NOMEM, "out of host memory");
+    for (int r = 0; !rc && r < a.reps; r++) {
+        if (!(rc = dsv4_opt_stage_timing(o, 1)) && !(rc = prefill_once(o, tok, a.n, a.chunk, &ms)))
+            rc = dsv4_opt_stage_times(o, st[r], DSV4_OPT_MAX_STAGES, &ns, &timed_steps);
+        if (!rc) rc = dsv4_opt_stage_timing(o, 0);
     }
     if (!rc) { /* one decode step after the prompt (the state of the last rep) */
         int32_t one = tok[0], next = 0;
@@ -168,6 +240,7 @@ int bench_prefill(int argc, char **argv)
         fprintf(stderr, "dsv4 bench --prefill: %s\n", dsv4_last_error());
         dsv4_opt_free(o);
         free(tok);
+        free(st);
         return 1;
     }
     /* the useful FLOPs: every position's step without its head, plus one head per step */
@@ -180,16 +253,27 @@ int bench_prefill(int argc, char **argv)
     const int steps = (a.n + a.chunk - 1) / a.chunk;
     flops += head * steps;
     const double floor_ms = flops / (gemm_tf * 1e12) * 1e3;
-    printf("prefill: %d tokens in steps of %d, %d Flash-shaped layers, weights %s, variant %s: %.1f ms "
-           "(%.1f ms per layer), %.0f tokens/s\n",
-           a.n, a.chunk, a.layers, a.weights == DSV4_OPT_WEIGHTS_FP8 ? "fp8" : "bf16", a.variant, best,
-           best / a.layers, a.n / (best / 1e3));
+    printf("prefill: %d tokens in steps of %d, %d Flash-shaped layers, weights %s, experts %s, linears %s, variant "
+           "%s: %.1f ms (median of %d after a warm-up; %.1f ms per layer), %.0f tokens/s\n",
+           a.n, a.chunk, a.layers, a.weights == DSV4_OPT_WEIGHTS_FP8 ? "fp8" : "bf16",
+           a.experts_decode ? "decode" : "grouped", a.linears_kernel ? "kernel" : "gemm", a.variant, med, a.reps,
+           med / a.layers, a.n / (med / 1e3));
     printf("prefill: %.2f TFLOP useful, %.1f TFLOP/s; FLOP floor %.1f ms at the cuBLAS bf16 GEMM rate %.0f TFLOP/s "
            "measured now: %.1f%% of the floor\n",
-           flops / 1e12, flops / (best * 1e9), floor_ms, gemm_tf, 100.0 * floor_ms / best);
-    printf("prefill: indexer (key compressor, queries, scores, top-k) %.1f ms of %.1f ms in the timed rep: %.1f%%\n",
-           idx_ms, idx_total, idx_total > 0 ? 100.0 * idx_ms / idx_total : 0.0);
+           flops / 1e12, flops / (med * 1e9), floor_ms, gemm_tf, 100.0 * floor_ms / med);
+    double idx_ms[100];
+    for (int r = 0; r < a.reps; r++) {
+        idx_ms[r] = 0;
+        for (int i = 0; i < ns; i++)
+            if (!strcmp(st[r][i].name, "indexer_prep") || !strcmp(st[r][i].name, "indexer_scores"))
+                idx_ms[r] += st[r][i].us / 1e3;
+    }
+    const double idx = median(idx_ms, a.reps);
+    printf("prefill: indexer (key compressor, queries, scores, top-k) %.1f ms: %.1f%% of the step\n", idx,
+           med > 0 ? 100.0 * idx / med : 0.0);
+    print_stages(st, a.reps, ns, timed_steps, med, gemm_tf, copy_gbs);
     printf("prefill: one decode step after the prompt: %.2f ms (eager-or-graph as dsv4_opt_step runs it)\n", dec_ms);
+    free(st);
     dsv4_opt_free(o);
     free(tok);
     return 0;

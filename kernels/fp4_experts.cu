@@ -208,6 +208,56 @@ int dsv4_opt_fp4_repack(uint8_t *codes, size_t n_bytes, cudaStream_t stream)
     return 0;
 }
 
+/* One thread per 32-column block of a row: its 16 code bytes (4 repacked words) and its scale byte in, 32 bf16 out.
+ * A code's value is an e2m1 magnitude times 2^(b-127): at most 3 significant bits, so the f32 product and its bf16
+ * are exact (unless subnormal in bf16); these are the values the FP4 expert kernel's bf16 mma sees. */
+__global__ void fp4_dequant_kernel(const uint8_t *__restrict__ codes, const uint8_t *__restrict__ scales, int64_t n,
+                                   uint16_t *__restrict__ dst)
+{
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const uint4 w4 = *reinterpret_cast<const uint4 *>(codes + i * 16);
+    const uint8_t b = scales[i];
+    const float sc = b == 0 ? __uint_as_float(0x00400000u) : b == 255 ? __uint_as_float(0x7fc00000u)
+                                                                       : __uint_as_float((uint32_t)b << 23);
+    const uint32_t wd[4] = {w4.x, w4.y, w4.z, w4.w};
+    uint32_t out[16];
+#pragma unroll
+    for (int q = 0; q < 4; q++)
+#pragma unroll
+        for (int J = 0; J < 4; J++) {
+            /* columns 8q + 2J (low half) and 8q + 2J + 1 (high half): magnitude bits 6..8, sign bit 15 per half */
+            const uint32_t pr = dsv4_fp4_pair_repacked(wd[q], J);
+            uint32_t v = 0;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const uint32_t half = pr >> (16 * h);
+                const uint32_t m = (half >> 6) & 7u; /* e2m1 magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 */
+                const float e2m1 = m < 4 ? 0.5f * (float)m : m == 4 ? 2.0f : m == 5 ? 3.0f : m == 6 ? 4.0f : 6.0f;
+                float f = e2m1 * sc;
+                if (half & 0x8000u) f = -f;
+                v |= (uint32_t)dsv4_f32_to_bf16_bits(f) << (16 * h);
+            }
+            out[4 * q + J] = v;
+        }
+    uint4 *o = reinterpret_cast<uint4 *>(dst + i * 32);
+#pragma unroll
+    for (int j = 0; j < 4; j++) o[j] = make_uint4(out[4 * j], out[4 * j + 1], out[4 * j + 2], out[4 * j + 3]);
+}
+
+int dsv4_opt_fp4_dequant(const uint8_t *codes, const uint8_t *scales, int64_t rows, int cols, uint16_t *dst,
+                         cudaStream_t stream)
+{
+    DSV4_CHECK(codes && scales && dst && rows >= 1 && cols >= 32 && cols % 32 == 0,
+               "fp4_dequant: %lld rows of %d columns (multiples of 32), codes %p, scales %p, dst %p", (long long)rows,
+               cols, (const void *)codes, (const void *)scales, (void *)dst);
+    DSV4_CHECK(dsv4_aligned16(codes) && dsv4_aligned16(dst), "fp4_dequant: codes and dst must be 16-byte aligned");
+    const int64_t n = rows * (cols / 32);
+    fp4_dequant_kernel<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(codes, scales, n, dst);
+    DSV4_LAUNCH_CHECK("fp4_dequant_kernel");
+    return 0;
+}
+
 int dsv4_opt_fp4_experts(const dsv4_fp4_experts_params *p)
 {
     DSV4_CHECK(p != NULL, "fp4_experts: params is NULL");

@@ -260,6 +260,63 @@ template <int NT> static void f8_launch(const f8_args &a, dim3 grid, bool al, cu
         fp8_linear_kernel<NT, false><<<grid, F8_WARPS * 32, 0, st>>>(a);
 }
 
+/* e4m3fn (no inf; 0x7f / 0xff NaN) as f32. */
+static __device__ __forceinline__ float f8_e4m3_f32(uint32_t b)
+{
+    const uint32_t e = (b >> 3) & 15u, m = b & 7u;
+    float v = e == 0 ? (float)m * 0.001953125f                                     /* m/8 · 2^-6 */
+              : e == 15 && m == 7 ? __uint_as_float(0x7fc00000u)                  /* NaN */
+                                  : __uint_as_float(((e + 120u) << 23) | (m << 20)); /* (1 + m/8) · 2^(e-7) */
+    return b & 0x80u ? -v : v;
+}
+
+/* One thread per 16 columns of a row: 16 codes in, 16 bf16 out (the block's scale applied in f32, then rounded:
+ * exact for e8m0 scales, whose products have at most 4 significant bits). */
+__global__ void fp8_dequant_kernel(const uint8_t *__restrict__ w, const void *__restrict__ scale, int f32_scale,
+                                   int n_in, int64_t n, uint16_t *__restrict__ dst)
+{
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const int64_t per_row = n_in / 16, r = i / per_row, c = (i % per_row) * 16;
+    const int64_t si = (r / 128) * ((n_in + 127) / 128) + c / 128;
+    float sc;
+    if (f32_scale) {
+        sc = static_cast<const float *>(scale)[si];
+    } else {
+        const uint8_t b = static_cast<const uint8_t *>(scale)[si];
+        sc = b == 0 ? __uint_as_float(0x00400000u) : b == 255 ? __uint_as_float(0x7fc00000u)
+                                                              : __uint_as_float((uint32_t)b << 23);
+    }
+    const uint4 q = *reinterpret_cast<const uint4 *>(w + r * n_in + c);
+    const uint32_t wd[4] = {q.x, q.y, q.z, q.w};
+    uint32_t out[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        const uint32_t word = wd[j / 2], sh = 16 * (j & 1);
+        const float lo = f8_e4m3_f32((word >> sh) & 0xffu) * sc, hi = f8_e4m3_f32((word >> (sh + 8)) & 0xffu) * sc;
+        out[j] = (uint32_t)dsv4_f32_to_bf16_bits(lo) | (uint32_t)dsv4_f32_to_bf16_bits(hi) << 16;
+    }
+    uint4 *o = reinterpret_cast<uint4 *>(dst + r * n_in + c);
+    o[0] = make_uint4(out[0], out[1], out[2], out[3]);
+    o[1] = make_uint4(out[4], out[5], out[6], out[7]);
+}
+
+int dsv4_opt_fp8_dequant(const uint8_t *w, const void *scale, dsv4_qscale scale_kind, int n_out, int n_in,
+                         uint16_t *dst, cudaStream_t stream)
+{
+    DSV4_CHECK(w && scale && dst && n_out >= 1 && n_in >= 16 && n_in % 16 == 0,
+               "fp8_dequant: %d x %d (n_in a multiple of 16), w %p, scale %p, dst %p", n_out, n_in, (const void *)w,
+               scale, (void *)dst);
+    DSV4_CHECK(dsv4_aligned16(w) && dsv4_aligned16(dst), "fp8_dequant: w and dst must be 16-byte aligned");
+    DSV4_CHECK(scale_kind == DSV4_QSCALE_E8M0 || scale_kind == DSV4_QSCALE_F32, "fp8_dequant: scale_kind %d unknown",
+               (int)scale_kind);
+    const int64_t n = (int64_t)n_out * (n_in / 16);
+    fp8_dequant_kernel<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(w, scale, scale_kind == DSV4_QSCALE_F32,
+                                                                        n_in, n, dst);
+    DSV4_LAUNCH_CHECK("fp8_dequant_kernel");
+    return 0;
+}
+
 int dsv4_opt_fp8_linear(const dsv4_fp8_linear_params *p)
 {
     DSV4_CHECK(p != NULL, "fp8_linear: params is NULL");

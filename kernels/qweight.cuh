@@ -2,8 +2,10 @@
  * §3): FP8 e4m3 linears with one scale per 128x128 block, and the routed experts in FP4 e2m1 (two codes per byte,
  * LOW nibble = EVEN input column) with one e8m0 scale per 32 input columns; the FP4 codes are held with the bits
  * of each 32-bit word permuted (dsv4_opt_fp4_repack below: lossless, cheaper to decode). Nothing is expanded to a
- * bf16 copy in GPU memory: the kernels dequantise in registers and multiply on bf16 tensor cores (mma.sync
- * m16n8k16, fp32 accumulation). sm_90 and sm_120; no sm_90a-only instructions.
+ * bf16 copy of the weights in GPU memory: the kernels dequantise in registers and multiply on bf16 tensor cores
+ * (mma.sync m16n8k16, fp32 accumulation). The one exception is the prefill's grouped expert GEMMs
+ * (dsv4_opt_fp4_dequant below): one expert's matrix at a time in a bounded scratch, read by cuBLAS. sm_90 and
+ * sm_120; no sm_90a-only instructions.
  *
  * Numerics: the product is that of the dequantised weight (exact in bf16: e4m3 and e2m1 values times a power of
  * two) with the bf16 activation, accumulated in fp32 - the same as the bf16 path on the dequantised weights,
@@ -48,6 +50,12 @@ typedef struct dsv4_fp8_linear_params {
 /* Workspace the launcher needs for these shapes (0 if none). */
 size_t dsv4_opt_fp8_linear_workspace_bytes(int n_tok, int n_out, int n_in);
 int dsv4_opt_fp8_linear(const dsv4_fp8_linear_params *p);
+/* dst [n_out, n_in] bf16 = dequant(W): each e4m3 code times its 128x128 block's scale, in f32, rounded to bf16 (exact
+ * with e8m0 scales; f32 scales round, so the step uses it only with e8m0). For the prefill's linears over long
+ * runs (opt_model.c): the matrix expanded into a bounded scratch, then one cuBLAS GEMM over the run's rows. n_in a
+ * multiple of 16; w and dst 16-byte aligned. */
+int dsv4_opt_fp8_dequant(const uint8_t *w, const void *scale, dsv4_qscale scale_kind, int n_out, int n_in,
+                         uint16_t *dst, cudaStream_t stream);
 
 /* The routed experts of C tokens with FP4 weights: the same contract as dsv4_moe_experts_params (moe.cuh) with
  * the weights packed. Per expert e: w13[e] = [2I, D/2] bytes (rows 0..I-1 W1, I..2I-1 W3), s13[e] = [2I, D/32];
@@ -81,6 +89,12 @@ int dsv4_opt_fp4_experts(const dsv4_fp4_experts_params *p);
  * place, on `stream`. Rows of D/2 or I/2 bytes are whole words, so any row range of a repacked matrix is the repack
  * of the same rows (expert parallel slices stay valid). */
 int dsv4_opt_fp4_repack(uint8_t *codes, size_t n_bytes, cudaStream_t stream);
+/* dst [rows, cols] bf16 = the FP4 weights codes [rows, cols/2] (repacked) times their e8m0 scales [rows, cols/32]:
+ * the values the FP4 expert kernel multiplies, exact in bf16 (unless subnormal there). For the grouped expert GEMMs
+ * of a prefill step (opt_step.c): one expert's matrix at a time into a bounded scratch, then cuBLAS. cols a
+ * multiple of 32; codes and dst 16-byte aligned. */
+int dsv4_opt_fp4_dequant(const uint8_t *codes, const uint8_t *scales, int64_t rows, int cols, uint16_t *dst,
+                         cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -296,3 +296,147 @@ int dsv4_opt_time_indexer(dsv4_opt *o, int n_live, int max_context_work, int rep
     timer_free(&t);
     return rc;
 }
+
+/* ------------------------------------------------------------------------------------ stage timing (prefill) */
+/* The stages tile a step with runs: one event opens each stage (opt_prof_mark in opt_step.c), the next event
+ * closes it, so the stage times sum to the step's device time from its input copy to its argmax, host launch gaps
+ * and the experts' offset read-back included in the stage they fall in. Unlike dsv4_opt_time_kernels (each kernel
+ * relaunched alone, cold L2) this times the step itself: a prefill step writes caches and compressor states that a
+ * relaunch would write twice, and its stages see the L2 the previous stage left, as in a real prefill. */
+static const char *const stage_names[OPT_STAGES] = {
+    "setup",  "mhc_pre", "gemm_x",   "q_path",   "window_cmp",    "indexer_prep",   "indexer_scores",
+    "attn",   "gemm_wo", "mhc_post", "router_shared", "routed_experts", "head"};
+
+int opt_prof_mark(dsv4_opt *o, int stage)
+{
+    if (!o->prof_on || !o->runs) return 0;
+    DSV4_CHECK(o->prof_n < o->prof_cap, "stage timing: more than %d stage boundaries in one step", o->prof_cap);
+    DSV4_OPT_CUDA(cudaEventRecord(o->prof_ev[o->prof_n], o->stream));
+    o->prof_stage[o->prof_n++] = stage;
+    return 0;
+}
+
+/* The useful FLOPs and fewest bytes of each stage of the step just run (its rows: row0/nrun/pos, positions not
+ * yet advanced), counted as dsv4_opt_time_kernels counts a decode step's kernels, with each row's own live
+ * counts; weights as held, read once per step. */
+static void prof_work(dsv4_opt *o, double *fl, double *by)
+{
+    const double T = o->T, D = o->D, n = o->n, H = o->H, d = o->d, qr = o->qr, HI = o->HI, dI = o->dI,
+                 E = o->E, K = o->K, NI = o->NI, NS = o->NI_sh, G = o->G, o_r = o->o_r, V = o->V;
+    const double mix = (2 + n) * n;
+    const double w_expert = o->fp8 ? 3 * NI * D * (0.5 + 1.0 / 32) : 3 * NI * D * 2;
+    /* distinct experts T·K uniform picks touch, expected (the held ones) */
+    const double touched = o->E_loc * (1.0 - pow(1.0 - K / E, T));
+    double n_head = 0;
+    for (int c = 0; c < o->C; c++) n_head += o->nrun[c] > 0;
+    by[OPT_STAGE_SETUP] += T * n * D * 2;
+    for (int L = 0; L < o->cfg.num_hidden_layers; L++) {
+        const opt_layer *ly = &o->layers[L];
+        const int csa = ly->attn == DSV4_ATTN_CSA, hca = ly->attn == DSV4_ATTN_HCA, r = ly->ratio;
+        const double nx = ly->n_x, entry = (double)ly->kv_entry_bytes, width = (csa ? 2 : 1) * d;
+        double wx = 0, wf = 0;
+        for (int i = 0; i < ly->x.n; i++) wx += opt_linear_bytes(&ly->x.lin[i]);
+        for (int i = 0; i < ly->f.n; i++) wf += opt_linear_bytes(&ly->f.lin[i]);
+        fl[OPT_STAGE_MHC_PRE] += 2 * 2 * T * mix * n * D;
+        by[OPT_STAGE_MHC_PRE] += 2 * (T * n * D * 2 + T * D * 6 + mix * n * D * 4);
+        fl[OPT_STAGE_GEMM_X] += 2 * T * nx * D;
+        by[OPT_STAGE_GEMM_X] += wx + T * D * 2 + T * nx * 4;
+        fl[OPT_STAGE_Q] += 2 * T * H * d * qr;
+        by[OPT_STAGE_Q] += opt_linear_bytes(&ly->wq_b) + T * qr * 2 + T * H * d * 6;
+        by[OPT_STAGE_WINDOW_CMP] += T * entry + (r > 0 ? T * 2 * width * 4 + T / r * entry : 0);
+        if (csa) {
+            fl[OPT_STAGE_IDX_PREP] += 2 * T * HI * dI * qr;
+            by[OPT_STAGE_IDX_PREP] += opt_linear_bytes(&ly->idx_wq_b) + T * (qr * 2 + HI * dI * 6 + 4 * dI * 4);
+        }
+        double live_sum = 0, ent_sum = 0, last_live = 0;
+        for (int c = 0; c < o->C; c++) {
+            double lv = 0;
+            for (int j = 0; j < o->nrun[c]; j++) {
+                const int p = o->pos[c] + j;
+                lv = r > 0 ? (double)((p + 1) / r) : 0;
+                if (lv > ly->pool_cap) lv = ly->pool_cap;
+                live_sum += lv;
+                ent_sum += (p + 1 < o->W ? p + 1 : o->W) + (csa ? (lv < o->topk ? lv : o->topk) : hca ? lv : 0);
+            }
+            last_live += lv; /* the entries each sequence's run reaches: its pool, read once at best */
+        }
+        if (csa) {
+            fl[OPT_STAGE_IDX_SCORES] += 2 * HI * dI * live_sum;
+            by[OPT_STAGE_IDX_SCORES] += last_live * dI * 2 + live_sum * 8 + T * HI * dI * 2;
+        }
+        fl[OPT_STAGE_ATTN] += 4 * H * d * ent_sum;
+        by[OPT_STAGE_ATTN] += T * H * d * 4 + last_live * entry;
+        fl[OPT_STAGE_WO] += 2 * T * (H * d * o_r + G * o_r * D);
+        by[OPT_STAGE_WO] += opt_linear_bytes(&ly->wo_a) + opt_linear_bytes(&ly->wo_b) +
+                            T * (H * d * 2 + G * o_r * 2 + D * 4);
+        fl[OPT_STAGE_MHC_POST] += 2 * 2 * T * n * (n + 1) * D;
+        by[OPT_STAGE_MHC_POST] += 2 * T * (2 * n * D * 2 + D * 4);
+        fl[OPT_STAGE_ROUTER_SHARED] += 2 * T * (E + 2 * NS) * D + 2 * T * D * NS;
+        by[OPT_STAGE_ROUTER_SHARED] +=
+            wf + opt_linear_bytes(&ly->sh_w2) + T * (D * 2 + (E + 2 * NS) * 4 + NS * 2 + D * 4);
+        fl[OPT_STAGE_EXPERTS] += 2 * T * K * 3 * NI * D;
+        by[OPT_STAGE_EXPERTS] += touched * w_expert + T * (D * 2 + D * 4);
+    }
+    fl[OPT_STAGE_HEAD] += 2 * n_head * V * D;
+    by[OPT_STAGE_HEAD] += V * D * 2 + T * n * D * 2;
+}
+
+int opt_prof_account(dsv4_opt *o)
+{
+    const int ne = o->prof_n;
+    o->prof_n = 0;
+    DSV4_CHECK(ne >= 2 && o->prof_stage[0] == OPT_STAGE_SETUP && o->prof_stage[ne - 1] == OPT_STAGE_END,
+               "stage timing: the step recorded %d boundaries, not from setup to its end", ne);
+    for (int i = 0; i + 1 < ne; i++) {
+        float ms = 0.0f;
+        DSV4_OPT_CUDA(cudaEventElapsedTime(&ms, o->prof_ev[i], o->prof_ev[i + 1]));
+        o->prof_ms[o->prof_stage[i]] += ms;
+    }
+    prof_work(o, o->prof_flops, o->prof_bytes);
+    o->prof_steps++;
+    return 0;
+}
+
+int dsv4_opt_stage_timing(dsv4_opt *o, int on)
+{
+    DSV4_CHECK(o && !o->group, "dsv4_opt_stage_timing: the one-GPU path only");
+    /* per layer at most 13 boundaries (two mHC pre and post sites, the indexer's two), plus setup, head, end */
+    const int cap = 13 * o->cfg.num_hidden_layers + 3;
+    if (on && !o->prof_ev) {
+        o->prof_ev = calloc((size_t)cap, sizeof *o->prof_ev);
+        o->prof_stage = calloc((size_t)cap, sizeof *o->prof_stage);
+        if (!o->prof_ev || !o->prof_stage) {
+            free(o->prof_ev), free(o->prof_stage);
+            o->prof_ev = NULL, o->prof_stage = NULL;
+            return dsv4_error(DSV4_ERR_NOMEM, "optimized: out of host memory");
+        }
+        o->prof_cap = cap;
+        for (int i = 0; i < cap; i++) DSV4_OPT_CUDA(cudaEventCreate(&o->prof_ev[i]));
+    }
+    if (!on && o->prof_ev) {
+        for (int i = 0; i < o->prof_cap; i++)
+            if (o->prof_ev[i]) cudaEventDestroy(o->prof_ev[i]);
+        free(o->prof_ev);
+        free(o->prof_stage);
+        o->prof_ev = NULL, o->prof_stage = NULL, o->prof_cap = 0;
+    }
+    o->prof_on = on;
+    o->prof_n = 0, o->prof_steps = 0;
+    for (int i = 0; i < OPT_STAGES; i++) o->prof_ms[i] = o->prof_flops[i] = o->prof_bytes[i] = 0.0;
+    return 0;
+}
+
+int dsv4_opt_stage_times(const dsv4_opt *o, dsv4_opt_kernel_time *out, int max_out, int *n_out, int *steps)
+{
+    _Static_assert((int)OPT_STAGES <= (int)DSV4_OPT_MAX_STAGES, "the public bound on the stages");
+    DSV4_CHECK(o && out && n_out && steps && max_out >= OPT_STAGES, "dsv4_opt_stage_times: bad arguments");
+    for (int i = 0; i < OPT_STAGES; i++) {
+        memset(&out[i], 0, sizeof out[i]);
+        snprintf(out[i].name, sizeof out[i].name, "%s", stage_names[i]);
+        out[i].layer = -1, out[i].us = 1e3 * o->prof_ms[i];
+        out[i].flops = o->prof_flops[i], out[i].bytes = o->prof_bytes[i];
+    }
+    *n_out = OPT_STAGES;
+    *steps = o->prof_steps;
+    return 0;
+}

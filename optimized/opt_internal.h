@@ -112,6 +112,24 @@ typedef struct opt_graph {
     cudaGraphExec_t exec;
 } opt_graph;
 enum { OPT_MAX_GRAPHS = 64 };
+/* The stages of a step that dsv4_opt_stage_timing measures, in step order (names in opt_bench.c). */
+enum {
+    OPT_STAGE_SETUP,        /* inputs up, step setup, embedding */
+    OPT_STAGE_MHC_PRE,      /* both mHC pre sites of a layer */
+    OPT_STAGE_GEMM_X,       /* the fused attention-input GEMM */
+    OPT_STAGE_Q,            /* q norm, wq_b, q norm + RoPE */
+    OPT_STAGE_WINDOW_CMP,   /* window KV norm + RoPE, the main compressor */
+    OPT_STAGE_IDX_PREP,     /* indexer key compressor, indexer wq_b, queries, head weights */
+    OPT_STAGE_IDX_SCORES,   /* indexer scores + top-k, every slab */
+    OPT_STAGE_ATTN,         /* gather list, sparse attention, ring write */
+    OPT_STAGE_WO,           /* grouped wo_a, wo_b */
+    OPT_STAGE_MHC_POST,     /* both mHC post sites */
+    OPT_STAGE_ROUTER_SHARED, /* gate | shared w1 | w3 GEMM, router, shared SwiGLU and w2 */
+    OPT_STAGE_EXPERTS,      /* the routed experts and the combine */
+    OPT_STAGE_HEAD,         /* final mHC head, head GEMM, argmax */
+    OPT_STAGES,
+    OPT_STAGE_END = OPT_STAGES
+};
 
 struct dsv4_opt {
     dsv4_opt_options opt;
@@ -156,11 +174,20 @@ struct dsv4_opt {
     void *kv_fresh;                  /* [Tm] window KV rows of a step with runs (bf16 rows or fp8 entries) */
     size_t kv_fresh_bytes;           /* bytes of one fresh row */
     uint16_t *xh;                    /* [logit_rows, D] the head's input rows of a step with runs */
-    /* the routed experts of a step with runs as grouped GEMMs (kernels/moe_sorted.cuh; bf16 weights, a budget of
-     * at least OPT_SORTED_MIN_ROWS rows): [Tm·K] pairs sorted by expert; NULL otherwise */
+    /* the routed experts of a step with runs as grouped GEMMs (kernels/moe_sorted.cuh; a budget of at least
+     * OPT_SORTED_MIN_ROWS rows, options.prefill_experts grouped): [Tm·K] pairs sorted by expert; NULL otherwise */
     int32_t *ms_count, *ms_offset, *ms_perm, *ms_slot; /* [E + 1], [E + 1], [Tm·K], [Tm·K] */
     uint16_t *ms_xs, *ms_h;          /* [Tm·K, D], [Tm·K, NI] bf16 */
     float *ms_gu, *ms_y;             /* [Tm·K, 2·NI], [Tm·K, D] f32 */
+    size_t ms_bytes;                 /* scratch bytes of the views above (the memory plan) */
+    /* fp8 mode, a budget of at least OPT_SORTED_MIN_ROWS rows: weight matrices dequantised to bf16 for cuBLAS: an
+     * FP8 linear over a long run (from wdq), or the grouped FP4 experts' two slots of [2·NI, D] (wdq and
+     * wdq + wdq_slot), filled on the side stream while the main stream multiplies the other; NULL otherwise */
+    uint16_t *wdq;
+    size_t wdq_elems, wdq_slot;
+    cudaStream_t side;               /* the FP4 experts' dequantisation (created with the two slots) */
+    cudaEvent_t wdq_ready[2], wdq_free[2]; /* slot s dequantised / no longer read by a GEMM */
+    cudaEvent_t wdq_start;           /* the main stream's work before the experts' GEMMs */
     int32_t *h_ms_offset;            /* pinned [E + 1] */
     /* scratch views (Tm rows each unless said) */
     uint16_t *X, *X2;                /* [C, n, D] */
@@ -211,10 +238,14 @@ struct dsv4_opt {
     long follow_rows[2];             /* rows staged so far: top-k, router */
     int follow_stop;                 /* position of dump_seq where following stopped (token differs), -1 */
     int broken;                      /* a step failed part way: later steps are refused (only free is left) */
-    /* indexer timing (dsv4_opt_indexer_timing): events around each CSA layer's indexer in eager steps */
+    /* stage timing (dsv4_opt_stage_timing, opt_bench.c): in a step with runs an event at every stage boundary
+     * (opt_prof_mark), so the stages tile the step; their times and work summed over the timed steps */
     int prof_on;
-    cudaEvent_t *prof_ev;            /* [2L] while on */
-    double prof_ms;
+    cudaEvent_t *prof_ev;            /* [prof_cap] while on */
+    int *prof_stage;                 /* [prof_cap] the stage that event i opens (OPT_STAGE_END: the last) */
+    int prof_cap, prof_n;            /* events available, recorded in the current step */
+    double prof_ms[OPT_STAGES], prof_flops[OPT_STAGES], prof_bytes[OPT_STAGES];
+    int prof_steps;
     /* probing state of the current step */
     dsv4_probe_sink *probe;
     float *h_probe;                  /* pinned host staging for probe rows */
@@ -332,8 +363,16 @@ int opt_launch_topk(dsv4_opt *o, int n_work, int max_ctx);
 int opt_launch_step_index(dsv4_opt *o, const opt_layer *ly, int n_extra);
 int opt_launch_sparse_attn(dsv4_opt *o, const opt_layer *ly, int n_extra);
 
-/* A step with runs of at least this many rows (and bf16 weights) runs its routed experts as grouped GEMMs. */
+/* A step with runs of at least this many rows runs its routed experts as grouped GEMMs (bf16 weights, or FP4
+ * weights dequantised per expert into wdq), unless options.prefill_experts asks for the decode kernels; and its
+ * FP8 linears as cuBLAS GEMMs over the dequantised matrix (wdq), unless options.prefill_linears says kernel. */
 enum { OPT_SORTED_MIN_ROWS = 128 };
+
+/* Stage timing: record the event that opens `stage` (OPT_STAGE_END closes the step); a no-op unless timing is on
+ * and the step has runs (those run eagerly: events and graphs are not mixed). opt_prof_account adds the finished
+ * step's stage times and work (after the step's synchronisation). */
+int opt_prof_mark(dsv4_opt *o, int stage);
+int opt_prof_account(dsv4_opt *o);
 
 /* Counted cudaMalloc (style rule 10). */
 int opt_dev_alloc(void **p, size_t bytes, const char *what);

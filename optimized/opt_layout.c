@@ -557,7 +557,11 @@ static void scratch_layout(dsv4_opt *o, opt_carver *cv)
     /* a decode-only object never has runs: no fresh rows, no gathered head rows */
     o->kv_fresh = o->Tm > o->C ? opt_carve(cv, C * o->kv_fresh_bytes) : NULL;
     o->xh = o->Tm > o->C ? opt_carve(cv, LR * D * 2) : NULL;
-    if (o->Tm > o->C && o->Tm >= OPT_SORTED_MIN_ROWS && !o->fp8) { /* grouped expert GEMMs of a long run */
+    const size_t ms0 = cv->off;
+    /* the conditions, not the views: the counting pass (base NULL) carves NULL views of the same sizes */
+    const int long_runs = o->Tm > o->C && o->Tm >= OPT_SORTED_MIN_ROWS;
+    const int grouped = long_runs && o->opt.prefill_experts == DSV4_OPT_PREFILL_EXPERTS_GROUPED;
+    if (grouped) { /* grouped expert GEMMs of a long run */
         const size_t P = C * K, E1 = (size_t)o->E + 1;
         o->ms_count = opt_carve(cv, E1 * 4);
         o->ms_offset = opt_carve(cv, E1 * 4);
@@ -568,6 +572,22 @@ static void scratch_layout(dsv4_opt *o, opt_carver *cv)
         o->ms_h = opt_carve(cv, P * NI * 2);
         o->ms_y = opt_carve(cv, P * D * 4);
     }
+    /* fp8 mode: the largest matrix a long run dequantises (an FP4 expert's w13; an FP8 linear: wq_a, wkv, wq_b,
+     * indexer wq_b, wo_a, wo_b, shared w1 / w3 / w2, the rank's shapes) */
+    o->wdq_elems = 0, o->wdq_slot = 0;
+    if (o->fp8 && long_runs) {
+        o->wdq_slot = grouped ? (size_t)2 * NI * D : 0; /* two slots: the experts' dequantisation overlaps GEMMs */
+        size_t m = 2 * o->wdq_slot;
+        if (o->opt.prefill_linears == DSV4_OPT_PREFILL_LINEARS_GEMM) {
+            const size_t cand[] = {(size_t)o->qr * D,        (size_t)o->d * D,    Hd * o->qr,
+                                   (size_t)o->HI * o->dI * o->qr, (size_t)o->o_r * Hd, (size_t)D * o->G * o->o_r,
+                                   (size_t)o->NI_sh * D};
+            for (size_t i = 0; i < sizeof cand / sizeof cand[0]; i++) m = cand[i] > m ? cand[i] : m;
+        }
+        o->wdq_elems = m;
+    }
+    o->wdq = o->wdq_elems ? opt_carve(cv, o->wdq_elems * 2) : NULL;
+    o->ms_bytes = cv->off - ms0;
     o->ws = opt_carve(cv, o->ws_bytes);
     o->cublas_ws = opt_carve(cv, o->cublas_ws_bytes);
     if (o->follow) {
@@ -720,13 +740,15 @@ int opt_init_common(dsv4_opt *o, opt_weight_src *src)
     cv = (opt_carver){0};
     scratch_layout(o, &cv);
     if (o->opt.print_plan) {
-        char b[5][32];
+        char b[6][32];
         fprintf(stderr, "%s: memory plan (rank %d of %d): weights %s, caches %s, scratch %s for steps of up to %d "
-                "tokens over %d sequences (indexer scores in slabs of %d rows: %s; kernel workspace %s)\n",
+                "tokens over %d sequences (indexer scores in slabs of %d rows: %s; kernel workspace %s; the "
+                "GEMMs of long runs %s%s)\n",
                 src->what, o->rank, o->n_ranks, dsv4_mem_format((double)o->w_bytes, b[0], 32),
                 dsv4_mem_format((double)state_count, b[1], 32), dsv4_mem_format((double)cv.off, b[2], 32), o->Tm,
                 o->C, o->idx_rows, dsv4_mem_format((double)o->idx_rows * per_row, b[3], 32),
-                dsv4_mem_format((double)o->ws_bytes, b[4], 32));
+                dsv4_mem_format((double)o->ws_bytes, b[4], 32), dsv4_mem_format((double)o->ms_bytes, b[5], 32),
+                o->wdq ? " with one dequantised weight matrix" : "");
     }
     snprintf(what, sizeof what, "%s: weights", src->what);
     DSV4_TRY(dsv4_mem_check_device((double)o->w_bytes, what));
@@ -744,6 +766,14 @@ int opt_init_common(dsv4_opt *o, opt_weight_src *src)
     DSV4_OPT_CUDA(cudaMallocHost((void **)&o->h_in, ((size_t)6 * o->Tm + 2 * (size_t)o->logit_rows) * 4));
     o->h_next = o->h_in + 6 * (size_t)o->Tm + o->logit_rows;
     if (o->ms_offset) DSV4_OPT_CUDA(cudaMallocHost((void **)&o->h_ms_offset, ((size_t)o->E + 1) * 4));
+    if (o->wdq && o->wdq_slot) { /* the FP4 experts' dequantisation stream and its slot events */
+        DSV4_OPT_CUDA(cudaStreamCreateWithFlags(&o->side, cudaStreamNonBlocking));
+        DSV4_OPT_CUDA(cudaEventCreateWithFlags(&o->wdq_start, cudaEventDisableTiming));
+        for (int i = 0; i < 2; i++) {
+            DSV4_OPT_CUDA(cudaEventCreateWithFlags(&o->wdq_ready[i], cudaEventDisableTiming));
+            DSV4_OPT_CUDA(cudaEventCreateWithFlags(&o->wdq_free[i], cudaEventDisableTiming));
+        }
+    }
     if (o->follow) {
         const size_t nf = (size_t)o->Tm * f->num_hidden_layers * o->follow_stride;
         DSV4_OPT_CUDA(cudaMallocHost((void **)&o->h_follow, nf * sizeof *o->h_follow));

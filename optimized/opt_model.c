@@ -362,9 +362,16 @@ void opt_free_one(dsv4_opt *o)
 {
     if (!o) return;
     if (o->stream) cudaStreamSynchronize(o->stream);
-    if (o->prof_ev) dsv4_opt_indexer_timing(o, 0);
+    if (o->prof_ev) dsv4_opt_stage_timing(o, 0);
     for (int i = 0; i < o->n_graphs; i++) cudaGraphExecDestroy(o->graphs[i].exec);
     if (o->cublas) cublasDestroy(o->cublas);
+    if (o->side) cudaStreamSynchronize(o->side);
+    if (o->wdq_start) cudaEventDestroy(o->wdq_start);
+    for (int i = 0; i < 2; i++) {
+        if (o->wdq_ready[i]) cudaEventDestroy(o->wdq_ready[i]);
+        if (o->wdq_free[i]) cudaEventDestroy(o->wdq_free[i]);
+    }
+    if (o->side) cudaStreamDestroy(o->side);
     if (o->stream) cudaStreamDestroy(o->stream);
     cudaFree(o->w_mem);
     cudaFree(o->s_mem);
@@ -447,11 +454,30 @@ double opt_linear_bytes(const opt_linear *w)
     return n + (double)((w->n_out + 127) / 128) * ((w->n_in + 127) / 128) * (w->scale_kind == DSV4_QSCALE_F32 ? 4 : 1);
 }
 
+/* An FP8 linear over a long run (a step with runs, >= OPT_SORTED_MIN_ROWS rows) as one cuBLAS GEMM over its
+ * matrix dequantised into wdq: the FP8 kernel re-reads its weights once per 64 tokens (it is shaped for decode),
+ * the expansion costs one pass over the matrix. Only with e8m0 scales, where the bf16 values are exact (the same
+ * products as the kernel's, other fp32 summation order); decode steps never take it. */
+static const uint16_t *linear_dequant(dsv4_opt *o, const opt_linear *w, int S, int *rc)
+{
+    *rc = 0;
+    if (!o->runs || !o->wdq || S < OPT_SORTED_MIN_ROWS || o->opt.prefill_linears != DSV4_OPT_PREFILL_LINEARS_GEMM ||
+        w->scale_kind != DSV4_QSCALE_E8M0 || w->n_in % 16 || (uintptr_t)w->fp8 % 16 ||
+        (size_t)w->n_out * w->n_in > o->wdq_elems)
+        return NULL;
+    *rc = dsv4_opt_fp8_dequant(w->fp8, w->scale, w->scale_kind, w->n_out, w->n_in, o->wdq, o->stream);
+    return *rc ? NULL : o->wdq;
+}
+
 int opt_linear_apply(dsv4_opt *o, const opt_linear *w, void *y, int y_f32, int ldy, const uint16_t *x, int ldx,
                      int S)
 {
     if (w->n_out == 0) return 0;
     if (w->bf16) return opt_gemm(o, y, y_f32, ldy, x, ldx, w->bf16, w->n_out, w->n_in, S);
+    int rc = 0;
+    const uint16_t *wd = linear_dequant(o, w, S, &rc);
+    DSV4_TRY(rc);
+    if (wd) return opt_gemm(o, y, y_f32, ldy, x, ldx, wd, w->n_out, w->n_in, S);
     dsv4_fp8_linear_params p = {.n_tok = S, .n_out = w->n_out, .n_in = w->n_in, .x = x, .ldx = ldx, .w = w->fp8,
                                 .scale = w->scale, .scale_kind = w->scale_kind, .y = y, .y_f32 = y_f32, .ldy = ldy,
                                 .workspace = o->ws, .workspace_bytes = o->ws_bytes, .stream = o->stream};
@@ -468,9 +494,12 @@ int opt_linear_apply_grouped(dsv4_opt *o, const opt_linear *w, int G, uint16_t *
                              int ldx, int S)
 {
     const int rows = w->n_out / G, in = w->n_in;
-    if (w->bf16) {
+    int rc = 0;
+    const uint16_t *wb = w->bf16 ? w->bf16 : linear_dequant(o, w, S, &rc);
+    if (!w->bf16) DSV4_TRY(rc);
+    if (wb) {
         const float one = 1.0f, zero = 0.0f;
-        DSV4_OPT_CUBLAS(cublasGemmStridedBatchedEx(o->cublas, CUBLAS_OP_T, CUBLAS_OP_N, rows, S, in, &one, w->bf16,
+        DSV4_OPT_CUBLAS(cublasGemmStridedBatchedEx(o->cublas, CUBLAS_OP_T, CUBLAS_OP_N, rows, S, in, &one, wb,
                                                    CUDA_R_16BF, in, (long long)rows * in, x, CUDA_R_16BF, ldx, in,
                                                    &zero, y, CUDA_R_16BF, ldy, rows, G, CUBLAS_COMPUTE_32F,
                                                    CUBLAS_GEMM_DEFAULT));

@@ -161,6 +161,7 @@ static int mhc_pre(dsv4_opt *o, int L, const float *fn, const float *base, const
                    int attn_site)
 {
     const int n = o->n, D = o->D;
+    DSV4_TRY(opt_prof_mark(o, OPT_STAGE_MHC_PRE));
     DSV4_TRY(opt_launch_mhc_pre(o, fn, base, scale, norm_w));
     PROBE(attn_site ? "attn_hc_pre" : "ffn_hc_pre", o->pre, n, n, PR_F32);
     PROBE(attn_site ? "attn_hc_post" : "ffn_hc_post", o->post, n, n, PR_F32);
@@ -174,6 +175,7 @@ static int mhc_post(dsv4_opt *o, const float *out)
     dsv4_mhc_post_params pp = {.n_tok = o->T, .n_streams = o->n, .dim = o->D, .X = o->X, .X_f32 = o->Xf,
                                .out = out, .post = o->post, .comb = o->comb, .X_out = o->X2,
                                .kernel = (dsv4_mhc_kernel)o->opt.mhc, .stream = o->stream};
+    DSV4_TRY(opt_prof_mark(o, OPT_STAGE_MHC_POST));
     DSV4_TRY(dsv4_opt_mhc_post(&pp));
     uint16_t *t = o->X;
     o->X = o->X2;
@@ -225,19 +227,10 @@ static int follow_rows(dsv4_opt *o, int L, int k, int32_t *sel, int router, cons
 
 /* The lightning indexer of a CSA layer: key update, queries, head weights, then per slab of rows the scores and
  * the top-k. */
-static int indexer_body(dsv4_opt *o, int L, const opt_layer *ly, int n_csa);
 static int indexer(dsv4_opt *o, int L, const opt_layer *ly, int n_csa)
 {
-    const int timed = o->prof_on && o->runs;
-    if (timed) DSV4_OPT_CUDA(cudaEventRecord(o->prof_ev[2 * L], o->stream));
-    DSV4_TRY(indexer_body(o, L, ly, n_csa));
-    if (timed) DSV4_OPT_CUDA(cudaEventRecord(o->prof_ev[2 * L + 1], o->stream));
-    return 0;
-}
-
-static int indexer_body(dsv4_opt *o, int L, const opt_layer *ly, int n_csa)
-{
     const int s = o->opt.dump_seq, T = o->T, HI = o->HI, dI = o->dI;
+    DSV4_TRY(opt_prof_mark(o, OPT_STAGE_IDX_PREP));
     DSV4_TRY(compressor(o, ly, dI, 1, ly->off_ikv, ly->off_ig, ly->idx_ape, ly->idx_norm, ly->icmp_kv,
                             ly->icmp_score, ly->ipool, NULL, (int64_t)ly->pool_cap * dI, 0, 0));
     DSV4_TRY(opt_linear_apply(o, &ly->idx_wq_b, o->qfull, 1, HI * dI, o->qr_b, o->qr, T));
@@ -250,6 +243,7 @@ static int indexer_body(dsv4_opt *o, int L, const opt_layer *ly, int n_csa)
     DSV4_TRY(dsv4_opt_norm_rope(&wp));
     const int max_ctx = o->opt.index_context == DSV4_OPT_INDEX_MAX;
     const int n_work = max_ctx ? ly->pool_cap : (n_csa > 0 ? n_csa : 1);
+    DSV4_TRY(opt_prof_mark(o, OPT_STAGE_IDX_SCORES));
     for (int r0 = 0; r0 < T; r0 += o->idx_rows) {
         const int R = T - r0 < o->idx_rows ? T - r0 : o->idx_rows;
         DSV4_TRY(launch_indexer_slab(o, ly, n_work, max_ctx, r0, R));
@@ -278,7 +272,9 @@ static int attention(dsv4_opt *o, int L, int n_csa, int n_hca)
     const float *cs = sliding ? o->cos_m : o->cos_c, *sn = sliding ? o->sin_m : o->sin_c;
     const int64_t kv_stride = ly->kv_seq_stride;
 
+    DSV4_TRY(opt_prof_mark(o, OPT_STAGE_GEMM_X));
     DSV4_TRY(opt_proj_apply(o, &ly->x, o->proj, nx, o->xn, D, T));
+    DSV4_TRY(opt_prof_mark(o, OPT_STAGE_Q));
     DSV4_TRY(norm_rope(o, o->proj + ly->off_qa, 0, nx, 1, o->qr, 1, ly->q_norm, 0, NULL, NULL, o->qr_b, o->qr));
     DSV4_TRY(opt_linear_apply(o, &ly->wq_b, o->qfull, 1, H * d, o->qr_b, o->qr, T));
     DSV4_TRY(norm_rope(o, o->qfull, 0, (int64_t)H * d, H, d, 1, NULL, 1, cs, sn, o->q, (int64_t)H * d));
@@ -296,6 +292,7 @@ static int attention(dsv4_opt *o, int L, int n_csa, int n_hca)
         kp.out8 = fp8 ? (uint8_t *)o->kv_fresh : NULL;
         kp.out8_seq_stride = (int64_t)ly->kv_entry_bytes;
     }
+    DSV4_TRY(opt_prof_mark(o, OPT_STAGE_WINDOW_CMP));
     DSV4_TRY(dsv4_opt_norm_rope(&kp));
     PROBE("kv", o->kvf, d, d, PR_F32);
 
@@ -305,6 +302,7 @@ static int attention(dsv4_opt *o, int L, int n_csa, int n_hca)
     if (ly->attn == DSV4_ATTN_CSA) DSV4_TRY(indexer(o, L, ly, n_csa));
 
     const int n_extra = sliding ? 0 : ly->attn == DSV4_ATTN_CSA ? o->topk : n_hca; /* entries past the window */
+    DSV4_TRY(opt_prof_mark(o, OPT_STAGE_ATTN));
     DSV4_TRY(opt_launch_step_index(o, ly, n_extra));
     DSV4_TRY(opt_launch_sparse_attn(o, ly, n_extra));
     if (o->runs) { /* every row has attended: the runs' last W window entries enter the ring */
@@ -318,6 +316,7 @@ static int attention(dsv4_opt *o, int L, int n_csa, int n_hca)
 
     /* grouped output projection: z_g = o_g · W_oa[g]ᵀ for the G groups of H/G heads, then out = z · W_obᵀ */
     const int G = o->G, o_r = o->o_r;
+    DSV4_TRY(opt_prof_mark(o, OPT_STAGE_WO));
     DSV4_TRY(opt_linear_apply_grouped(o, &ly->wo_a, G, o->z, G * o_r, o->o, H * d, T));
     DSV4_TRY(opt_linear_apply(o, &ly->wo_b, o->aout, 1, D, o->z, G * o_r, T));
     DSV4_TRY(opt_allreduce(o, o->aout, (size_t)T * D, L, "attn_out"));
@@ -326,7 +325,48 @@ static int attention(dsv4_opt *o, int L, int n_csa, int n_hca)
 }
 
 /* The routed experts of a long run as grouped GEMMs: the pairs sorted by expert (their offsets come to the host:
- * the step runs eagerly), each held expert's rows through one up and one down cuBLAS GEMM, then the combine. */
+ * the step runs eagerly), each held expert's rows through one up and one down cuBLAS GEMM, then the combine. FP4
+ * experts (fp8 mode) are first dequantised, one matrix of one expert at a time: the same bf16 values the decode
+ * kernels multiply (exact), read by the same GEMM; only experts with rows are expanded. The i-th expert with rows
+ * goes to slot i % 2, dequantised on the side stream while the main stream multiplies the previous one (an
+ * expert's GEMM of a few hundred rows leaves most SMs idle): the side waits for the GEMM that last read the slot
+ * (wdq_free), the GEMM for its dequantisation (wdq_ready); the values do not depend on the timing. */
+static int expert_gemms(dsv4_opt *o, const opt_layer *ly, const int32_t *off, int held, int up)
+{
+    const size_t D = o->D, NI = o->NI;
+    DSV4_CHECK(!o->fp8 || (o->wdq && o->wdq_slot && o->side), "optimized: FP4 grouped experts without their slots");
+    const int n_out = up ? 2 * (int)NI : (int)D, n_in = up ? (int)D : (int)NI;
+    float *y = up ? o->ms_gu : o->ms_y;
+    const uint16_t *x = up ? o->ms_xs : o->ms_h;
+    if (o->fp8) { /* the side stream starts after all the main stream's work so far (wdq's other readers too) */
+        DSV4_OPT_CUDA(cudaEventRecord(o->wdq_start, o->stream));
+        DSV4_OPT_CUDA(cudaStreamWaitEvent(o->side, o->wdq_start, 0));
+    }
+    for (int e = 0, i = 0; e < held; e++) {
+        const int n = off[e + 1] - off[e];
+        if (n <= 0) continue;
+        const uint16_t *w = NULL;
+        const int s = i++ & 1;
+        if (!o->fp8) {
+            w = up ? ly->w13 + (size_t)e * 2 * NI * D : ly->w2 + (size_t)e * D * NI;
+        } else {
+            uint16_t *dst = o->wdq + (size_t)s * o->wdq_slot;
+            DSV4_OPT_CUDA(cudaStreamWaitEvent(o->side, o->wdq_free[s], 0));
+            DSV4_TRY(up ? dsv4_opt_fp4_dequant(ly->q13 + (size_t)e * 2 * NI * D / 2,
+                                               ly->s13 + (size_t)e * 2 * NI * D / 32, n_out, n_in, dst, o->side)
+                        : dsv4_opt_fp4_dequant(ly->q2 + (size_t)e * D * NI / 2, ly->s2 + (size_t)e * D * NI / 32,
+                                               n_out, n_in, dst, o->side));
+            DSV4_OPT_CUDA(cudaEventRecord(o->wdq_ready[s], o->side));
+            DSV4_OPT_CUDA(cudaStreamWaitEvent(o->stream, o->wdq_ready[s], 0));
+            w = dst;
+        }
+        DSV4_TRY(opt_gemm(o, y + (size_t)off[e] * n_out, 1, n_out, x + (size_t)off[e] * n_in, n_in, w, n_out, n_in,
+                          n));
+        if (o->fp8) DSV4_OPT_CUDA(cudaEventRecord(o->wdq_free[s], o->stream));
+    }
+    return 0;
+}
+
 static int experts_sorted(dsv4_opt *o, const opt_layer *ly, int e_begin, int e_end)
 {
     const int T = o->T, D = o->D, NI = o->NI, K = o->K;
@@ -344,19 +384,9 @@ static int experts_sorted(dsv4_opt *o, const opt_layer *ly, int e_begin, int e_e
     DSV4_CHECK(off[held] >= 0 && off[held] <= T * K, "optimized: the experts' sort gave %d rows for %d pairs",
                off[held], T * K);
     DSV4_TRY(dsv4_opt_moe_gather(&mp, off[held]));
-    for (int e = 0; e < held; e++) {
-        const int n = off[e + 1] - off[e];
-        if (n > 0)
-            DSV4_TRY(opt_gemm(o, o->ms_gu + (size_t)off[e] * 2 * NI, 1, 2 * NI, o->ms_xs + (size_t)off[e] * D, D,
-                              ly->w13 + (size_t)e * 2 * NI * D, 2 * NI, D, n));
-    }
+    DSV4_TRY(expert_gemms(o, ly, off, held, 1));
     DSV4_TRY(dsv4_opt_moe_swiglu_sorted(&mp, off[held]));
-    for (int e = 0; e < held; e++) {
-        const int n = off[e + 1] - off[e];
-        if (n > 0)
-            DSV4_TRY(opt_gemm(o, o->ms_y + (size_t)off[e] * D, 1, D, o->ms_h + (size_t)off[e] * NI, NI,
-                              ly->w2 + (size_t)e * D * NI, D, NI, n));
-    }
+    DSV4_TRY(expert_gemms(o, ly, off, held, 0));
     return dsv4_opt_moe_combine(&mp);
 }
 
@@ -365,7 +395,9 @@ int opt_experts(dsv4_opt *o, const opt_layer *ly)
     const int T = o->T, D = o->D, NI = o->NI, K = o->K;
     /* the rank's experts e0..e0+E_loc (whole experts); e_end 0 when it holds every one */
     const int e_begin = o->e0, e_end = o->E_loc < o->E ? o->e0 + o->E_loc : 0;
-    if (o->runs && !o->fp8 && o->ms_xs && T >= OPT_SORTED_MIN_ROWS) return experts_sorted(o, ly, e_begin, e_end);
+    /* ms_xs exists only when the budget allows such runs and options.prefill_experts is grouped (and then wdq in
+     * fp8 mode) */
+    if (o->runs && o->ms_xs && T >= OPT_SORTED_MIN_ROWS) return experts_sorted(o, ly, e_begin, e_end);
     if (o->fp8) {
         dsv4_fp4_experts_params fp = {.n_tok = T, .k = K, .dim = D, .inter = NI,
                                       .limit = (float)o->cfg.swiglu_limit, .x = o->xn, .ids = o->rids,
@@ -387,6 +419,7 @@ static int moe(dsv4_opt *o, int L)
     /* NS: the rank's shared-expert columns; the routed experts keep their whole width NI */
     const int T = o->T, D = o->D, E = o->E, K = o->K, NS = o->NI_sh;
     const int nf = E + 2 * NS;
+    DSV4_TRY(opt_prof_mark(o, OPT_STAGE_ROUTER_SHARED));
     DSV4_TRY(opt_proj_apply(o, &ly->f, o->fproj, nf, o->xn, D, T));
     dsv4_moe_route_params rp = {.n_tok = T, .n_experts = E, .k = K, .logits = o->fproj, .logit_stride = nf,
                                 .bias = ly->gate_bias, .tid2eid = ly->tid2eid, .tokens = o->r_tok,
@@ -401,6 +434,7 @@ static int moe(dsv4_opt *o, int L)
                              .gu_stride = nf, .g_off = E, .u_off = E + NS, .h = o->h_sh, .stream = o->stream};
     DSV4_TRY(dsv4_opt_swiglu(&sp));
     DSV4_TRY(opt_linear_apply(o, &ly->sh_w2, o->y_sh, 1, D, o->h_sh, NS, T));
+    DSV4_TRY(opt_prof_mark(o, OPT_STAGE_EXPERTS));
     DSV4_TRY(opt_experts(o, ly));
     DSV4_TRY(opt_allreduce(o, o->fout, (size_t)T * D, L, "ffn_out"));
     PROBE("ffn_out", o->fout, D, D, PR_F32);
@@ -448,6 +482,7 @@ static int head_runs(dsv4_opt *o, int n_head)
 static int step_launch(dsv4_opt *o, int n_csa, int n_hca, int n_head)
 {
     const int T = o->T, s = o->opt.dump_seq, D = o->D, V = o->V, n = o->n;
+    DSV4_TRY(opt_prof_mark(o, OPT_STAGE_SETUP));
     DSV4_OPT_CUDA(cudaMemcpyAsync(o->d_in, o->h_in, (size_t)6 * T * 4, cudaMemcpyHostToDevice, o->stream));
     if (o->runs)
         DSV4_OPT_CUDA(cudaMemcpyAsync(o->d_head, o->h_in + 6 * (size_t)o->Tm, (size_t)n_head * 4,
@@ -470,6 +505,7 @@ static int step_launch(dsv4_opt *o, int n_csa, int n_hca, int n_head)
     DSV4_TRY(dsv4_opt_embed(&ep));
     for (int L = 0; L < o->cfg.num_hidden_layers; L++) DSV4_TRY(layer(o, L, n_csa, n_hca));
     const int L = -1; /* the PROBE macro's layer: /final */
+    DSV4_TRY(opt_prof_mark(o, OPT_STAGE_HEAD));
     dsv4_mhc_pre_params hp = {
         .n_tok = T, .n_streams = n, .dim = D, .head = 1, .hc_eps = (float)o->cfg.hc_eps,
         .norm_eps = (float)o->cfg.rms_norm_eps, .X = o->X, .fn = o->hc_head_fn, .base = o->hc_head_base,
@@ -479,7 +515,10 @@ static int step_launch(dsv4_opt *o, int n_csa, int n_hca, int n_head)
     DSV4_TRY(dsv4_opt_mhc_pre(&hp));
     PROBE("hc_head", o->xa, D, D, PR_F32);
     PROBE("norm", o->xn, D, D, PR_BF16);
-    if (o->runs) return head_runs(o, n_head);
+    if (o->runs) {
+        DSV4_TRY(head_runs(o, n_head));
+        return opt_prof_mark(o, OPT_STAGE_END);
+    }
     DSV4_TRY(opt_gemm(o, o->logits, 1, V, o->xn, D, o->head, V, D, T));
     PROBE("logits", o->logits, V, V, PR_F32);
     DSV4_TRY(dsv4_opt_argmax(o->next, o->logits, T, V, V, o->stream));
@@ -684,12 +723,7 @@ int opt_step_rank(dsv4_opt *o, const int32_t *tokens, const int32_t *n_tok, dsv4
     o->probe = NULL;
     if (rc) return rc;
     DSV4_TRY(opt_wait(o, "the step"));
-    for (int L = 0; o->prof_on && o->runs && L < o->cfg.num_hidden_layers; L++) {
-        if (o->layers[L].attn != DSV4_ATTN_CSA) continue;
-        float ms = 0.0f;
-        DSV4_OPT_CUDA(cudaEventElapsedTime(&ms, o->prof_ev[2 * L], o->prof_ev[2 * L + 1]));
-        o->prof_ms += ms;
-    }
+    if (o->prof_on && o->runs) DSV4_TRY(opt_prof_account(o));
     if (!o->runs) {
         if (logits)
             DSV4_OPT_CUDA(cudaMemcpy(logits, o->logits + (size_t)s * o->V, (size_t)o->V * 4, cudaMemcpyDeviceToHost));
@@ -765,25 +799,3 @@ int dsv4_opt_dump_entries(dsv4_opt *o, dsv4_probe_sink *probe)
     }
     return 0;
 }
-
-int dsv4_opt_indexer_timing(dsv4_opt *o, int on)
-{
-    DSV4_CHECK(o && !o->group, "dsv4_opt_indexer_timing: the one-GPU path only");
-    const int NL = o->cfg.num_hidden_layers;
-    if (on && !o->prof_ev) {
-        o->prof_ev = calloc((size_t)2 * NL, sizeof *o->prof_ev);
-        if (!o->prof_ev) return dsv4_error(DSV4_ERR_NOMEM, "optimized: out of host memory");
-        for (int i = 0; i < 2 * NL; i++) DSV4_OPT_CUDA(cudaEventCreate(&o->prof_ev[i]));
-    }
-    if (!on && o->prof_ev) {
-        for (int i = 0; i < 2 * NL; i++)
-            if (o->prof_ev[i]) cudaEventDestroy(o->prof_ev[i]);
-        free(o->prof_ev);
-        o->prof_ev = NULL;
-    }
-    o->prof_on = on;
-    o->prof_ms = 0.0;
-    return 0;
-}
-
-double dsv4_opt_indexer_ms(const dsv4_opt *o) { return o ? o->prof_ms : 0.0; }

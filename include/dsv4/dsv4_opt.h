@@ -41,6 +41,20 @@ typedef enum dsv4_opt_weights { DSV4_OPT_WEIGHTS_AUTO, DSV4_OPT_WEIGHTS_BF16, DS
 /* fp8: a tensor of the quantised set that is not FP8/FP4 on disk is quantised at load (model/quant.c, model-spec
  * §3 rounding); in bf16 mode its quantised values are dequantised to bf16 (the same weight values as fp8 mode). */
 typedef enum dsv4_opt_quantize { DSV4_OPT_QUANTIZE_NONE, DSV4_OPT_QUANTIZE_FP8 } dsv4_opt_quantize;
+/* The routed experts of a step with runs of >= 128 rows: grouped (the pairs sorted by expert, one up and one down
+ * GEMM per expert: bf16 weights as they are, FP4 weights dequantised per expert into a bounded scratch) or decode
+ * (the decode kernels, weights read once per 64 tokens: the naive variant, for the ablation). */
+typedef enum dsv4_opt_prefill_experts {
+    DSV4_OPT_PREFILL_EXPERTS_GROUPED,
+    DSV4_OPT_PREFILL_EXPERTS_DECODE
+} dsv4_opt_prefill_experts;
+/* The FP8 linears (fp8 mode) of a step with runs of >= 128 rows: gemm (the matrix dequantised to bf16 into a
+ * bounded scratch, exact with e8m0 block scales, then one cuBLAS GEMM over the rows; f32 block scales keep the
+ * kernel) or kernel (the FP8 linear kernel, tuned for decode: weights re-read per 64 tokens; the naive variant). */
+typedef enum dsv4_opt_prefill_linears {
+    DSV4_OPT_PREFILL_LINEARS_GEMM,
+    DSV4_OPT_PREFILL_LINEARS_KERNEL
+} dsv4_opt_prefill_linears;
 
 typedef struct dsv4_opt_follow dsv4_opt_follow; /* opaque: the discrete choices of a dump (below) */
 
@@ -69,6 +83,8 @@ typedef struct dsv4_opt_options {
                                  <= n_seq: n_seq (decode only, the scratch of a decode step); at most
                                  DSV4_OPT_MAX_STEP_TOKENS */
     int print_plan;           /* 1: the constructor prints its memory plan to stderr before it allocates */
+    dsv4_opt_prefill_experts prefill_experts; /* default grouped */
+    dsv4_opt_prefill_linears prefill_linears; /* default gemm */
 } dsv4_opt_options;
 
 enum { DSV4_OPT_MAX_STEP_TOKENS = 32768 }; /* rows of one step (a CUDA grid dimension bounds them below 65536) */
@@ -145,12 +161,6 @@ void dsv4_opt_memory(const dsv4_opt *o, size_t *weights, size_t *state, size_t *
  * collectives per step and the timed steps. DSV4_ERR_USAGE without ranks. */
 int dsv4_opt_nccl_timing(dsv4_opt *o, int on);
 int dsv4_opt_nccl_time(const dsv4_opt *o, double *us, int *calls_per_step, int *steps);
-/* Indexer timing of the prefill (dsv4 bench --prefill): on = 1 records device events around every CSA layer's
- * indexer (key compressor, queries, scores, top-k, following) in every step with runs (those run eagerly), and
- * synchronises after each such step; dsv4_opt_indexer_ms: the summed time since it was turned on. The one-GPU
- * path only (DSV4_ERR_USAGE with --gpus). */
-int dsv4_opt_indexer_timing(dsv4_opt *o, int on);
-double dsv4_opt_indexer_ms(const dsv4_opt *o);
 /* The weights mode o runs in (auto resolved: bf16 or fp8). */
 dsv4_opt_weights dsv4_opt_weights_mode(const dsv4_opt *o);
 /* Weight bytes of decoder layer `layer` on the device (with n_gpus >= 1: rank 0's shard); layer -1: the rest
@@ -213,7 +223,8 @@ typedef struct dsv4_opt_kernel_time {
     char name[24];    /* "mhc_pre", "gemm_x", "gemm_wq_b", "indexer", "topk", "attn_csa", "attn_hca", "gemm_wo",
                          "gemm_ffn", "moe_experts", "head" */
     int layer;        /* the layer whose weights it used; -1: none (head) */
-    double us;        /* median of single launches, each with a cold L2 */
+    double us;        /* median of single launches, each with a cold L2 (dsv4_opt_stage_times: the stage's
+                         device time summed over the timed steps) */
     double bytes;     /* fewest bytes the launch must move */
     double flops;     /* useful FLOPs */
     int work;         /* indexer/top-k: entries per sequence the grid covers; attention: entries gathered */
@@ -227,6 +238,18 @@ int dsv4_opt_time_kernels(dsv4_opt *o, int reps, dsv4_opt_kernel_time *out, int 
  * live counts: the next dsv4_opt_step recomputes them. */
 int dsv4_opt_time_indexer(dsv4_opt *o, int n_live, int max_context_work, int reps, double *us_scores,
                           double *us_topk);
+/* Stage timing of the steps with runs (dsv4 bench --prefill; those steps run eagerly): on = 1 (re)starts it,
+ * recording a device event at every stage boundary of each such step, so the stages tile the step from its
+ * input copy to its argmax (dsv4_opt_stage_times); on = 0 stops. Decode steps (graphs) are not timed. The
+ * one-GPU path only (DSV4_ERR_USAGE with --gpus). */
+int dsv4_opt_stage_timing(dsv4_opt *o, int on);
+enum { DSV4_OPT_MAX_STAGES = 16 };
+/* Since timing was turned on: per stage, in step order, its name ("setup", "mhc_pre", "gemm_x", "q_path",
+ * "window_cmp", "indexer_prep", "indexer_scores", "attn", "gemm_wo", "mhc_post", "router_shared",
+ * "routed_experts", "head"), its device time summed over the timed steps (us), its useful FLOPs and the fewest
+ * bytes it must move over those steps (layer -1, work and experts 0). max_out >= DSV4_OPT_MAX_STAGES; steps:
+ * the timed steps. */
+int dsv4_opt_stage_times(const dsv4_opt *o, dsv4_opt_kernel_time *out, int max_out, int *n_out, int *steps);
 
 #ifdef __cplusplus
 }

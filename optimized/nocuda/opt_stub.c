@@ -24,11 +24,16 @@ int dsv4_opt_step_ragged(dsv4_opt *o, const int32_t *tokens, const int32_t *n_to
     return dsv4_error(DSV4_ERR_UNSUPPORTED, "optimized path: this build has no CUDA");
 }
 int dsv4_opt_step_budget(const dsv4_opt *o) { return 0; }
-int dsv4_opt_indexer_timing(dsv4_opt *o, int on)
+int dsv4_opt_stage_timing(dsv4_opt *o, int on)
 {
     return dsv4_error(DSV4_ERR_UNSUPPORTED, "optimized path: this build has no CUDA");
 }
-double dsv4_opt_indexer_ms(const dsv4_opt *o) { return 0.0; }
+int dsv4_opt_stage_times(const dsv4_opt *o, dsv4_opt_kernel_time *out, int max_out, int *n_out, int *steps)
+{
+    if (n_out) *n_out = 0;
+    if (steps) *steps = 0;
+    return dsv4_error(DSV4_ERR_UNSUPPORTED, "optimized path: this build has no CUDA");
+}
 int dsv4_opt_position(const dsv4_opt *o, int seq) { return 0; }
 int dsv4_opt_reset(dsv4_opt *o, int seq) { return dsv4_error(DSV4_ERR_UNSUPPORTED, "optimized path: this build has no CUDA"); }
 int dsv4_opt_dump_entries(dsv4_opt *o, dsv4_probe_sink *probe)

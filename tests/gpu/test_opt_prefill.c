@@ -10,7 +10,17 @@
  *   cache entries (the gather order and the values are the same; one tile, so no split);
  * - the grouped expert GEMMs of a long run (kernels/moe_sorted.cu + cuBLAS, as opt_step.c runs them) against the
  *   decode kernels (kernels/moe.cu) on random bf16 experts, 300 tokens, expert parallel halves included: the
- *   same values within bf16 rounding of h (other fp32 summation orders);
+ *   same values within bf16 rounding of h (other fp32 summation orders); the same with FP4 experts (fp8 mode:
+ *   each expert's matrices dequantised by dsv4_opt_fp4_dequant, then the same GEMMs) against the FP4 decode
+ *   kernels (kernels/fp4_experts.cu), and the dequantisation itself bit for bit against e2m1 x 2^(b-127)
+ *   computed here from the checkpoint's nibbles (low nibble = even column), -0 and every code and scale range;
+ * - the FP8 linears of a long run (dsv4_opt_fp8_dequant + cuBLAS, opt_model.c): the dequantisation bit for bit
+ *   against dsv4_e4m3_to_f32 x scale computed here (e8m0 and f32 scales, partial 128-blocks), and the GEMM over
+ *   it against the FP8 linear kernel (the same exact products, another fp32 summation order: rel-L2 < 1e-5);
+ * - a 200-token step of golden/tiny quantised to fp8 (FP8 linears, FP4 experts, e8m0 scales) with the prefill
+ *   GEMMs (grouped FP4 experts, dequantised FP8 linears) against the same step on the decode kernels
+ *   (options.prefill_experts decode, prefill_linears kernel): logits within a bf16 distance, no allocation in
+ *   the step, the step bitwise reproducible;
  * - the ragged step on golden/tiny (dsv4_opt_step_ragged): no device allocation in any step (style rule 10); a
  *   chunked and mixed schedule run twice gives bitwise the same logits and picks (determinism for a given batch
  *   composition); its last prompt position's logits stay within a bf16 distance of one-token steps of the same
@@ -30,6 +40,7 @@
 #include "../../kernels/kv_layout.h"
 #include "../../kernels/moe.cuh"
 #include "../../kernels/moe_sorted.cuh"
+#include "../../kernels/qweight.cuh"
 #include "../../kernels/sparse_attn.cuh"
 #include "../../kernels/step.cuh"
 #include "dsv4/dsv4.h"
@@ -287,7 +298,65 @@ END_TEST
 
 /* ------------------------------------------------------------------------------------------- sorted experts */
 
-static void sorted_case(int e_begin, int e_end)
+/* The e2m1 value of a checkpoint nibble (model-spec §2): sign bit 3, magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6. */
+static float e2m1(unsigned nib)
+{
+    static const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+    return nib & 8 ? -mag[nib & 7] : mag[nib & 7];
+}
+
+/* Random FP4 matrices [n_mat][rows, cols] as the checkpoint holds them: codes (host, checkpoint layout) and e8m0
+ * scales in [lo, lo + span); the device copy of the codes repacked as the step holds them. */
+static void fp4_random(int n_mat, int rows, int cols, int lo, int span, uint8_t **h_codes, uint8_t **h_sc,
+                       uint8_t **d_codes, uint8_t **d_sc)
+{
+    const size_t nc = (size_t)n_mat * rows * cols / 2, ns = (size_t)n_mat * rows * cols / 32;
+    *h_codes = malloc(nc), *h_sc = malloc(ns);
+    for (size_t i = 0; i < nc; i++) {
+        rs ^= rs << 13, rs ^= rs >> 7, rs ^= rs << 17;
+        (*h_codes)[i] = (uint8_t)(rs >> 24);
+    }
+    for (size_t i = 0; i < ns; i++) {
+        rs ^= rs << 13, rs ^= rs >> 7, rs ^= rs << 17;
+        (*h_sc)[i] = (uint8_t)(lo + (int)((rs >> 20) % (uint64_t)span));
+    }
+    *d_codes = dev_alloc(nc), *d_sc = dev_alloc(ns);
+    up(*d_codes, *h_codes, nc), up(*d_sc, *h_sc, ns);
+    ck_assert_msg(dsv4_opt_fp4_repack(*d_codes, nc, NULL) == 0, "%s", dsv4_last_error());
+}
+
+START_TEST(test_fp4_dequant_bitwise)
+{
+    enum { R = 37, COLS = 96 }; /* three scale blocks per row, an odd row count */
+    rs = 777;
+    uint8_t *hc, *hs, *dc, *ds;
+    fp4_random(1, R, COLS, 100, 50, &hc, &hs, &dc, &ds); /* 2^-27 .. 2^22: normal in bf16 */
+    hc[0] = 0x98, hs[0] = 127; /* column 0: code 8 (-0), column 1: code 9 (-0.5), scale 1 */
+    up(dc, hc, 4), up(ds, hs, 1);
+    ck_assert(dsv4_opt_fp4_repack(dc, 4, NULL) == 0); /* the first word again (plain), with the planted byte */
+    uint16_t *d = dev_alloc((size_t)R * COLS * 2);
+    ck_assert_msg(dsv4_opt_fp4_dequant(dc, ds, R, COLS, d, NULL) == 0, "%s", dsv4_last_error());
+    uint16_t *got = down(d, (size_t)R * COLS * 2);
+    int bad = 0;
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < COLS; c++) {
+            const uint8_t byte = hc[(size_t)r * COLS / 2 + c / 2];
+            const float v = ldexpf(e2m1(c & 1 ? byte >> 4 : byte & 15), hs[(size_t)r * COLS / 32 + c / 32] - 127);
+            const uint16_t want = bf(v), g = got[(size_t)r * COLS + c];
+            if (want != g && bad++ < 5)
+                printf("fp4 dequant: row %d column %d: 0x%04x, want 0x%04x (%g)\n", r, c, g, want, v);
+        }
+    ck_assert_msg(got[0] == 0x8000 && got[1] == 0xbf00, "-0 and -0.5 of the planted byte: 0x%04x 0x%04x", got[0],
+                  got[1]);
+    ck_assert_msg(bad == 0, "fp4 dequant: %d of %d values differ from e2m1 x 2^(b-127)", bad, R * COLS);
+    free(hc), free(hs), free(got);
+    cudaFree(dc), cudaFree(ds), cudaFree(d);
+}
+END_TEST
+
+/* The grouped expert GEMMs as opt_step.c's experts_sorted runs them, against the decode kernels: bf16 experts, or
+ * (fp4) FP4 experts dequantised one matrix at a time into a scratch before each GEMM. */
+static void sorted_case(int e_begin, int e_end, int fp4)
 {
     enum { T = 300, K = 3, E = 8, D = 64, I = 32 };
     const int held = e_end ? e_end - e_begin : E;
@@ -322,7 +391,20 @@ static void sorted_case(int e_begin, int e_end)
     dsv4_moe_experts_params ep = {.n_tok = T, .k = K, .dim = D, .inter = I, .limit = 2.0f, .x = x, .ids = ids,
                                   .weights = wt, .w13 = w13, .w2 = w2, .e_begin = e_begin, .e_end = e_end, .h = h,
                                   .shared = sh, .shared_stride = D, .out = out0};
-    ck_assert_msg(dsv4_opt_moe_experts(&ep) == 0, "%s", dsv4_last_error());
+    uint8_t *hq13 = NULL, *hs13 = NULL, *hq2 = NULL, *hs2 = NULL, *q13 = NULL, *s13 = NULL, *q2 = NULL, *s2 = NULL;
+    uint16_t *wdq = NULL;
+    if (!fp4) {
+        ck_assert_msg(dsv4_opt_moe_experts(&ep) == 0, "%s", dsv4_last_error());
+    } else { /* scales 2^-6 .. 2^-3: weights of about 0.3, like the bf16 case */
+        fp4_random(held, 2 * I, D, 121, 4, &hq13, &hs13, &q13, &s13);
+        fp4_random(held, D, I, 121, 4, &hq2, &hs2, &q2, &s2);
+        wdq = dev_alloc((size_t)2 * I * D * 2);
+        dsv4_fp4_experts_params fp = {.n_tok = T, .k = K, .dim = D, .inter = I, .limit = 2.0f, .x = x, .ids = ids,
+                                      .weights = wt, .w13 = q13, .s13 = s13, .w2 = q2, .s2 = s2,
+                                      .e_begin = e_begin, .e_end = e_end, .h = h, .shared = sh,
+                                      .shared_stride = D, .out = out0};
+        ck_assert_msg(dsv4_opt_fp4_experts(&fp) == 0, "%s", dsv4_last_error());
+    }
     dsv4_moe_sorted_params mp = {.n_tok = T, .k = K, .dim = D, .inter = I, .n_experts = E, .e_begin = e_begin,
                                  .e_end = e_end, .limit = 2.0f, .x = x, .ids = ids, .weights = wt,
                                  .shared = sh, .shared_stride = D};
@@ -343,6 +425,14 @@ static void sorted_case(int e_begin, int e_end)
             const int n = off[e + 1] - off[e], n_out = pass ? D : 2 * I, n_in = pass ? I : D;
             if (n <= 0) continue;
             const uint16_t *W = pass ? w2 + (size_t)e * D * I : w13 + (size_t)e * 2 * I * D;
+            if (fp4) {
+                const int rc = pass ? dsv4_opt_fp4_dequant(q2 + (size_t)e * D * I / 2, s2 + (size_t)e * D * I / 32, D,
+                                                           I, wdq, NULL)
+                                    : dsv4_opt_fp4_dequant(q13 + (size_t)e * 2 * I * D / 2,
+                                                           s13 + (size_t)e * 2 * I * D / 32, 2 * I, D, wdq, NULL);
+                ck_assert_msg(rc == 0, "%s", dsv4_last_error());
+                W = wdq;
+            }
             const uint16_t *xin = pass ? mp.h + (size_t)off[e] * I : mp.xs + (size_t)off[e] * D;
             float *yo = pass ? y + (size_t)off[e] * D : gu + (size_t)off[e] * 2 * I;
             ck_assert(cublasGemmEx(cb, CUBLAS_OP_T, CUBLAS_OP_N, n_out, n, n_in, &one, W, CUDA_R_16BF, n_in, xin,
@@ -360,10 +450,13 @@ static void sorted_case(int e_begin, int e_end)
         if (fabs(d) > mx) mx = fabs(d), worst = i;
     }
     const double rel = sqrt(num / den);
-    printf("sorted experts (held %d..%d of %d): rel-L2 %.2e from the decode kernels, max|d| %.2e at token %d "
-           "channel %d (%g vs %g)\n", e_begin, e_end ? e_end : E, E, rel, mx, worst / D, worst % D, a[worst],
-           b[worst]);
-    ck_assert_msg(rel < 5e-3, "grouped expert GEMMs differ from the decode kernels: rel-L2 %.2e", rel);
+    printf("sorted experts (%s, held %d..%d of %d): rel-L2 %.2e from the decode kernels, max|d| %.2e at token %d "
+           "channel %d (%g vs %g)\n", fp4 ? "FP4" : "bf16", e_begin, e_end ? e_end : E, E, rel, mx, worst / D,
+           worst % D, a[worst], b[worst]);
+    ck_assert_msg(den > 0 && rel < 5e-3, "grouped expert GEMMs (%s) differ from the decode kernels: rel-L2 %.2e",
+                  fp4 ? "FP4" : "bf16", rel);
+    free(hq13), free(hs13), free(hq2), free(hs2);
+    cudaFree(q13), cudaFree(s13), cudaFree(q2), cudaFree(s2), cudaFree(wdq);
     cublasDestroy(cb);
     free(a), free(b), free(off), free(hx), free(hw13), free(hw2), free(hid), free(hwt), free(hsh);
     cudaFree(x), cudaFree(w13), cudaFree(w2), cudaFree(h), cudaFree(ids), cudaFree(wt), cudaFree(sh), cudaFree(out0);
@@ -373,8 +466,138 @@ static void sorted_case(int e_begin, int e_end)
 
 START_TEST(test_sorted_experts)
 {
-    sorted_case(0, 0);
-    sorted_case(4, 8); /* expert parallel: the second half held, the other pairs add nothing */
+    for (int fp4 = 0; fp4 < 2; fp4++) {
+        sorted_case(0, 0, fp4);
+        sorted_case(4, 8, fp4); /* expert parallel: the second half held, the other pairs add nothing */
+    }
+}
+END_TEST
+
+/* ------------------------------------------------------------------------------------------- FP8 linears */
+static void fp8_linear_case(int f32_scale)
+{
+    enum { NO = 200, NI = 272, S = 150 }; /* partial 128-blocks both ways */
+    const int sr = (NO + 127) / 128, sc = (NI + 127) / 128;
+    rs = 991 + (uint64_t)f32_scale;
+    uint8_t *hw = malloc((size_t)NO * NI), *hs8 = malloc((size_t)sr * sc);
+    float *hs32 = malloc((size_t)sr * sc * 4);
+    uint16_t *hx = malloc((size_t)S * NI * 2);
+    for (int i = 0; i < NO * NI; i++) {
+        rs ^= rs << 13, rs ^= rs >> 7, rs ^= rs << 17;
+        uint8_t b = (uint8_t)(rs >> 24);
+        hw[i] = (b & 0x7f) == 0x7f ? b ^ 1 : b; /* no NaN codes */
+    }
+    for (int i = 0; i < sr * sc; i++) {
+        hs8[i] = (uint8_t)(118 + i % 7);
+        hs32[i] = 0.01f + 0.003f * (float)i; /* not powers of two: the bf16 rounding of the product is tested */
+    }
+    for (int i = 0; i < S * NI; i++) hx[i] = bf(urand());
+    uint8_t *w = dev_alloc((size_t)NO * NI);
+    void *scale = dev_alloc((size_t)sr * sc * 4);
+    uint16_t *wd = dev_alloc((size_t)NO * NI * 2), *x = dev_alloc((size_t)S * NI * 2);
+    float *y0 = dev_alloc((size_t)S * NO * 4), *y1 = dev_alloc((size_t)S * NO * 4);
+    up(w, hw, (size_t)NO * NI), up(x, hx, (size_t)S * NI * 2);
+    up(scale, f32_scale ? (const void *)hs32 : (const void *)hs8, (size_t)sr * sc * (f32_scale ? 4 : 1));
+    const dsv4_qscale kind = f32_scale ? DSV4_QSCALE_F32 : DSV4_QSCALE_E8M0;
+    ck_assert_msg(dsv4_opt_fp8_dequant(w, scale, kind, NO, NI, wd, NULL) == 0, "%s", dsv4_last_error());
+    uint16_t *got = down(wd, (size_t)NO * NI * 2);
+    int bad = 0;
+    for (int r = 0; r < NO; r++)
+        for (int c = 0; c < NI; c++) {
+            const int si = (r / 128) * sc + c / 128;
+            const float s = f32_scale ? hs32[si] : ldexpf(1.0f, hs8[si] - 127);
+            const uint16_t want = bf(dsv4_e4m3_to_f32(hw[(size_t)r * NI + c]) * s), g = got[(size_t)r * NI + c];
+            if (want != g && bad++ < 5) printf("fp8 dequant: row %d column %d: 0x%04x, want 0x%04x\n", r, c, g, want);
+        }
+    ck_assert_msg(bad == 0, "fp8 dequant (%s scales): %d of %d values differ from e4m3 x scale", f32_scale ? "f32" :
+                  "e8m0", bad, NO * NI);
+    if (!f32_scale) { /* e8m0: the GEMM over the exact bf16 weights against the FP8 kernel */
+        const size_t wsb = dsv4_opt_fp8_linear_workspace_bytes(S, NO, NI);
+        void *ws = wsb ? dev_alloc(wsb) : NULL;
+        dsv4_fp8_linear_params lp = {.n_tok = S, .n_out = NO, .n_in = NI, .x = x, .ldx = NI, .w = w, .scale = scale,
+                                     .scale_kind = kind, .y = y0, .y_f32 = 1, .ldy = NO, .workspace = ws,
+                                     .workspace_bytes = wsb};
+        ck_assert_msg(dsv4_opt_fp8_linear(&lp) == 0, "%s", dsv4_last_error());
+        cublasHandle_t cb;
+        ck_assert(cublasCreate(&cb) == CUBLAS_STATUS_SUCCESS);
+        const float one = 1.0f, zero = 0.0f;
+        ck_assert(cublasGemmEx(cb, CUBLAS_OP_T, CUBLAS_OP_N, NO, S, NI, &one, wd, CUDA_R_16BF, NI, x, CUDA_R_16BF, NI,
+                               &zero, y1, CUDA_R_32F, NO, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) ==
+                  CUBLAS_STATUS_SUCCESS);
+        float *a = down(y0, (size_t)S * NO * 4), *b = down(y1, (size_t)S * NO * 4);
+        double num = 0, den = 0;
+        for (int i = 0; i < S * NO; i++) {
+            const double dd = (double)a[i] - b[i];
+            num += dd * dd, den += (double)a[i] * a[i];
+        }
+        const double rel = sqrt(num / (den > 0 ? den : 1));
+        printf("fp8 linear %dx%d over %d rows: dequantised + cuBLAS vs the FP8 kernel: rel-L2 %.2e\n", NO, NI, S, rel);
+        ck_assert_msg(den > 0 && rel < 1e-5, "dequantised FP8 GEMM differs from the FP8 kernel: rel-L2 %.2e", rel);
+        cublasDestroy(cb);
+        free(a), free(b);
+        cudaFree(ws);
+    }
+    free(hw), free(hs8), free(hs32), free(hx), free(got);
+    cudaFree(w), cudaFree(scale), cudaFree(wd), cudaFree(x), cudaFree(y0), cudaFree(y1);
+}
+
+START_TEST(test_fp8_linear_dequant)
+{
+    fp8_linear_case(0);
+    fp8_linear_case(1);
+}
+END_TEST
+
+/* One step of n random tokens on golden/tiny quantised to fp8: the last row's logits. */
+static float *fp8_step(dsv4_model *m, const int32_t *tok, int n, int naive, long *allocs)
+{
+    const int V = dsv4_model_config(m)->vocab_size;
+    dsv4_opt_options o;
+    dsv4_opt_options_default(&o);
+    o.max_context = n + 8, o.max_step_tokens = n, o.weights = DSV4_OPT_WEIGHTS_FP8, o.quantize = DSV4_OPT_QUANTIZE_FP8;
+    o.prefill_experts = naive ? DSV4_OPT_PREFILL_EXPERTS_DECODE : DSV4_OPT_PREFILL_EXPERTS_GROUPED;
+    o.prefill_linears = naive ? DSV4_OPT_PREFILL_LINEARS_KERNEL : DSV4_OPT_PREFILL_LINEARS_GEMM;
+    dsv4_opt *op = NULL;
+    ck_assert_msg(dsv4_opt_init(m, &o, &op) == 0, "%s", dsv4_last_error());
+    float *lg = malloc((size_t)V * 4);
+    int32_t nt[1] = {n}, next[1];
+    const long before = dsv4_opt_device_alloc_count();
+    ck_assert_msg(dsv4_opt_step_ragged(op, tok, nt, NULL, lg, next) == 0, "%s", dsv4_last_error());
+    *allocs = dsv4_opt_device_alloc_count() - before;
+    dsv4_opt_free(op);
+    return lg;
+}
+
+START_TEST(test_prefill_gemms_fp8)
+{
+    enum { N = 200 };
+    dsv4_model *m = dsv4_test_open_golden("tiny");
+    const int V = dsv4_model_config(m)->vocab_size;
+    int32_t tok[N];
+    rs = 31337;
+    for (int i = 0; i < N; i++) {
+        rs ^= rs << 13, rs ^= rs >> 7, rs ^= rs << 17;
+        tok[i] = (int32_t)((rs >> 20) % (uint64_t)V);
+    }
+    long al[3];
+    float *g = fp8_step(m, tok, N, 0, &al[0]), *g2 = fp8_step(m, tok, N, 0, &al[1]);
+    float *d = fp8_step(m, tok, N, 1, &al[2]);
+    ck_assert_msg(al[0] == 0 && al[1] == 0 && al[2] == 0, "the steps made %ld, %ld, %ld device allocations", al[0],
+                  al[1], al[2]);
+    ck_assert_msg(memcmp(g, g2, (size_t)V * 4) == 0, "the same fp8 prefill step twice: logits differ");
+    double num = 0, den = 0;
+    int ag = 0, ad = 0;
+    for (int v = 0; v < V; v++) {
+        num += ((double)g[v] - d[v]) * ((double)g[v] - d[v]), den += (double)d[v] * d[v];
+        if (g[v] > g[ag]) ag = v;
+        if (d[v] > d[ad]) ad = v;
+    }
+    const double rel = sqrt(num / (den > 0 ? den : 1));
+    printf("fp8 prefill step of %d tokens: prefill GEMMs vs the decode kernels: logits rel-L2 %.3e, argmax %d vs %d\n",
+           N, rel, ag, ad);
+    ck_assert_msg(den > 0 && rel < 5e-2, "fp8 prefill GEMMs: logits rel-L2 %.3e from the decode kernels' step", rel);
+    free(g), free(g2), free(d);
+    dsv4_model_free(m);
 }
 END_TEST
 
@@ -468,7 +691,8 @@ int main(void)
 {
     dsv4_test_require_gpu();
     Suite *s = suite_create("opt_prefill");
-    const TTest *const tests[] = {test_compressor_runs_bitwise, test_window_runs_bitwise, test_sorted_experts,
+    const TTest *const tests[] = {test_compressor_runs_bitwise, test_window_runs_bitwise, test_fp4_dequant_bitwise,
+                                 test_sorted_experts, test_fp8_linear_dequant, test_prefill_gemms_fp8,
                                  test_ragged_steps};
     dsv4_test_add_each(s, 600, tests, (int)(sizeof tests / sizeof tests[0]));
     return dsv4_test_main(s);
