@@ -6,8 +6,8 @@
  * - dsv4_opt_options_set takes each switch's two values by their command-line names and refuses others naming
  *   the allowed ones;
  * - dsv4_opt_options_check refuses each field out of range, naming it: n_seq, max_context, n_gpus, dump_seq,
- *   expert_lanes (1 .. 8 pass), and a switch holding no value of its enum (an API caller's int: it ran as the default of some switches, failed at
- *   the first step for others and mixed the mHC variants).
+ *   expert_lanes (1 .. 8 pass), and a switch holding no value of its enum (an API caller's int: it ran as the
+ *   default of some switches, failed at the first step for others and mixed the mHC variants).
  */
 #include <string.h>
 
