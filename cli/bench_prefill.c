@@ -18,7 +18,8 @@
  * - Then one decode step (C = 1) after the prompt: its time, for the record.
  * - The ablation of the prefill GEMMs: --experts decode runs the routed experts (bf16 or FP4) on the decode kernels
  *   instead of grouped GEMMs (options.prefill_experts); --linears kernel runs the FP8 linears (fp8 weights) on the
- *   FP8 linear kernel instead of cuBLAS over the dequantised matrix (options.prefill_linears).
+ *   FP8 linear kernel instead of cuBLAS over the dequantised matrix (options.prefill_linears); --expert-lanes N
+ *   runs the grouped experts' GEMMs on N streams (options.expert_lanes, default 4; 1: one after another).
  */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
@@ -40,7 +41,7 @@ static double now_s(void)
 #endif
 
 typedef struct prefill_args {
-    int n, chunk, layers, reps, experts_decode, linears_kernel;
+    int n, chunk, layers, reps, experts_decode, linears_kernel, lanes; /* lanes 0: the library's default */
     unsigned long long seed;
     dsv4_opt_weights weights;
     const char *variant;
@@ -67,6 +68,7 @@ static int parse(int argc, char **argv, prefill_args *a)
         else if (!strcmp(k, "--prefill-chunk")) rc = count_arg(k, v, 1, DSV4_OPT_MAX_STEP_TOKENS, &a->chunk);
         else if (!strcmp(k, "--layers")) rc = count_arg(k, v, 1, DSV4_MAX_LAYERS, &a->layers);
         else if (!strcmp(k, "--reps")) rc = count_arg(k, v, 1, 100, &a->reps);
+        else if (!strcmp(k, "--expert-lanes")) rc = count_arg(k, v, 1, DSV4_OPT_MAX_EXPERT_LANES, &a->lanes);
         else if (!strcmp(k, "--seed")) {
             int s = 0;
             rc = count_arg(k, v, 0, 1000000000, &s);
@@ -201,6 +203,7 @@ int bench_prefill(int argc, char **argv)
     oo.weights = a.weights;
     oo.prefill_experts = a.experts_decode ? DSV4_OPT_PREFILL_EXPERTS_DECODE : DSV4_OPT_PREFILL_EXPERTS_GROUPED;
     oo.prefill_linears = a.linears_kernel ? DSV4_OPT_PREFILL_LINEARS_KERNEL : DSV4_OPT_PREFILL_LINEARS_GEMM;
+    if (a.lanes) oo.expert_lanes = a.lanes;
     const int all = !strcmp(a.variant, "all-naive");
     if (all || !strcmp(a.variant, "attn-simt")) oo.attn = DSV4_OPT_ATTN_SIMT;
     if (all || !strcmp(a.variant, "indexer-fp32")) oo.indexer = DSV4_OPT_INDEXER_FP32;
@@ -253,11 +256,13 @@ int bench_prefill(int argc, char **argv)
     const int steps = (a.n + a.chunk - 1) / a.chunk;
     flops += head * steps;
     const double floor_ms = flops / (gemm_tf * 1e12) * 1e3;
+    char experts[48];
+    if (a.experts_decode) snprintf(experts, sizeof experts, "decode");
+    else snprintf(experts, sizeof experts, "grouped on %d lane%s", oo.expert_lanes, oo.expert_lanes > 1 ? "s" : "");
     printf("prefill: %d tokens in steps of %d, %d Flash-shaped layers, weights %s, experts %s, linears %s, variant "
            "%s: %.1f ms (median of %d after a warm-up; %.1f ms per layer), %.0f tokens/s\n",
-           a.n, a.chunk, a.layers, a.weights == DSV4_OPT_WEIGHTS_FP8 ? "fp8" : "bf16",
-           a.experts_decode ? "decode" : "grouped", a.linears_kernel ? "kernel" : "gemm", a.variant, med, a.reps,
-           med / a.layers, a.n / (med / 1e3));
+           a.n, a.chunk, a.layers, a.weights == DSV4_OPT_WEIGHTS_FP8 ? "fp8" : "bf16", experts,
+           a.linears_kernel ? "kernel" : "gemm", a.variant, med, a.reps, med / a.layers, a.n / (med / 1e3));
     printf("prefill: %.2f TFLOP useful, %.1f TFLOP/s; FLOP floor %.1f ms at the cuBLAS bf16 GEMM rate %.0f TFLOP/s "
            "measured now: %.1f%% of the floor\n",
            flops / 1e12, flops / (med * 1e9), floor_ms, gemm_tf, 100.0 * floor_ms / med);

@@ -1,14 +1,17 @@
 /* moe_sorted.cu - the routed experts of a prefill step as grouped GEMMs: sort, gather, SwiGLU, combine
- * (moe_sorted.cuh). The GEMMs themselves are the caller's cuBLAS calls, one up and one down per held expert.
+ * (moe_sorted.cuh), and between them the per-expert cuBLAS GEMMs spread over lanes (dsv4_opt_moe_gemms).
  *
  * Quiet traps:
  * - The sort is stable: block e walks the pairs in order, a warp ballot ranks its matches, so an expert's rows
  *   are its pairs in pair order and the step is bitwise reproducible.
  * - A pair whose expert is not held (expert parallel) keeps slot -1 and adds nothing, as in the decode kernels.
  * - The combine sums a token's k rows in j order, then adds the shared expert, as grouped_experts.cuh does.
+ * - The lanes: an expert's GEMM always runs on the lane its rank among the experts with rows gives, never on
+ *   whichever lane is free, so the same step makes the same launches on the same handles every time.
  */
 #include "moe_sorted.cuh"
 #include "opt_common.cuh"
+#include "qweight.cuh"
 
 enum { MS_THREADS = 256 };
 
@@ -152,4 +155,69 @@ int dsv4_opt_moe_combine(const dsv4_moe_sorted_params *p)
     moe_combine_kernel<<<p->n_tok, 256, 0, p->stream>>>(*p);
     DSV4_LAUNCH_CHECK("moe_combine_kernel");
     return 0;
+}
+
+/* Expert e's GEMM over its n sorted rows from q0, on lane `lane`; an FP4 matrix is first dequantised into the
+ * lane's slot on the lane's stream (the lane's previous GEMM, which read the slot, is before it on that stream). */
+static int moe_gemm_one(const dsv4_moe_sorted_params *p, const dsv4_moe_gemm_weights *w, const dsv4_moe_lanes *l,
+                        int lane, int64_t e, int64_t q0, int n, int up)
+{
+    const int64_t D = p->dim, I = p->inter;
+    const int n_out = (int)(up ? 2 * I : D), n_in = (int)(up ? D : I);
+    const uint16_t *W = NULL;
+    if (w->w13) {
+        W = up ? w->w13 + e * 2 * I * D : w->w2 + e * D * I;
+    } else {
+        const uint8_t *q = up ? w->q13 + e * 2 * I * D / 2 : w->q2 + e * D * I / 2;
+        const uint8_t *s = up ? w->s13 + e * 2 * I * D / 32 : w->s2 + e * D * I / 32;
+        DSV4_TRY(dsv4_opt_fp4_dequant(q, s, n_out, n_in, l->wdq[lane], l->stream[lane]));
+        W = l->wdq[lane];
+    }
+    /* gu and y are the GEMMs' outputs (const in the params: the SwiGLU and the combine read them) */
+    float *y = (float *)(up ? p->gu : p->y) + q0 * n_out;
+    const uint16_t *x = (up ? p->xs : p->h) + q0 * n_in;
+    const float one = 1.0f, zero = 0.0f;
+    const cublasStatus_t st = cublasGemmEx(l->cublas[lane], CUBLAS_OP_T, CUBLAS_OP_N, n_out, n, n_in, &one, W,
+                                           CUDA_R_16BF, n_in, x, CUDA_R_16BF, n_in, &zero, y, CUDA_R_32F, n_out,
+                                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (st != CUBLAS_STATUS_SUCCESS)
+        return dsv4_error(DSV4_ERR_CUDA, "moe_gemms: the %s GEMM of held expert %lld (%d rows) on lane %d: cuBLAS "
+                          "status %d", up ? "up" : "down", (long long)e, n, lane, (int)st);
+    return 0;
+}
+
+int dsv4_opt_moe_gemms(const dsv4_moe_sorted_params *p, const dsv4_moe_gemm_weights *w, const dsv4_moe_lanes *l,
+                       const int32_t *off, int up)
+{
+    DSV4_CHECK(p && w && l && off && p->inter >= 1 && p->dim >= 1 && (up ? p->xs && p->gu : p->h && p->y),
+               "moe_gemms: bad params");
+    DSV4_CHECK(l->n >= 1 && l->n <= DSV4_MOE_MAX_LANES && l->stream[0] == p->stream,
+               "moe_gemms: %d lanes (want 1 .. %d, lane 0 on the step's stream)", l->n, DSV4_MOE_MAX_LANES);
+    const int fp4 = w->w13 == NULL;
+    DSV4_CHECK(fp4 ? w->q13 && w->s13 && w->q2 && w->s2 : w->w2 != NULL, "moe_gemms: the experts' weights are NULL");
+    const int held = dsv4_moe_sorted_held(p);
+    int busy = 0; /* experts with rows: no lane is forked for nothing */
+    for (int e = 0; e < held; e++) busy += off[e + 1] > off[e];
+    const int nl = busy < l->n ? busy : l->n;
+    for (int i = 0; i < nl; i++)
+        DSV4_CHECK(l->cublas[i] && (!fp4 || l->wdq[i]) && (i == 0 || (l->stream[i] && l->fork && l->join[i])),
+                   "moe_gemms: lane %d of %d is not set up (handle, stream, events%s)", i, l->n,
+                   fp4 ? ", FP4 slot" : "");
+    if (nl > 1) { /* the lanes start after everything on the step's stream so far */
+        DSV4_CUDA_CHECK(cudaEventRecord(l->fork, p->stream));
+        for (int i = 1; i < nl; i++) DSV4_CUDA_CHECK(cudaStreamWaitEvent(l->stream[i], l->fork, 0));
+    }
+    int rc = 0;
+    for (int e = 0, i = 0; e < held && !rc; e++) {
+        const int n = off[e + 1] - off[e];
+        if (n > 0) rc = moe_gemm_one(p, w, l, i++ % nl, e, off[e], n, up);
+    }
+    /* joined even after a failure: no lane's work is left unordered with the step's stream */
+    for (int i = 1; i < nl; i++) {
+        cudaError_t ce = cudaEventRecord(l->join[i], l->stream[i]);
+        if (ce == cudaSuccess) ce = cudaStreamWaitEvent(p->stream, l->join[i], 0);
+        if (ce != cudaSuccess && !rc)
+            rc = dsv4_error(DSV4_ERR_CUDA, "moe_gemms: the join of lane %d: %s", i, cudaGetErrorString(ce));
+    }
+    return rc;
 }

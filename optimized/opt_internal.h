@@ -33,6 +33,7 @@
 #include <stdint.h>
 
 #include "dsv4/dsv4_opt.h"
+#include "kernels/moe_sorted.cuh"
 #include "kernels/qweight.cuh"
 
 #define DSV4_OPT_CUDA(call)                                                                                      \
@@ -181,13 +182,15 @@ struct dsv4_opt {
     float *ms_gu, *ms_y;             /* [Tm·K, 2·NI], [Tm·K, D] f32 */
     size_t ms_bytes;                 /* scratch bytes of the views above (the memory plan) */
     /* fp8 mode, a budget of at least OPT_SORTED_MIN_ROWS rows: weight matrices dequantised to bf16 for cuBLAS: an
-     * FP8 linear over a long run (from wdq), or the grouped FP4 experts' two slots of [2·NI, D] (wdq and
-     * wdq + wdq_slot), filled on the side stream while the main stream multiplies the other; NULL otherwise */
+     * FP8 linear over a long run (from wdq), or the grouped FP4 experts' lane slots of [2·NI, D] (lane i's at
+     * wdq + i·wdq_slot, filled and read on lane i's stream); NULL otherwise */
     uint16_t *wdq;
     size_t wdq_elems, wdq_slot;
-    cudaStream_t side;               /* the FP4 experts' dequantisation (created with the two slots) */
-    cudaEvent_t wdq_ready[2], wdq_free[2]; /* slot s dequantised / no longer read by a GEMM */
-    cudaEvent_t wdq_start;           /* the main stream's work before the experts' GEMMs */
+    /* the grouped experts' GEMMs on options.expert_lanes lanes (kernels/moe_sorted.cuh): lane 0 is stream and
+     * cublas, lanes 1..n-1 their own streams and handles, each handle's workspace one of the lane_ws slots of
+     * cublas_ws_bytes (the size of lane 0's: the same kernels on every lane); n = 1 without grouped experts */
+    dsv4_moe_lanes lanes;
+    void *lane_ws;                   /* [lanes.n - 1][cublas_ws_bytes] or NULL */
     int32_t *h_ms_offset;            /* pinned [E + 1] */
     /* scratch views (Tm rows each unless said) */
     uint16_t *X, *X2;                /* [C, n, D] */

@@ -508,6 +508,14 @@ static size_t workspace_need(const dsv4_opt *o)
     return need;
 }
 
+/* 1: the budget allows steps with runs of >= OPT_SORTED_MIN_ROWS rows and their routed experts are grouped GEMMs
+ * (the sorted buffers, the expert lanes). A condition, not a view: the counting pass carves NULL views. */
+static int grouped_experts(const dsv4_opt *o)
+{
+    return o->Tm > o->C && o->Tm >= OPT_SORTED_MIN_ROWS &&
+           o->opt.prefill_experts == DSV4_OPT_PREFILL_EXPERTS_GROUPED;
+}
+
 static void scratch_layout(dsv4_opt *o, opt_carver *cv)
 {
     /* every per-row view holds Tm rows (a decode-only object: C); the indexer scores one slab, the logits one
@@ -559,8 +567,7 @@ static void scratch_layout(dsv4_opt *o, opt_carver *cv)
     o->xh = o->Tm > o->C ? opt_carve(cv, LR * D * 2) : NULL;
     const size_t ms0 = cv->off;
     /* the conditions, not the views: the counting pass (base NULL) carves NULL views of the same sizes */
-    const int long_runs = o->Tm > o->C && o->Tm >= OPT_SORTED_MIN_ROWS;
-    const int grouped = long_runs && o->opt.prefill_experts == DSV4_OPT_PREFILL_EXPERTS_GROUPED;
+    const int long_runs = o->Tm > o->C && o->Tm >= OPT_SORTED_MIN_ROWS, grouped = grouped_experts(o);
     if (grouped) { /* grouped expert GEMMs of a long run */
         const size_t P = C * K, E1 = (size_t)o->E + 1;
         o->ms_count = opt_carve(cv, E1 * 4);
@@ -572,12 +579,16 @@ static void scratch_layout(dsv4_opt *o, opt_carver *cv)
         o->ms_h = opt_carve(cv, P * NI * 2);
         o->ms_y = opt_carve(cv, P * D * 4);
     }
+    /* the expert lanes 1..n-1: a cuBLAS workspace each, as large as lane 0's (o->cublas_ws) */
+    const int n_lanes = grouped ? o->opt.expert_lanes : 1;
+    o->lane_ws = n_lanes > 1 ? opt_carve(cv, (size_t)(n_lanes - 1) * o->cublas_ws_bytes) : NULL;
     /* fp8 mode: the largest matrix a long run dequantises (an FP4 expert's w13; an FP8 linear: wq_a, wkv, wq_b,
      * indexer wq_b, wo_a, wo_b, shared w1 / w3 / w2, the rank's shapes) */
     o->wdq_elems = 0, o->wdq_slot = 0;
     if (o->fp8 && long_runs) {
-        o->wdq_slot = grouped ? (size_t)2 * NI * D : 0; /* two slots: the experts' dequantisation overlaps GEMMs */
-        size_t m = 2 * o->wdq_slot;
+        /* one slot per expert lane, each on 256 bytes (the FP4 dequantisation writes 16-byte vectors) */
+        o->wdq_slot = grouped ? ((size_t)2 * NI * D + 127) / 128 * 128 : 0;
+        size_t m = (size_t)n_lanes * o->wdq_slot;
         if (o->opt.prefill_linears == DSV4_OPT_PREFILL_LINEARS_GEMM) {
             const size_t cand[] = {(size_t)o->qr * D,        (size_t)o->d * D,    Hd * o->qr,
                                    (size_t)o->HI * o->dI * o->qr, (size_t)o->o_r * Hd, (size_t)D * o->G * o->o_r,
@@ -612,6 +623,30 @@ int opt_check_config(const dsv4_config *f, const dsv4_opt_options *op)
     /* --gpus N > 1 --weights fp8 (weights resolved by the constructor): the ranks' FP8 slices on scale blocks */
     if (op->n_gpus > 1 && op->weights == DSV4_OPT_WEIGHTS_FP8)
         DSV4_TRY(dsv4_ref_shard_check_blocks(f, op->n_gpus, 128));
+    return 0;
+}
+
+_Static_assert((int)DSV4_OPT_MAX_EXPERT_LANES <= (int)DSV4_MOE_MAX_LANES,
+               "every allowed expert_lanes fits dsv4_moe_lanes");
+
+/* The grouped experts' lanes (kernels/moe_sorted.cuh): lane 0 is the step's stream and handle; lanes 1..n-1 get
+ * their own, each handle bound to its stream first and then given its workspace (cublasSetStream drops a
+ * workspace set before it), as o->cublas is. Without grouped experts one lane, nothing made. */
+static int lanes_init(dsv4_opt *o)
+{
+    dsv4_moe_lanes *l = &o->lanes;
+    l->n = grouped_experts(o) ? o->opt.expert_lanes : 1;
+    l->stream[0] = o->stream, l->cublas[0] = o->cublas;
+    for (int i = 0; i < l->n; i++) l->wdq[i] = o->wdq_slot ? o->wdq + (size_t)i * o->wdq_slot : NULL;
+    if (l->n > 1) DSV4_OPT_CUDA(cudaEventCreateWithFlags(&l->fork, cudaEventDisableTiming));
+    for (int i = 1; i < l->n; i++) {
+        DSV4_OPT_CUDA(cudaStreamCreateWithFlags(&l->stream[i], cudaStreamNonBlocking));
+        DSV4_OPT_CUDA(cudaEventCreateWithFlags(&l->join[i], cudaEventDisableTiming));
+        DSV4_OPT_CUBLAS(cublasCreate(&l->cublas[i]));
+        DSV4_OPT_CUBLAS(cublasSetStream(l->cublas[i], l->stream[i]));
+        DSV4_OPT_CUBLAS(cublasSetWorkspace(l->cublas[i], (char *)o->lane_ws + (size_t)(i - 1) * o->cublas_ws_bytes,
+                                           o->cublas_ws_bytes));
+    }
     return 0;
 }
 
@@ -740,15 +775,22 @@ int opt_init_common(dsv4_opt *o, opt_weight_src *src)
     cv = (opt_carver){0};
     scratch_layout(o, &cv);
     if (o->opt.print_plan) {
-        char b[6][32];
+        char b[7][32], lanes[160] = "";
+        const int nl = o->opt.expert_lanes;
+        if (grouped_experts(o) && nl > 1) /* what the lanes add */
+            snprintf(lanes, sizeof lanes, "; %d expert lanes: %d more cuBLAS workspaces of %s%s", nl, nl - 1,
+                     dsv4_mem_format((double)o->cublas_ws_bytes, b[6], 32),
+                     o->wdq_slot ? ", a dequantised FP4 matrix each" : "");
+        else if (grouped_experts(o))
+            snprintf(lanes, sizeof lanes, "; one expert lane%s", o->wdq_slot ? " with a dequantised FP4 matrix" : "");
         fprintf(stderr, "%s: memory plan (rank %d of %d): weights %s, caches %s, scratch %s for steps of up to %d "
                 "tokens over %d sequences (indexer scores in slabs of %d rows: %s; kernel workspace %s; the "
-                "GEMMs of long runs %s%s)\n",
+                "GEMMs of long runs %s%s%s)\n",
                 src->what, o->rank, o->n_ranks, dsv4_mem_format((double)o->w_bytes, b[0], 32),
                 dsv4_mem_format((double)state_count, b[1], 32), dsv4_mem_format((double)cv.off, b[2], 32), o->Tm,
                 o->C, o->idx_rows, dsv4_mem_format((double)o->idx_rows * per_row, b[3], 32),
                 dsv4_mem_format((double)o->ws_bytes, b[4], 32), dsv4_mem_format((double)o->ms_bytes, b[5], 32),
-                o->wdq ? " with one dequantised weight matrix" : "");
+                o->wdq_elems && !o->wdq_slot ? " with one dequantised weight matrix" : "", lanes);
     }
     snprintf(what, sizeof what, "%s: weights", src->what);
     DSV4_TRY(dsv4_mem_check_device((double)o->w_bytes, what));
@@ -766,14 +808,6 @@ int opt_init_common(dsv4_opt *o, opt_weight_src *src)
     DSV4_OPT_CUDA(cudaMallocHost((void **)&o->h_in, ((size_t)6 * o->Tm + 2 * (size_t)o->logit_rows) * 4));
     o->h_next = o->h_in + 6 * (size_t)o->Tm + o->logit_rows;
     if (o->ms_offset) DSV4_OPT_CUDA(cudaMallocHost((void **)&o->h_ms_offset, ((size_t)o->E + 1) * 4));
-    if (o->wdq && o->wdq_slot) { /* the FP4 experts' dequantisation stream and its slot events */
-        DSV4_OPT_CUDA(cudaStreamCreateWithFlags(&o->side, cudaStreamNonBlocking));
-        DSV4_OPT_CUDA(cudaEventCreateWithFlags(&o->wdq_start, cudaEventDisableTiming));
-        for (int i = 0; i < 2; i++) {
-            DSV4_OPT_CUDA(cudaEventCreateWithFlags(&o->wdq_ready[i], cudaEventDisableTiming));
-            DSV4_OPT_CUDA(cudaEventCreateWithFlags(&o->wdq_free[i], cudaEventDisableTiming));
-        }
-    }
     if (o->follow) {
         const size_t nf = (size_t)o->Tm * f->num_hidden_layers * o->follow_stride;
         DSV4_OPT_CUDA(cudaMallocHost((void **)&o->h_follow, nf * sizeof *o->h_follow));
@@ -784,6 +818,7 @@ int opt_init_common(dsv4_opt *o, opt_weight_src *src)
      * so a later call of it (once in every mHC pre) left this 32 MiB unused and made cuBLAS allocate its own */
     DSV4_OPT_CUBLAS(cublasSetStream(o->cublas, o->stream));
     DSV4_OPT_CUBLAS(cublasSetWorkspace(o->cublas, o->cublas_ws, o->cublas_ws_bytes));
+    DSV4_TRY(lanes_init(o));
     DSV4_TRY(opt_state_reset(o, -1));
     /* the rows of a decode step until the first step sets them (dsv4_opt_time_indexer may run before one) */
     o->T = o->C;

@@ -365,13 +365,14 @@ void opt_free_one(dsv4_opt *o)
     if (o->prof_ev) dsv4_opt_stage_timing(o, 0);
     for (int i = 0; i < o->n_graphs; i++) cudaGraphExecDestroy(o->graphs[i].exec);
     if (o->cublas) cublasDestroy(o->cublas);
-    if (o->side) cudaStreamSynchronize(o->side);
-    if (o->wdq_start) cudaEventDestroy(o->wdq_start);
-    for (int i = 0; i < 2; i++) {
-        if (o->wdq_ready[i]) cudaEventDestroy(o->wdq_ready[i]);
-        if (o->wdq_free[i]) cudaEventDestroy(o->wdq_free[i]);
+    /* the expert lanes 1..n-1 (lane 0 is stream and cublas); a failed step may have left work on them */
+    for (int i = 1; i < DSV4_MOE_MAX_LANES; i++) {
+        if (o->lanes.stream[i]) cudaStreamSynchronize(o->lanes.stream[i]);
+        if (o->lanes.cublas[i]) cublasDestroy(o->lanes.cublas[i]);
+        if (o->lanes.join[i]) cudaEventDestroy(o->lanes.join[i]);
+        if (o->lanes.stream[i]) cudaStreamDestroy(o->lanes.stream[i]);
     }
-    if (o->side) cudaStreamDestroy(o->side);
+    if (o->lanes.fork) cudaEventDestroy(o->lanes.fork);
     if (o->stream) cudaStreamDestroy(o->stream);
     cudaFree(o->w_mem);
     cudaFree(o->s_mem);

@@ -13,6 +13,7 @@ void dsv4_opt_options_default(dsv4_opt_options *o)
     o->n_seq = 1;
     o->max_context = 4096;
     o->cuda_graph = 1;
+    o->expert_lanes = 4;
 }
 
 static const char *const attn_names[] = {"mma", "simt"};
@@ -94,6 +95,9 @@ int dsv4_opt_options_check(const dsv4_opt_options *op)
     DSV4_CHECK(op->max_step_tokens >= 0 && op->max_step_tokens <= DSV4_OPT_MAX_STEP_TOKENS,
                "optimized: max_step_tokens %d outside [0, %d] (0: n_seq, decode steps only)", op->max_step_tokens,
                DSV4_OPT_MAX_STEP_TOKENS);
+    DSV4_CHECK(op->expert_lanes >= 1 && op->expert_lanes <= DSV4_OPT_MAX_EXPERT_LANES,
+               "optimized: expert_lanes %d outside [1, %d] (1: the experts' GEMMs one after another)",
+               op->expert_lanes, DSV4_OPT_MAX_EXPERT_LANES);
     const struct {
         const char *name;
         unsigned v, n;

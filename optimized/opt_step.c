@@ -327,46 +327,11 @@ static int attention(dsv4_opt *o, int L, int n_csa, int n_hca)
 /* The routed experts of a long run as grouped GEMMs: the pairs sorted by expert (their offsets come to the host:
  * the step runs eagerly), each held expert's rows through one up and one down cuBLAS GEMM, then the combine. FP4
  * experts (fp8 mode) are first dequantised, one matrix of one expert at a time: the same bf16 values the decode
- * kernels multiply (exact), read by the same GEMM; only experts with rows are expanded. The i-th expert with rows
- * goes to slot i % 2, dequantised on the side stream while the main stream multiplies the previous one (an
- * expert's GEMM of a few hundred rows leaves most SMs idle): the side waits for the GEMM that last read the slot
- * (wdq_free), the GEMM for its dequantisation (wdq_ready); the values do not depend on the timing. */
-static int expert_gemms(dsv4_opt *o, const opt_layer *ly, const int32_t *off, int held, int up)
-{
-    const size_t D = o->D, NI = o->NI;
-    DSV4_CHECK(!o->fp8 || (o->wdq && o->wdq_slot && o->side), "optimized: FP4 grouped experts without their slots");
-    const int n_out = up ? 2 * (int)NI : (int)D, n_in = up ? (int)D : (int)NI;
-    float *y = up ? o->ms_gu : o->ms_y;
-    const uint16_t *x = up ? o->ms_xs : o->ms_h;
-    if (o->fp8) { /* the side stream starts after all the main stream's work so far (wdq's other readers too) */
-        DSV4_OPT_CUDA(cudaEventRecord(o->wdq_start, o->stream));
-        DSV4_OPT_CUDA(cudaStreamWaitEvent(o->side, o->wdq_start, 0));
-    }
-    for (int e = 0, i = 0; e < held; e++) {
-        const int n = off[e + 1] - off[e];
-        if (n <= 0) continue;
-        const uint16_t *w = NULL;
-        const int s = i++ & 1;
-        if (!o->fp8) {
-            w = up ? ly->w13 + (size_t)e * 2 * NI * D : ly->w2 + (size_t)e * D * NI;
-        } else {
-            uint16_t *dst = o->wdq + (size_t)s * o->wdq_slot;
-            DSV4_OPT_CUDA(cudaStreamWaitEvent(o->side, o->wdq_free[s], 0));
-            DSV4_TRY(up ? dsv4_opt_fp4_dequant(ly->q13 + (size_t)e * 2 * NI * D / 2,
-                                               ly->s13 + (size_t)e * 2 * NI * D / 32, n_out, n_in, dst, o->side)
-                        : dsv4_opt_fp4_dequant(ly->q2 + (size_t)e * D * NI / 2, ly->s2 + (size_t)e * D * NI / 32,
-                                               n_out, n_in, dst, o->side));
-            DSV4_OPT_CUDA(cudaEventRecord(o->wdq_ready[s], o->side));
-            DSV4_OPT_CUDA(cudaStreamWaitEvent(o->stream, o->wdq_ready[s], 0));
-            w = dst;
-        }
-        DSV4_TRY(opt_gemm(o, y + (size_t)off[e] * n_out, 1, n_out, x + (size_t)off[e] * n_in, n_in, w, n_out, n_in,
-                          n));
-        if (o->fp8) DSV4_OPT_CUDA(cudaEventRecord(o->wdq_free[s], o->stream));
-    }
-    return 0;
-}
-
+ * kernels multiply (exact), read by the same GEMM; only experts with rows are expanded. The GEMMs (and the
+ * dequantisations) go round-robin over options.expert_lanes streams, forked from the step's stream after the
+ * gather and after the SwiGLU, joined back before the SwiGLU and before the combine: one expert's GEMM of a few
+ * hundred rows leaves most SMs idle (kernels/moe_sorted.cuh; the values depend on neither the lanes nor the
+ * timing). */
 static int experts_sorted(dsv4_opt *o, const opt_layer *ly, int e_begin, int e_end)
 {
     const int T = o->T, D = o->D, NI = o->NI, K = o->K;
@@ -384,9 +349,12 @@ static int experts_sorted(dsv4_opt *o, const opt_layer *ly, int e_begin, int e_e
     DSV4_CHECK(off[held] >= 0 && off[held] <= T * K, "optimized: the experts' sort gave %d rows for %d pairs",
                off[held], T * K);
     DSV4_TRY(dsv4_opt_moe_gather(&mp, off[held]));
-    DSV4_TRY(expert_gemms(o, ly, off, held, 1));
+    const dsv4_moe_gemm_weights w = {.w13 = ly->w13, .w2 = ly->w2, .q13 = ly->q13, .s13 = ly->s13, .q2 = ly->q2,
+                                     .s2 = ly->s2};
+    DSV4_CHECK(!o->fp8 || (!w.w13 && o->wdq_slot), "optimized: FP4 grouped experts without their slots");
+    DSV4_TRY(dsv4_opt_moe_gemms(&mp, &w, &o->lanes, off, 1));
     DSV4_TRY(dsv4_opt_moe_swiglu_sorted(&mp, off[held]));
-    DSV4_TRY(expert_gemms(o, ly, off, held, 0));
+    DSV4_TRY(dsv4_opt_moe_gemms(&mp, &w, &o->lanes, off, 0));
     return dsv4_opt_moe_combine(&mp);
 }
 

@@ -15,8 +15,9 @@
 #   4. the prefill benchmark: `dsv4 bench --prefill 8192` on the Flash-shaped random model (4 layers, C = 1, bf16
 #      and fp8 weights): ms, tokens/s, share of the FLOP floor at the bf16 GEMM rate measured in the same run, the
 #      indexer's share and the per-stage table (device events); then the ablation of the prefill GEMMs, headline
-#      only: fp8 with --experts decode --linears kernel (the decode kernels, as before the grouped FP4 experts and
-#      the dequantised FP8 linears), fp8 with --linears kernel alone, and bf16 with --experts decode;
+#      only: bf16 and fp8 with --expert-lanes 1 (the grouped experts' GEMMs one after another, as before the
+#      lanes), fp8 with --experts decode --linears kernel (the decode kernels, as before the grouped FP4 experts
+#      and the dequantised FP8 linears), fp8 with --linears kernel alone, and bf16 with --experts decode;
 #   5. the fp32 GPU reference against the optimized path on the same 8,192-token prompt of the Flash-width model
 #      file (test_ref_gpu_flash --write-model: 4 layers, 32 experts): both prefill times and their ratio;
 #   6. the decode bench (`dsv4 bench --layers 4 --batch 1,64 --context 4096,32768 --variants all-on`, no
@@ -163,7 +164,7 @@ gpu_test() {
 
 # ------------------------------------------------------------------------------------------------- 2. new tests
 want unit && gpu_test test_opt_prefill 120 "$build/test_opt_prefill"
-grep -E '^(compressor runs|ragged|sorted experts|fp8 linear|fp8 prefill)' "$OUT/test_opt_prefill.log" 2>/dev/null | sed 's/^/    /' >"$OUT/p.lines"
+grep -E '^(compressor runs|ragged|sorted experts|fp8 linear|fp8 prefill|expert lanes)' "$OUT/test_opt_prefill.log" 2>/dev/null | sed 's/^/    /' >"$OUT/p.lines"
 while IFS= read -r l; do note "$l"; done <"$OUT/p.lines"
 want e2e && gpu_test e2e_opt_prefill_gpu 200 bash "$root/tests/e2e_opt_prefill_gpu.sh"
 grep -E '^== .*FAIL' "$OUT/e2e_opt_prefill_gpu.log" 2>/dev/null | head -n 8 | sed 's/^/    /' >"$OUT/e.lines"
@@ -177,7 +178,9 @@ done
 
 # ------------------------------------------------------------------------------------------------- 4. prefill bench
 # NAME|ARGS|TABLE: the defaults with their stage tables, then the ablation of the prefill GEMMs (headline only)
-for cfg in "bf16|--weights bf16|1" "fp8|--weights fp8|1" "fp8-decode-kernels|--weights fp8 --experts decode --linears kernel|0" \
+for cfg in "bf16|--weights bf16|1" "fp8|--weights fp8|1" "bf16-lanes-1|--weights bf16 --expert-lanes 1|0" \
+           "fp8-lanes-1|--weights fp8 --expert-lanes 1|0" \
+           "fp8-decode-kernels|--weights fp8 --experts decode --linears kernel|0" \
            "fp8-linears-kernel|--weights fp8 --linears kernel|0" "bf16-experts-decode|--weights bf16 --experts decode|0"; do
     want prefill-bench || break
     IFS='|' read -r w wargs table <<<"$cfg"
@@ -188,7 +191,7 @@ for cfg in "bf16|--weights bf16|1" "fp8|--weights fp8|1" "fp8-decode-kernels|--w
         note "bench --prefill 8192, chunk 8192, 4 Flash-shaped layers, $wargs:"
         if [ "$table" = 1 ]; then
             grep -E '^prefill:|^prefill stages: sum|^\| ' "$OUT/bench-prefill-$w.log" | sed 's/^prefill: //; s/^/    /' >"$OUT/b.lines"
-            grep -m1 'memory plan' "$OUT/bench-prefill-$w.log" | cut -c1-330 | sed 's/^/    /' >>"$OUT/b.lines"
+            grep -m1 'memory plan' "$OUT/bench-prefill-$w.log" | cut -c1-440 | sed 's/^/    /' >>"$OUT/b.lines"
         else
             grep -E '^prefill: [0-9]|of the floor' "$OUT/bench-prefill-$w.log" | sed 's/^prefill: /    /' >"$OUT/b.lines"
         fi

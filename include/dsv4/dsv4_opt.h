@@ -85,11 +85,19 @@ typedef struct dsv4_opt_options {
     int print_plan;           /* 1: the constructor prints its memory plan to stderr before it allocates */
     dsv4_opt_prefill_experts prefill_experts; /* default grouped */
     dsv4_opt_prefill_linears prefill_linears; /* default gemm */
+    int expert_lanes;         /* grouped experts: the per-expert GEMMs (and FP4 dequantisations) of a long run on
+                                 this many streams, expert i with rows on lane i mod expert_lanes, each lane with
+                                 its own cuBLAS handle and workspace (and FP4 slot); 1 .. DSV4_OPT_MAX_EXPERT_LANES,
+                                 default 4; 1: one after another on the step's stream (the ablation). The values do
+                                 not depend on it */
 } dsv4_opt_options;
+
+enum { DSV4_OPT_MAX_EXPERT_LANES = 8 };
 
 enum { DSV4_OPT_MAX_STEP_TOKENS = 32768 }; /* rows of one step (a CUDA grid dimension bounds them below 65536) */
 
-/* The defaults: every optimization on, C = 1, max_context 4096, graphs on, dump sequence 0, device 0, no NCCL. */
+/* The defaults: every optimization on, C = 1, max_context 4096, graphs on, dump sequence 0, device 0, no NCCL,
+ * 4 expert lanes. */
 void dsv4_opt_options_default(dsv4_opt_options *o);
 /* "mma", "simt", "bf16", "fp32", "castfree", "roundtrip", "live", "max", "bf16", "fp8". */
 const char *dsv4_opt_attn_name(dsv4_opt_attn v);
@@ -102,8 +110,8 @@ const char *dsv4_opt_quantize_name(dsv4_opt_quantize v); /* "none", "fp8" */
 /* Parse one switch by its command-line name ("attn", "indexer", "mhc", "index-context", "kv", "weights",
  * "quantize") and value into o. DSV4_ERR_USAGE with the allowed values on a bad name or value. */
 int dsv4_opt_options_set(dsv4_opt_options *o, const char *name, const char *value);
-/* The ranges of the fields above (n_seq, max_context, n_gpus, dump_seq, each switch one of its values): 0, or
- * DSV4_ERR_USAGE naming the field. dsv4_opt_init checks them first. */
+/* The ranges of the fields above (n_seq, max_context, n_gpus, dump_seq, max_step_tokens, expert_lanes, each switch
+ * one of its values): 0, or DSV4_ERR_USAGE naming the field. dsv4_opt_init checks them first. */
 int dsv4_opt_options_check(const dsv4_opt_options *o);
 
 typedef struct dsv4_opt dsv4_opt; /* opaque */

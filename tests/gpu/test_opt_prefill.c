@@ -8,19 +8,22 @@
  *   them): a sliding layer's attention over 3 runs of a 30-token sequence (11, 1, 18 tokens; window 8) gives the
  *   same bits as one-token steps that write the ring first, for the mma and the simt kernels, bf16 rows and fp8
  *   cache entries (the gather order and the values are the same; one tile, so no split);
- * - the grouped expert GEMMs of a long run (kernels/moe_sorted.cu + cuBLAS, as opt_step.c runs them) against the
- *   decode kernels (kernels/moe.cu) on random bf16 experts, 300 tokens, expert parallel halves included: the
- *   same values within bf16 rounding of h (other fp32 summation orders); the same with FP4 experts (fp8 mode:
- *   each expert's matrices dequantised by dsv4_opt_fp4_dequant, then the same GEMMs) against the FP4 decode
- *   kernels (kernels/fp4_experts.cu), and the dequantisation itself bit for bit against e2m1 x 2^(b-127)
- *   computed here from the checkpoint's nibbles (low nibble = even column), -0 and every code and scale range;
+ * - the grouped expert GEMMs of a long run (kernels/moe_sorted.cu's sort, gather, dsv4_opt_moe_gemms on lanes,
+ *   SwiGLU, combine, as opt_step.c runs them) against the decode kernels (kernels/moe.cu) on random bf16 experts,
+ *   300 tokens, expert parallel subsets included: the same values within bf16 rounding of h (other fp32
+ *   summation orders); the same with FP4 experts (fp8 mode: each expert's matrices dequantised by
+ *   dsv4_opt_fp4_dequant into its lane's slot, then the same GEMMs) against the FP4 decode kernels
+ *   (kernels/fp4_experts.cu); on 1, 3 and 4 lanes bitwise the same (outputs poisoned first); a bad lane set
+ *   refused with a message; and the dequantisation itself bit for bit against e2m1 x 2^(b-127) computed here
+ *   from the checkpoint's nibbles (low nibble = even column), -0 and every code and scale range;
  * - the FP8 linears of a long run (dsv4_opt_fp8_dequant + cuBLAS, opt_model.c): the dequantisation bit for bit
  *   against dsv4_e4m3_to_f32 x scale computed here (e8m0 and f32 scales, partial 128-blocks), and the GEMM over
  *   it against the FP8 linear kernel (the same exact products, another fp32 summation order: rel-L2 < 1e-5);
  * - a 200-token step of golden/tiny quantised to fp8 (FP8 linears, FP4 experts, e8m0 scales) with the prefill
  *   GEMMs (grouped FP4 experts, dequantised FP8 linears) against the same step on the decode kernels
  *   (options.prefill_experts decode, prefill_linears kernel): logits within a bf16 distance, no allocation in
- *   the step, the step bitwise reproducible;
+ *   the step, the step bitwise reproducible; and 200-token steps of golden/tiny, bf16 and fp8, on 1, 2, 4 and 8
+ *   expert lanes (options.expert_lanes): bitwise the same logits;
  * - the ragged step on golden/tiny (dsv4_opt_step_ragged): no device allocation in any step (style rule 10); a
  *   chunked and mixed schedule run twice gives bitwise the same logits and picks (determinism for a given batch
  *   composition); its last prompt position's logits stay within a bf16 distance of one-token steps of the same
@@ -354,11 +357,53 @@ START_TEST(test_fp4_dequant_bitwise)
 }
 END_TEST
 
-/* The grouped expert GEMMs as opt_step.c's experts_sorted runs them, against the decode kernels: bf16 experts, or
- * (fp4) FP4 experts dequantised one matrix at a time into a scratch before each GEMM. */
+/* Test lanes for dsv4_opt_moe_gemms: lane 0 on `main`, the others on their own streams, every handle with a
+ * workspace of the same size (as opt_layout.c's lanes_init), FP4 slots when asked. */
+enum { LANE_WS = 4 << 20 };
+typedef struct test_lanes {
+    dsv4_moe_lanes l;
+    void *ws[DSV4_MOE_MAX_LANES];
+} test_lanes;
+
+static void lanes_make(test_lanes *t, int n, cudaStream_t main, size_t slot_elems)
+{
+    memset(t, 0, sizeof *t);
+    dsv4_moe_lanes *l = &t->l;
+    l->n = n;
+    ck_assert(cudaEventCreateWithFlags(&l->fork, cudaEventDisableTiming) == cudaSuccess);
+    for (int i = 0; i < n; i++) {
+        if (i == 0) l->stream[0] = main;
+        else ck_assert(cudaStreamCreateWithFlags(&l->stream[i], cudaStreamNonBlocking) == cudaSuccess);
+        ck_assert(cudaEventCreateWithFlags(&l->join[i], cudaEventDisableTiming) == cudaSuccess);
+        ck_assert(cublasCreate(&l->cublas[i]) == CUBLAS_STATUS_SUCCESS);
+        ck_assert(cublasSetStream(l->cublas[i], l->stream[i]) == CUBLAS_STATUS_SUCCESS);
+        t->ws[i] = dev_alloc(LANE_WS);
+        ck_assert(cublasSetWorkspace(l->cublas[i], t->ws[i], LANE_WS) == CUBLAS_STATUS_SUCCESS);
+        l->wdq[i] = slot_elems ? dev_alloc(slot_elems * 2) : NULL;
+    }
+    ck_assert(cudaDeviceSynchronize() == cudaSuccess); /* dev_alloc's memsets ran on the legacy stream */
+}
+
+static void lanes_free(test_lanes *t, int n)
+{
+    ck_assert(cudaDeviceSynchronize() == cudaSuccess);
+    for (int i = 0; i < n; i++) {
+        cublasDestroy(t->l.cublas[i]);
+        cudaFree(t->ws[i]), cudaFree(t->l.wdq[i]);
+        cudaEventDestroy(t->l.join[i]);
+        if (i > 0) cudaStreamDestroy(t->l.stream[i]);
+    }
+    cudaEventDestroy(t->l.fork);
+}
+
+/* The grouped expert GEMMs as opt_step.c's experts_sorted runs them (sort, gather, dsv4_opt_moe_gemms up, SwiGLU,
+ * down, combine), against the decode kernels: bf16 experts, or (fp4) FP4 experts dequantised one matrix at a time
+ * into a lane's slot before each GEMM. On 1, 3 and 4 lanes (the first n of one set of 4): bitwise the same out
+ * for each, with gu, y and out poisoned with NaN before each run. */
 static void sorted_case(int e_begin, int e_end, int fp4)
 {
-    enum { T = 300, K = 3, E = 8, D = 64, I = 32 };
+    enum { T = 300, K = 3, E = 8, D = 64, I = 32, NL = 3 };
+    static const int lane_counts[NL] = {1, 3, 4};
     const int held = e_end ? e_end - e_begin : E;
     uint16_t *hx = malloc((size_t)T * D * 2), *hw13 = malloc((size_t)held * 2 * I * D * 2);
     uint16_t *hw2 = malloc((size_t)held * D * I * 2);
@@ -392,22 +437,24 @@ static void sorted_case(int e_begin, int e_end, int fp4)
                                   .weights = wt, .w13 = w13, .w2 = w2, .e_begin = e_begin, .e_end = e_end, .h = h,
                                   .shared = sh, .shared_stride = D, .out = out0};
     uint8_t *hq13 = NULL, *hs13 = NULL, *hq2 = NULL, *hs2 = NULL, *q13 = NULL, *s13 = NULL, *q2 = NULL, *s2 = NULL;
-    uint16_t *wdq = NULL;
+    dsv4_moe_gemm_weights gw = {.w13 = w13, .w2 = w2};
     if (!fp4) {
         ck_assert_msg(dsv4_opt_moe_experts(&ep) == 0, "%s", dsv4_last_error());
     } else { /* scales 2^-6 .. 2^-3: weights of about 0.3, like the bf16 case */
         fp4_random(held, 2 * I, D, 121, 4, &hq13, &hs13, &q13, &s13);
         fp4_random(held, D, I, 121, 4, &hq2, &hs2, &q2, &s2);
-        wdq = dev_alloc((size_t)2 * I * D * 2);
+        gw = (dsv4_moe_gemm_weights){.q13 = q13, .s13 = s13, .q2 = q2, .s2 = s2};
         dsv4_fp4_experts_params fp = {.n_tok = T, .k = K, .dim = D, .inter = I, .limit = 2.0f, .x = x, .ids = ids,
                                       .weights = wt, .w13 = q13, .s13 = s13, .w2 = q2, .s2 = s2,
                                       .e_begin = e_begin, .e_end = e_end, .h = h, .shared = sh,
                                       .shared_stride = D, .out = out0};
         ck_assert_msg(dsv4_opt_fp4_experts(&fp) == 0, "%s", dsv4_last_error());
     }
+    cudaStream_t main; /* blocking: ordered after the legacy stream's uploads and memsets */
+    ck_assert(cudaStreamCreate(&main) == cudaSuccess);
     dsv4_moe_sorted_params mp = {.n_tok = T, .k = K, .dim = D, .inter = I, .n_experts = E, .e_begin = e_begin,
                                  .e_end = e_end, .limit = 2.0f, .x = x, .ids = ids, .weights = wt,
-                                 .shared = sh, .shared_stride = D};
+                                 .shared = sh, .shared_stride = D, .stream = main};
     mp.count = dev_alloc((E + 1) * 4), mp.offset = dev_alloc((E + 1) * 4);
     mp.perm = dev_alloc((size_t)T * K * 4), mp.slot = dev_alloc((size_t)T * K * 4);
     mp.xs = dev_alloc((size_t)T * K * D * 2), mp.h = dev_alloc((size_t)T * K * I * 2);
@@ -416,52 +463,51 @@ static void sorted_case(int e_begin, int e_end, int fp4)
     ck_assert_msg(dsv4_opt_moe_sort(&mp) == 0, "%s", dsv4_last_error());
     int32_t *off = down(mp.offset, (E + 1) * 4);
     ck_assert_msg(dsv4_opt_moe_gather(&mp, off[held]) == 0, "%s", dsv4_last_error());
-    cublasHandle_t cb;
-    ck_assert(cublasCreate(&cb) == CUBLAS_STATUS_SUCCESS);
-    const float one = 1.0f, zero = 0.0f;
-    for (int pass = 0; pass < 2; pass++) {
-        if (pass == 1) ck_assert_msg(dsv4_opt_moe_swiglu_sorted(&mp, off[held]) == 0, "%s", dsv4_last_error());
-        for (int e = 0; e < held; e++) {
-            const int n = off[e + 1] - off[e], n_out = pass ? D : 2 * I, n_in = pass ? I : D;
-            if (n <= 0) continue;
-            const uint16_t *W = pass ? w2 + (size_t)e * D * I : w13 + (size_t)e * 2 * I * D;
-            if (fp4) {
-                const int rc = pass ? dsv4_opt_fp4_dequant(q2 + (size_t)e * D * I / 2, s2 + (size_t)e * D * I / 32, D,
-                                                           I, wdq, NULL)
-                                    : dsv4_opt_fp4_dequant(q13 + (size_t)e * 2 * I * D / 2,
-                                                           s13 + (size_t)e * 2 * I * D / 32, 2 * I, D, wdq, NULL);
-                ck_assert_msg(rc == 0, "%s", dsv4_last_error());
-                W = wdq;
-            }
-            const uint16_t *xin = pass ? mp.h + (size_t)off[e] * I : mp.xs + (size_t)off[e] * D;
-            float *yo = pass ? y + (size_t)off[e] * D : gu + (size_t)off[e] * 2 * I;
-            ck_assert(cublasGemmEx(cb, CUBLAS_OP_T, CUBLAS_OP_N, n_out, n, n_in, &one, W, CUDA_R_16BF, n_in, xin,
-                                   CUDA_R_16BF, n_in, &zero, yo, CUDA_R_32F, n_out, CUBLAS_COMPUTE_32F,
-                                   CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS);
-        }
+    test_lanes tl;
+    dsv4_moe_lanes *lanes = &tl.l;
+    lanes_make(&tl, 4, main, fp4 ? (size_t)2 * I * D : 0);
+    float *a = down(out0, (size_t)T * D * 4), *b[NL];
+    for (int r = 0; r < NL; r++) {
+        ck_assert(cudaMemsetAsync(gu, 0xff, (size_t)T * K * 2 * I * 4, main) == cudaSuccess);
+        ck_assert(cudaMemsetAsync(y, 0xff, (size_t)T * K * D * 4, main) == cudaSuccess);
+        ck_assert(cudaMemsetAsync(mp.out, 0xff, (size_t)T * D * 4, main) == cudaSuccess);
+        lanes->n = lane_counts[r];
+        ck_assert_msg(dsv4_opt_moe_gemms(&mp, &gw, lanes, off, 1) == 0, "%s", dsv4_last_error());
+        ck_assert_msg(dsv4_opt_moe_swiglu_sorted(&mp, off[held]) == 0, "%s", dsv4_last_error());
+        ck_assert_msg(dsv4_opt_moe_gemms(&mp, &gw, lanes, off, 0) == 0, "%s", dsv4_last_error());
+        ck_assert_msg(dsv4_opt_moe_combine(&mp) == 0, "%s", dsv4_last_error());
+        b[r] = down(mp.out, (size_t)T * D * 4);
     }
-    ck_assert_msg(dsv4_opt_moe_combine(&mp) == 0, "%s", dsv4_last_error());
-    float *a = down(out0, (size_t)T * D * 4), *b = down(mp.out, (size_t)T * D * 4);
     double num = 0, den = 0, mx = 0;
     int worst = 0;
     for (int i = 0; i < T * D; i++) {
-        const double d = (double)a[i] - b[i];
+        const double d = (double)a[i] - b[0][i];
         num += d * d, den += (double)a[i] * a[i];
         if (fabs(d) > mx) mx = fabs(d), worst = i;
     }
     const double rel = sqrt(num / den);
+    int diff[NL] = {0};
+    for (int r = 1; r < NL; r++)
+        for (int i = 0; i < T * D; i++) diff[r] += memcmp(&b[r][i], &b[0][i], 4) != 0;
     printf("sorted experts (%s, held %d..%d of %d): rel-L2 %.2e from the decode kernels, max|d| %.2e at token %d "
-           "channel %d (%g vs %g)\n", fp4 ? "FP4" : "bf16", e_begin, e_end ? e_end : E, E, rel, mx, worst / D,
-           worst % D, a[worst], b[worst]);
+           "channel %d (%g vs %g); on 3 and 4 lanes %d and %d of %d values differ from 1 lane\n",
+           fp4 ? "FP4" : "bf16", e_begin, e_end ? e_end : E, E, rel, mx, worst / D, worst % D, a[worst], b[0][worst],
+           diff[1], diff[2], T * D);
     ck_assert_msg(den > 0 && rel < 5e-3, "grouped expert GEMMs (%s) differ from the decode kernels: rel-L2 %.2e",
                   fp4 ? "FP4" : "bf16", rel);
+    for (int r = 1; r < NL; r++)
+        ck_assert_msg(diff[r] == 0, "grouped expert GEMMs (%s, held %d..%d): %d values on %d lanes differ from 1 lane "
+                      "(the lanes must not change a bit)", fp4 ? "FP4" : "bf16", e_begin, e_end ? e_end : E, diff[r],
+                      lane_counts[r]);
+    lanes_free(&tl, 4);
     free(hq13), free(hs13), free(hq2), free(hs2);
-    cudaFree(q13), cudaFree(s13), cudaFree(q2), cudaFree(s2), cudaFree(wdq);
-    cublasDestroy(cb);
-    free(a), free(b), free(off), free(hx), free(hw13), free(hw2), free(hid), free(hwt), free(hsh);
+    cudaFree(q13), cudaFree(s13), cudaFree(q2), cudaFree(s2);
+    for (int r = 0; r < NL; r++) free(b[r]);
+    free(a), free(off), free(hx), free(hw13), free(hw2), free(hid), free(hwt), free(hsh);
     cudaFree(x), cudaFree(w13), cudaFree(w2), cudaFree(h), cudaFree(ids), cudaFree(wt), cudaFree(sh), cudaFree(out0);
     cudaFree(mp.count), cudaFree(mp.offset), cudaFree(mp.perm), cudaFree(mp.slot), cudaFree(mp.xs), cudaFree(mp.h);
     cudaFree(gu), cudaFree(y), cudaFree(mp.out);
+    cudaStreamDestroy(main);
 }
 
 START_TEST(test_sorted_experts)
@@ -469,7 +515,40 @@ START_TEST(test_sorted_experts)
     for (int fp4 = 0; fp4 < 2; fp4++) {
         sorted_case(0, 0, fp4);
         sorted_case(4, 8, fp4); /* expert parallel: the second half held, the other pairs add nothing */
+        sorted_case(1, 6, fp4); /* an odd subset: 5 experts over 3 and 4 lanes */
     }
+}
+END_TEST
+
+/* A bad lane set is refused with a message, before any launch: a lane 0 off the step's stream, too many lanes, an
+ * FP4 lane without its slot. */
+START_TEST(test_sorted_lanes_refused)
+{
+    enum { E = 4, D = 64, I = 32 };
+    cudaStream_t main;
+    ck_assert(cudaStreamCreate(&main) == cudaSuccess);
+    int32_t off[E + 1] = {0, 10, 20, 30, 40};
+    uint16_t *xs = dev_alloc((size_t)40 * D * 2), *w = dev_alloc((size_t)E * 2 * I * D * 2);
+    float *gu = dev_alloc((size_t)40 * 2 * I * 4);
+    uint8_t *q = dev_alloc((size_t)E * 2 * I * D), *sc = dev_alloc((size_t)E * 2 * I * D);
+    dsv4_moe_sorted_params mp = {.n_tok = 20, .k = 2, .dim = D, .inter = I, .n_experts = E, .xs = xs, .gu = gu,
+                                 .stream = main};
+    dsv4_moe_gemm_weights bw = {.w13 = w, .w2 = w}, qw = {.q13 = q, .s13 = sc, .q2 = q, .s2 = sc};
+    test_lanes tl;
+    dsv4_moe_lanes *l = &tl.l;
+    lanes_make(&tl, 2, main, 0);
+    l->stream[0] = NULL; /* not the step's stream */
+    ck_assert_int_eq(dsv4_opt_moe_gemms(&mp, &bw, l, off, 1), DSV4_ERR_USAGE);
+    ck_assert(strstr(dsv4_last_error(), "lane 0") != NULL);
+    l->stream[0] = main, l->n = DSV4_MOE_MAX_LANES + 1;
+    ck_assert_int_eq(dsv4_opt_moe_gemms(&mp, &bw, l, off, 1), DSV4_ERR_USAGE);
+    l->n = 2;
+    ck_assert_int_eq(dsv4_opt_moe_gemms(&mp, &qw, l, off, 1), DSV4_ERR_USAGE); /* no FP4 slots */
+    ck_assert(strstr(dsv4_last_error(), "FP4 slot") != NULL);
+    ck_assert_int_eq(dsv4_opt_moe_gemms(&mp, &bw, l, off, 1), 0);
+    lanes_free(&tl, 2);
+    cudaFree(xs), cudaFree(w), cudaFree(gu), cudaFree(q), cudaFree(sc);
+    cudaStreamDestroy(main);
 }
 END_TEST
 
@@ -548,13 +627,16 @@ START_TEST(test_fp8_linear_dequant)
 }
 END_TEST
 
-/* One step of n random tokens on golden/tiny quantised to fp8: the last row's logits. */
-static float *fp8_step(dsv4_model *m, const int32_t *tok, int n, int naive, long *allocs)
+/* One step of n random tokens on golden/tiny (fp8: quantised to fp8) on `lanes` expert lanes (naive: the decode
+ * kernels instead of the prefill GEMMs): the last row's logits. */
+static float *prefill_step(dsv4_model *m, const int32_t *tok, int n, int fp8, int naive, int lanes, long *allocs)
 {
     const int V = dsv4_model_config(m)->vocab_size;
     dsv4_opt_options o;
     dsv4_opt_options_default(&o);
-    o.max_context = n + 8, o.max_step_tokens = n, o.weights = DSV4_OPT_WEIGHTS_FP8, o.quantize = DSV4_OPT_QUANTIZE_FP8;
+    o.max_context = n + 8, o.max_step_tokens = n, o.expert_lanes = lanes;
+    o.weights = fp8 ? DSV4_OPT_WEIGHTS_FP8 : DSV4_OPT_WEIGHTS_BF16;
+    o.quantize = fp8 ? DSV4_OPT_QUANTIZE_FP8 : DSV4_OPT_QUANTIZE_NONE;
     o.prefill_experts = naive ? DSV4_OPT_PREFILL_EXPERTS_DECODE : DSV4_OPT_PREFILL_EXPERTS_GROUPED;
     o.prefill_linears = naive ? DSV4_OPT_PREFILL_LINEARS_KERNEL : DSV4_OPT_PREFILL_LINEARS_GEMM;
     dsv4_opt *op = NULL;
@@ -568,17 +650,27 @@ static float *fp8_step(dsv4_model *m, const int32_t *tok, int n, int naive, long
     return lg;
 }
 
+static float *fp8_step(dsv4_model *m, const int32_t *tok, int n, int naive, long *allocs)
+{
+    return prefill_step(m, tok, n, 1, naive, 4, allocs);
+}
+
+static void random_tokens(int32_t *tok, int n, int V)
+{
+    rs = 31337;
+    for (int i = 0; i < n; i++) {
+        rs ^= rs << 13, rs ^= rs >> 7, rs ^= rs << 17;
+        tok[i] = (int32_t)((rs >> 20) % (uint64_t)V);
+    }
+}
+
 START_TEST(test_prefill_gemms_fp8)
 {
     enum { N = 200 };
     dsv4_model *m = dsv4_test_open_golden("tiny");
     const int V = dsv4_model_config(m)->vocab_size;
     int32_t tok[N];
-    rs = 31337;
-    for (int i = 0; i < N; i++) {
-        rs ^= rs << 13, rs ^= rs >> 7, rs ^= rs << 17;
-        tok[i] = (int32_t)((rs >> 20) % (uint64_t)V);
-    }
+    random_tokens(tok, N, V);
     long al[3];
     float *g = fp8_step(m, tok, N, 0, &al[0]), *g2 = fp8_step(m, tok, N, 0, &al[1]);
     float *d = fp8_step(m, tok, N, 1, &al[2]);
@@ -597,6 +689,38 @@ START_TEST(test_prefill_gemms_fp8)
            N, rel, ag, ad);
     ck_assert_msg(den > 0 && rel < 5e-2, "fp8 prefill GEMMs: logits rel-L2 %.3e from the decode kernels' step", rel);
     free(g), free(g2), free(d);
+    dsv4_model_free(m);
+}
+END_TEST
+
+/* The expert lanes in the model's step: a 200-token step of golden/tiny (8 experts, 3 per token: about 75 rows per
+ * expert) with bf16 and with fp8 weights on 1, 2, 4 and 8 lanes (8: one expert per lane): bitwise the same logits,
+ * no allocation in the step. */
+START_TEST(test_expert_lanes_step)
+{
+    enum { N = 200 };
+    static const int counts[] = {1, 2, 4, 8};
+    dsv4_model *m = dsv4_test_open_golden("tiny");
+    const int V = dsv4_model_config(m)->vocab_size;
+    int32_t tok[N];
+    random_tokens(tok, N, V);
+    for (int fp8 = 0; fp8 < 2; fp8++) {
+        long al = 0;
+        float *one = prefill_step(m, tok, N, fp8, 0, 1, &al);
+        ck_assert_msg(al == 0, "%s step on 1 lane: %ld device allocations", fp8 ? "fp8" : "bf16", al);
+        for (size_t c = 1; c < sizeof counts / sizeof counts[0]; c++) {
+            float *lg = prefill_step(m, tok, N, fp8, 0, counts[c], &al);
+            int diff = 0;
+            for (int v = 0; v < V; v++) diff += memcmp(&lg[v], &one[v], 4) != 0;
+            printf("expert lanes (%s weights, %d-token step of golden/tiny): %d lanes: %d of %d logits differ from "
+                   "1 lane\n", fp8 ? "fp8" : "bf16", N, counts[c], diff, V);
+            ck_assert_msg(al == 0, "%s step on %d lanes: %ld device allocations", fp8 ? "fp8" : "bf16", counts[c], al);
+            ck_assert_msg(diff == 0, "%s step on %d lanes: %d logits differ from 1 lane (the lanes must not change a "
+                          "bit)", fp8 ? "fp8" : "bf16", counts[c], diff);
+            free(lg);
+        }
+        free(one);
+    }
     dsv4_model_free(m);
 }
 END_TEST
@@ -692,8 +816,8 @@ int main(void)
     dsv4_test_require_gpu();
     Suite *s = suite_create("opt_prefill");
     const TTest *const tests[] = {test_compressor_runs_bitwise, test_window_runs_bitwise, test_fp4_dequant_bitwise,
-                                 test_sorted_experts, test_fp8_linear_dequant, test_prefill_gemms_fp8,
-                                 test_ragged_steps};
+                                 test_sorted_experts, test_sorted_lanes_refused, test_fp8_linear_dequant,
+                                 test_prefill_gemms_fp8, test_expert_lanes_step, test_ragged_steps};
     dsv4_test_add_each(s, 600, tests, (int)(sizeof tests / sizeof tests[0]));
     return dsv4_test_main(s);
 }
