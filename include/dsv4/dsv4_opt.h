@@ -55,6 +55,10 @@ typedef enum dsv4_opt_prefill_linears {
     DSV4_OPT_PREFILL_LINEARS_GEMM,
     DSV4_OPT_PREFILL_LINEARS_KERNEL
 } dsv4_opt_prefill_linears;
+/* The cast-free mHC pre's projection in a step with runs of >= 256 rows (kernels/mhc.cuh
+ * DSV4_MHC_TILED_MIN_TOKENS): tiled (128 tokens per block, fn read once per tile) or rows (the decode kernel, fn
+ * re-read per 4 tokens: the naive variant, for the ablation). Decode steps keep the decode kernel at any C. */
+typedef enum dsv4_opt_prefill_mhc { DSV4_OPT_PREFILL_MHC_TILED, DSV4_OPT_PREFILL_MHC_ROWS } dsv4_opt_prefill_mhc;
 
 typedef struct dsv4_opt_follow dsv4_opt_follow; /* opaque: the discrete choices of a dump (below) */
 
@@ -85,6 +89,7 @@ typedef struct dsv4_opt_options {
     int print_plan;           /* 1: the constructor prints its memory plan to stderr before it allocates */
     dsv4_opt_prefill_experts prefill_experts; /* default grouped */
     dsv4_opt_prefill_linears prefill_linears; /* default gemm */
+    dsv4_opt_prefill_mhc prefill_mhc;         /* default tiled */
 } dsv4_opt_options;
 
 enum { DSV4_OPT_MAX_STEP_TOKENS = 32768 }; /* rows of one step (a CUDA grid dimension bounds them below 65536) */
