@@ -1,7 +1,8 @@
 /* bench_mhc.cu - micro-benchmark of kernels/mhc.cu: the mHC pre of a block site (both variants of `mhc`: castfree,
  * roundtrip) and the post, Flash shapes (model-spec §1, §5): D 4096, n 4 streams, n_mix 24, Sinkhorn 20, C = 1, 16,
  * 64 tokens, and C = 8192 (a long prefill chunk), where castfree takes the tiled partial kernel and the row
- * castfree-rows the per-token one (dsv4_mhc_pre_params.partial, `dsv4 bench --prefill --mhc-pre rows`).
+ * castfree-rows the per-token one (dsv4_mhc_pre_params.partial, `dsv4 bench --prefill --mhc-pre rows`), and the
+ * post's castfree row is its vectorised kernel (8 elements per thread).
  *   run: build/bench_mhc [--quick] [--verbose]
  * Bytes counted (the fewest): pre reads X (bf16 [C, 4, D]), fn (f32 [24, 4D]), norm_w once and writes x (f32),
  * xn (bf16) and the coefficients once; post reads X (bf16), out (f32), post/comb and writes X_out (bf16). The

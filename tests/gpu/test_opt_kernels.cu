@@ -1,9 +1,10 @@
 /* test_opt_kernels.cu - the optimized path's own kernels against CPU double computations on random inputs
  * (fixed seeds, fresh per case), outputs poisoned with NaN first, odd sizes (D = 17, 257) beside small real ones:
- *   mhc pre/post/head, cast-free AND roundtrip; compressor CSA (overlap) and HCA windows closing over many steps
- *   with an inactive sequence; moe routing (learned with exact ties, hash) and the grouped experts; norm_rope with
- *   RoPE, the window-ring slot write and the FP8 KV simulation; argmax ties. Each gate is also shown to fail on a
- *   deliberately wrong reference (the "test is too weak" check).
+ *   mhc pre/post/head, cast-free AND roundtrip, and over long runs (the tiled pre, the vectorised post); compressor
+ *   CSA (overlap) and HCA windows closing over many steps with an inactive sequence; moe routing (learned with
+ *   exact ties, hash) and the grouped experts; norm_rope with RoPE, the window-ring slot write and the FP8 KV
+ *   simulation; argmax ties. Each gate is also shown to fail on a deliberately wrong reference (the "test is too
+ *   weak" check).
  */
 #include <check.h>
 #include <cuda_runtime_api.h>
@@ -460,6 +461,50 @@ START_TEST(test_mhc_long_tiled_vs_rows)
     cudaFree((void *)p.norm_w), cudaFree(p.pre), cudaFree(p.post), cudaFree(p.comb), cudaFree(p.x), cudaFree(p.xn);
     cudaFree(p.workspace);
     free(Xb), free(fn), free(nw);
+}
+END_TEST
+
+/* The mHC post of >= DSV4_MHC_TILED_MIN_TOKENS tokens takes the vectorised kernel (8 elements per thread, D % 8 ==
+ * 0): the bits of the scalar kernel, which a call of DSV4_MHC_TILED_MIN_TOKENS - 1 tokens still takes. (test_mhc_long
+ * checks it against the CPU at C = 300, and the scalar kernel at D = 257.) */
+START_TEST(test_mhc_post_long_bitwise)
+{
+    const int n = 4, D = 4096, C = 300, T0 = DSV4_MHC_TILED_MIN_TOKENS;
+    const size_t nx = (size_t)C * n * D;
+    rs = 6161;
+    uint16_t *Xb = (uint16_t *)malloc(nx * 2);
+    float *out = (float *)malloc((size_t)C * D * 4), *post = (float *)malloc(C * n * 4),
+          *comb = (float *)malloc(C * n * n * 4);
+    for (size_t i = 0; i < nx; i++) Xb[i] = dsv4_f32_to_bf16(urand() * 3);
+    for (size_t i = 0; i < (size_t)C * D; i++) out[i] = urand();
+    for (int i = 0; i < C * n; i++) post[i] = 1 + urand();
+    for (int i = 0; i < C * n * n; i++) comb[i] = 0.5f + 0.5f * urand();
+    dsv4_mhc_post_params q;
+    memset(&q, 0, sizeof q);
+    q.n_streams = n, q.dim = D, q.kernel = DSV4_MHC_KERNEL_CASTFREE;
+    q.X = (uint16_t *)dup_dev(Xb, nx * 2);
+    q.out = (float *)dup_dev(out, (size_t)C * D * 4);
+    q.post = (float *)dup_dev(post, C * n * 4), q.comb = (float *)dup_dev(comb, C * n * n * 4);
+    q.X_out = (uint16_t *)dup_dev(NULL, nx * 2);
+    uint16_t *vec = (uint16_t *)malloc(nx * 2), *sca = (uint16_t *)malloc(nx * 2);
+    q.n_tok = C;
+    ck_assert_msg(dsv4_opt_mhc_post(&q) == 0, "%s", dsv4_last_error());
+    get(vec, q.X_out, nx * 2);
+    ck_assert(cudaMemset(q.X_out, 0xff, nx * 2) == cudaSuccess);
+    q.n_tok = T0 - 1;
+    ck_assert_msg(dsv4_opt_mhc_post(&q) == 0, "%s", dsv4_last_error());
+    get(sca, q.X_out, nx * 2);
+    size_t first = SIZE_MAX;
+    for (size_t i = 0; i < (size_t)(T0 - 1) * n * D && first == SIZE_MAX; i++)
+        if (vec[i] != sca[i]) first = i;
+    ck_assert_msg(first == SIZE_MAX, "mhc post: C = %d (vectorised) differs from C = %d (scalar) at element %zu", C,
+                  T0 - 1, first);
+    for (size_t i = (size_t)(T0 - 1) * n * D; i < nx; i++) /* the vectorised call wrote its last tokens too */
+        ck_assert_msg(vec[i] != 0xffff, "mhc post: element %zu of C = %d left unwritten", i, C);
+    printf("mhc post: a call of %d tokens (vectorised) gives the bits of a call of %d (scalar)\n", C, T0 - 1);
+    cudaFree((void *)q.X), cudaFree((void *)q.out), cudaFree((void *)q.post), cudaFree((void *)q.comb);
+    cudaFree(q.X_out);
+    free(Xb), free(out), free(post), free(comb), free(vec), free(sca);
 }
 END_TEST
 
@@ -927,6 +972,7 @@ int main(void)
         test_mhc_batch_bitwise,
         test_mhc_long,
         test_mhc_long_tiled_vs_rows,
+        test_mhc_post_long_bitwise,
         test_compressor,
         test_moe,
         test_norm_rope_fp8,
