@@ -1,6 +1,8 @@
 /* bench_mhc.cu - micro-benchmark of kernels/mhc.cu: the mHC pre of a block site (both variants of `mhc`: castfree,
  * roundtrip) and the post, Flash shapes (model-spec §1, §5): D 4096, n 4 streams, n_mix 24, Sinkhorn 20, C = 1, 16,
- * 64 tokens.
+ * 64 tokens, and C = 8192 (a long prefill chunk), where castfree takes the tiled partial kernel and the row
+ * castfree-rows the per-token one (dsv4_mhc_pre_params.partial, `dsv4 bench --prefill --mhc-pre rows`), and the
+ * post's castfree row is its vectorised kernel (8 elements per thread).
  *   run: build/bench_mhc [--quick] [--verbose]
  * Bytes counted (the fewest): pre reads X (bf16 [C, 4, D]), fn (f32 [24, 4D]), norm_w once and writes x (f32),
  * xn (bf16) and the coefficients once; post reads X (bf16), out (f32), post/comb and writes X_out (bf16). The
@@ -155,8 +157,8 @@ int main(int argc, char **argv)
         return 1;
     }
     bench_header();
-    const int Cs[3] = {1, 16, 64};
-    for (int ci = 0; ci < 3; ci++) {
+    const int Cs[4] = {1, 16, 64, 8192};
+    for (int ci = 0; ci < 4; ci++) {
         const int C = Cs[ci];
         mhc_dev m;
         memset(&m, 0, sizeof(m));
@@ -215,9 +217,12 @@ int main(int argc, char **argv)
         const double post_bytes = (double)C * ND * 2 * 2 + (double)C * D * 4 + (double)C * (N + N * N) * 4;
         const double post_flops = (double)C * (2.0 * N * N + 2.0 * N) * D;
         char shape[64];
-        for (int v = 0; v < 2; v++) {
-            const char *var = v == 0 ? "castfree" : "roundtrip";
-            p.kernel = v == 0 ? DSV4_MHC_KERNEL_CASTFREE : DSV4_MHC_KERNEL_ROUNDTRIP;
+        /* from DSV4_MHC_TILED_MIN_TOKENS on castfree is the tiled kernel, castfree-rows the per-token one */
+        const int n_var = C >= DSV4_MHC_TILED_MIN_TOKENS ? 3 : 2;
+        for (int v = 0; v < n_var; v++) {
+            const char *var = v == 0 ? "castfree" : v == 1 ? "roundtrip" : "castfree-rows";
+            p.kernel = v == 1 ? DSV4_MHC_KERNEL_ROUNDTRIP : DSV4_MHC_KERNEL_CASTFREE;
+            p.partial = v == 2 ? DSV4_MHC_PARTIAL_ROWS : DSV4_MHC_PARTIAL_TILED;
             /* garbage in every output first: an unwritten element (or one left by the other variant or the
              * previous C, whose inputs share the seeds) must fail the check */
             bench_fill_f32(m.x, (size_t)C * D, 47 + v, 1e3f);
@@ -232,7 +237,7 @@ int main(int argc, char **argv)
             snprintf(shape, sizeof(shape), "n4 D4096 mix24 sk20");
             bench_row(&cl, "mhc_pre", var, "-", C, shape, us, pre_bytes, pre_flops);
         }
-        /* the post after the roundtrip pre: X_f32 holds the fp32 copy of X, post/comb the coefficients */
+        /* the post after the pres: X_f32 holds the roundtrip pre's fp32 copy of X, post/comb the last coefficients */
         dsv4_mhc_post_params q;
         memset(&q, 0, sizeof(q));
         q.n_tok = C;

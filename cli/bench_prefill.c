@@ -19,7 +19,9 @@
  * - The ablation of the prefill GEMMs: --experts decode runs the routed experts (bf16 or FP4) on the decode kernels
  *   instead of grouped GEMMs (options.prefill_experts); --linears kernel runs the FP8 linears (fp8 weights) on the
  *   FP8 linear kernel instead of cuBLAS over the dequantised matrix (options.prefill_linears); --expert-lanes N
- *   runs the grouped experts' GEMMs on N streams (options.expert_lanes, default 4; 1: one after another).
+ *   runs the grouped experts' GEMMs on N streams (options.expert_lanes, default 4; 1: one after another);
+ *   --mhc-pre rows runs the cast-free mHC pre's projection on the decode kernel (4 tokens per block) instead of
+ *   the tiled one (options.prefill_mhc).
  */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
@@ -41,7 +43,7 @@ static double now_s(void)
 #endif
 
 typedef struct prefill_args {
-    int n, chunk, layers, reps, experts_decode, linears_kernel, lanes; /* lanes 0: the library's default */
+    int n, chunk, layers, reps, experts_decode, linears_kernel, mhc_rows, lanes; /* lanes 0: the default */
     unsigned long long seed;
     dsv4_opt_weights weights;
     const char *variant;
@@ -85,6 +87,10 @@ static int parse(int argc, char **argv, prefill_args *a)
             if (!v || (strcmp(v, "gemm") && strcmp(v, "kernel")))
                 return dsv4_error(DSV4_ERR_USAGE, "--linears: want gemm or kernel");
             a->linears_kernel = !strcmp(v, "kernel");
+        } else if (!strcmp(k, "--mhc-pre")) {
+            if (!v || (strcmp(v, "tiled") && strcmp(v, "rows")))
+                return dsv4_error(DSV4_ERR_USAGE, "--mhc-pre: want tiled or rows");
+            a->mhc_rows = !strcmp(v, "rows");
         } else if (!strcmp(k, "--variant")) {
             static const char *const ok[] = {"all-on", "attn-simt", "indexer-fp32", "mhc-roundtrip", "index-max",
                                              "all-naive"};
@@ -204,6 +210,7 @@ int bench_prefill(int argc, char **argv)
     oo.prefill_experts = a.experts_decode ? DSV4_OPT_PREFILL_EXPERTS_DECODE : DSV4_OPT_PREFILL_EXPERTS_GROUPED;
     oo.prefill_linears = a.linears_kernel ? DSV4_OPT_PREFILL_LINEARS_KERNEL : DSV4_OPT_PREFILL_LINEARS_GEMM;
     if (a.lanes) oo.expert_lanes = a.lanes;
+    oo.prefill_mhc = a.mhc_rows ? DSV4_OPT_PREFILL_MHC_ROWS : DSV4_OPT_PREFILL_MHC_TILED;
     const int all = !strcmp(a.variant, "all-naive");
     if (all || !strcmp(a.variant, "attn-simt")) oo.attn = DSV4_OPT_ATTN_SIMT;
     if (all || !strcmp(a.variant, "indexer-fp32")) oo.indexer = DSV4_OPT_INDEXER_FP32;
@@ -259,10 +266,11 @@ int bench_prefill(int argc, char **argv)
     char experts[48];
     if (a.experts_decode) snprintf(experts, sizeof experts, "decode");
     else snprintf(experts, sizeof experts, "grouped on %d lane%s", oo.expert_lanes, oo.expert_lanes > 1 ? "s" : "");
-    printf("prefill: %d tokens in steps of %d, %d Flash-shaped layers, weights %s, experts %s, linears %s, variant "
-           "%s: %.1f ms (median of %d after a warm-up; %.1f ms per layer), %.0f tokens/s\n",
+    printf("prefill: %d tokens in steps of %d, %d Flash-shaped layers, weights %s, experts %s, linears %s, mhc-pre "
+           "%s, variant %s: %.1f ms (median of %d after a warm-up; %.1f ms per layer), %.0f tokens/s\n",
            a.n, a.chunk, a.layers, a.weights == DSV4_OPT_WEIGHTS_FP8 ? "fp8" : "bf16", experts,
-           a.linears_kernel ? "kernel" : "gemm", a.variant, med, a.reps, med / a.layers, a.n / (med / 1e3));
+           a.linears_kernel ? "kernel" : "gemm", a.mhc_rows ? "rows" : "tiled", a.variant, med, a.reps,
+           med / a.layers, a.n / (med / 1e3));
     printf("prefill: %.2f TFLOP useful, %.1f TFLOP/s; FLOP floor %.1f ms at the cuBLAS bf16 GEMM rate %.0f TFLOP/s "
            "measured now: %.1f%% of the floor\n",
            flops / 1e12, flops / (med * 1e9), floor_ms, gemm_tf, 100.0 * floor_ms / med);

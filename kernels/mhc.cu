@@ -8,7 +8,9 @@
  * Cast-free layout: part[c][chunk][0..n_mix-1] = Σ fn·v over the chunk, part[..][n_mix] = Σ v²; the finish kernel
  * sums the chunks in ascending order (deterministic). A partial block serves up to 4 tokens of one chunk
  * (mhc_tokens_per_block; each fn value loaded once for all of them) and reduces in the order of dsv4_block_sum,
- * so a token's partials are the same bits whatever the batch size.
+ * so a token's partials are the same bits whatever the batch size below DSV4_MHC_TILED_MIN_TOKENS. From there on
+ * (a long prefill run) the tiled kernel takes 128 tokens per block (DSV4_MHC_PARTIAL_ROWS keeps the per-token one):
+ * the same layout, its own order of adds, again the same bits whatever the batch size as long as it tiles.
  */
 #include <math.h>
 
@@ -145,6 +147,166 @@ __global__ void __launch_bounds__(MHC_THREADS) mhc_partial_kernel(const uint16_t
     for (int k = threadIdx.x; k < n_tok * (NMIX + 1); k += MHC_THREADS) {
         const int t = k / (NMIX + 1), r = k % (NMIX + 1);
         part[((size_t)(c0 + t) * n_chunks + chunk) * (NMIX + 1) + r] = mhc_sum_warps(&wsum[0][k], TOK * (NMIX + 1));
+    }
+}
+
+/* ------------------------------------------------------------------------------------- cast-free, long runs */
+/* A call of >= DSV4_MHC_TILED_MIN_TOKENS tokens. The per-token kernel above loads a chunk of fn (24 x 512 fp32, 48 KB)
+ * for every 4 tokens: 3 GB of L2 traffic per call at 8K tokens, and its SIMT loop waits on it (2.2 ms per call on
+ * the H200, session 23, where X alone would take 0.07 ms). Here block (chunk, tile) takes MHC_TILE_TOK tokens x one
+ * MHC_CHUNK chunk, the same partial layout, so the finish kernel is shared. The chunk goes through shared memory
+ * MHC_SUB elements at a time as fp32 (X [token][k], fn [output][k]; the next sub-step's loads are in registers
+ * while this one is multiplied), so fn is read once per 128 tokens and X once.
+ * Thread (tg, og, kg) keeps a register tile: tokens tg + 16·m (m < 8) x outputs og·TN .. og·TN + TN - 1, and the
+ * sum of squares of its tokens m = og and og + 4, over the k's kg·16 .. kg·16 + 15 of every sub-step; float4 reads
+ * of 4 k's (one for fn per half warp, the same address: a broadcast; the X rows of a quarter warp 17 quads apart:
+ * no bank conflict). Then the four k groups are summed in ascending order. Per token and output the adds run in
+ * an order that depends on neither the batch nor the token's place in its tile (deterministic, and a token's
+ * partials are the same bits in any call that tiles), but not the per-token kernel's order. */
+enum { MHC_TILE_TOK = 128, MHC_SUB = 64, MHC_TG = 16, MHC_TM = MHC_TILE_TOK / MHC_TG, MHC_OG = 4, MHC_KG = 4 };
+enum { MHC_XS = MHC_SUB + 4 }; /* X row stride in shared memory: 17 quads, so 8 rows hit 8 bank quads */
+static_assert(MHC_TG * MHC_OG * MHC_KG == MHC_THREADS, "one thread per (token group, output group, k group)");
+static_assert(MHC_SUB == MHC_KG * 16 && MHC_CHUNK % MHC_SUB == 0, "a k group takes 16 of a sub-step's k");
+static_assert(MHC_TM == 2 * MHC_OG, "each output group sums the squares of two of its thread's tokens");
+static_assert(MHC_KG == 4, "the last adds of mhc_partial_tiled_kernel are written for four k groups");
+static_assert(MHC_TILE_TOK * MHC_SUB / 8 == 4 * MHC_THREADS, "X: four 8-element segments per thread");
+
+/* 8 bf16 of X from k on (k a multiple of 8; zero past k_end): one 16-byte load when vec (n·D % 8 == 0 and X
+ * 16-aligned), else element by element. Streamed (evict first): fn should stay in L2, X is read once. */
+static __device__ __forceinline__ uint4 mhc_x8(const uint16_t *__restrict__ row, int k, int k_end, int vec)
+{
+    if (k >= k_end) return make_uint4(0, 0, 0, 0);
+    if (vec) return __ldcs(reinterpret_cast<const uint4 *>(row + k));
+    uint32_t h[8];
+#pragma unroll
+    for (int e = 0; e < 8; e++) h[e] = k + e < k_end ? row[k + e] : 0u;
+    return make_uint4(h[0] | h[1] << 16, h[2] | h[3] << 16, h[4] | h[5] << 16, h[6] | h[7] << 16);
+}
+/* 4 fn values from k on (k a multiple of 4; zero past k_end) */
+static __device__ __forceinline__ float4 mhc_f4(const float *__restrict__ row, int k, int k_end, int vec)
+{
+    if (k >= k_end) return make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (vec) return __ldg(reinterpret_cast<const float4 *>(row + k));
+    float f[4];
+#pragma unroll
+    for (int e = 0; e < 4; e++) f[e] = k + e < k_end ? row[k + e] : 0.0f;
+    return make_float4(f[0], f[1], f[2], f[3]);
+}
+static __device__ __forceinline__ float4 mhc_bf16x4(uint32_t lo, uint32_t hi)
+{
+    return make_float4(__uint_as_float(lo << 16), __uint_as_float(lo & 0xffff0000u), __uint_as_float(hi << 16),
+                       __uint_as_float(hi & 0xffff0000u));
+}
+
+/* grid (n_chunks, ceil(C / MHC_TILE_TOK)); 40 KB of static shared memory, two blocks per SM. */
+template <int NMIX>
+__global__ void __launch_bounds__(MHC_THREADS, 2) mhc_partial_tiled_kernel(const uint16_t *__restrict__ X,
+                                                                           const float *__restrict__ fn, int nD,
+                                                                           int C, int vec, float *__restrict__ part)
+{
+    constexpr int TN = (NMIX + MHC_OG - 1) / MHC_OG, NF = MHC_OG * TN; /* fn rows staged; rows >= NMIX are zero */
+    constexpr int FV = NMIX * MHC_SUB / 4, FV_PER = (FV + MHC_THREADS - 1) / MHC_THREADS; /* fn float4s per sub-step */
+    constexpr int STAGE = MHC_TILE_TOK * MHC_XS + NF * MHC_SUB, RED = (MHC_KG - 1) * (NMIX + 1) * MHC_TILE_TOK;
+    __shared__ __align__(16) float sm[STAGE > RED ? STAGE : RED];
+    float *xs = sm, *fs = sm + MHC_TILE_TOK * MHC_XS;
+    const int chunk = blockIdx.x, n_chunks = gridDim.x, c0 = blockIdx.y * MHC_TILE_TOK;
+    const int n_tok = min(MHC_TILE_TOK, C - c0), i0 = chunk * MHC_CHUNK, k_end = min(nD, i0 + MHC_CHUNK);
+    const int n_sub = (k_end - i0 + MHC_SUB - 1) / MHC_SUB;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int tg = lane & 15, og = 2 * (warp & 1) + (lane >> 4), kg = warp >> 1;
+    for (int i = threadIdx.x; i < (NF - NMIX) * MHC_SUB; i += MHC_THREADS) fs[NMIX * MHC_SUB + i] = 0.0f;
+
+    uint4 xr[4];
+    float4 fr[FV_PER];
+    auto load = [&](int s) { /* sub-step s into registers: X segment (row, q) = 8 k's; fn (row, q) = 4 k's */
+        const int k0 = i0 + s * MHC_SUB;
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int seg = threadIdx.x + u * MHC_THREADS, row = seg >> 3, q = seg & 7;
+            xr[u] = row < n_tok ? mhc_x8(X + (size_t)(c0 + row) * nD, k0 + q * 8, k_end, vec) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < FV_PER; u++) {
+            const int v = threadIdx.x + u * MHC_THREADS, r = v >> 4, q = v & 15;
+            if (v < FV) fr[u] = mhc_f4(fn + (size_t)r * nD, k0 + q * 4, k_end, vec);
+        }
+    };
+    float acc[MHC_TM][TN], ss[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int m = 0; m < MHC_TM; m++)
+#pragma unroll
+        for (int q = 0; q < TN; q++) acc[m][q] = 0.0f;
+    load(0);
+#pragma unroll 1
+    for (int s = 0; s < n_sub; s++) {
+        if (s > 0) __syncthreads(); /* the last sub-step's reads are done */
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int seg = threadIdx.x + u * MHC_THREADS, row = seg >> 3, q = seg & 7;
+            float4 *dst = reinterpret_cast<float4 *>(xs + row * MHC_XS + q * 8);
+            dst[0] = mhc_bf16x4(xr[u].x, xr[u].y);
+            dst[1] = mhc_bf16x4(xr[u].z, xr[u].w);
+        }
+#pragma unroll
+        for (int u = 0; u < FV_PER; u++) {
+            const int v = threadIdx.x + u * MHC_THREADS;
+            if (v < FV) reinterpret_cast<float4 *>(fs)[v] = fr[u];
+        }
+        __syncthreads();
+        if (s + 1 < n_sub) load(s + 1);
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int kk = kg * 16 + j * 4;
+            float4 f[TN];
+#pragma unroll
+            for (int q = 0; q < TN; q++) f[q] = *reinterpret_cast<const float4 *>(fs + (og * TN + q) * MHC_SUB + kk);
+#pragma unroll
+            for (int m = 0; m < MHC_TM; m++) {
+                const float4 x = *reinterpret_cast<const float4 *>(xs + (tg + MHC_TG * m) * MHC_XS + kk);
+#pragma unroll
+                for (int q = 0; q < TN; q++) {
+                    float a = acc[m][q];
+                    a += f[q].x * x.x, a += f[q].y * x.y, a += f[q].z * x.z, a += f[q].w * x.w;
+                    acc[m][q] = a;
+                }
+                if ((m & (MHC_OG - 1)) == og) {
+                    float t = ss[m / MHC_OG];
+                    t += x.x * x.x, t += x.y * x.y, t += x.z * x.z, t += x.w * x.w;
+                    ss[m / MHC_OG] = t;
+                }
+            }
+        }
+    }
+    /* k groups 1..3 hand their sums over in shared memory ([kg - 1][r][token]), k group 0 adds them in order */
+    __syncthreads();
+    float *red = sm;
+    if (kg > 0) {
+        float *rk = red + (size_t)(kg - 1) * (NMIX + 1) * MHC_TILE_TOK;
+#pragma unroll
+        for (int m = 0; m < MHC_TM; m++) {
+#pragma unroll
+            for (int q = 0; q < TN; q++)
+                if (og * TN + q < NMIX) rk[(og * TN + q) * MHC_TILE_TOK + tg + MHC_TG * m] = acc[m][q];
+            if ((m & (MHC_OG - 1)) == og) rk[NMIX * MHC_TILE_TOK + tg + MHC_TG * m] = ss[m / MHC_OG];
+        }
+    }
+    __syncthreads();
+    if (kg > 0) return;
+    constexpr int RS = (NMIX + 1) * MHC_TILE_TOK; /* one k group's block of red */
+#pragma unroll
+    for (int m = 0; m < MHC_TM; m++) {
+        const int t = tg + MHC_TG * m;
+        if (t >= n_tok) continue;
+        float *dst = part + ((size_t)(c0 + t) * n_chunks + chunk) * (NMIX + 1);
+#pragma unroll
+        for (int q = 0; q < TN; q++) {
+            const int r = og * TN + q, i = r * MHC_TILE_TOK + t;
+            if (r < NMIX) dst[r] = ((acc[m][q] + red[i]) + red[RS + i]) + red[2 * RS + i];
+        }
+        if ((m & (MHC_OG - 1)) == og) {
+            const int i = NMIX * MHC_TILE_TOK + t;
+            dst[NMIX] = ((ss[m / MHC_OG] + red[i]) + red[RS + i]) + red[2 * RS + i];
+        }
     }
 }
 
@@ -319,6 +481,49 @@ __global__ void mhc_post_kernel(const T *__restrict__ X, const float *__restrict
     }
 }
 
+/* Calls of >= DSV4_MHC_TILED_MIN_TOKENS tokens (D % 8 == 0, X, out and X_out 16-aligned): 8 consecutive d per thread,
+ * 16-byte loads and stores (the kernel above moves 2 bytes per access: 1.3 of the 4.2 TB/s copy rate at 8K tokens,
+ * session 23). The same expressions per element in the same order as mhc_post_kernel<uint16_t>: the same bits. */
+__global__ void __launch_bounds__(256) mhc_post_vec_kernel(const uint16_t *__restrict__ X,
+                                                           const float *__restrict__ out,
+                                                           const float *__restrict__ post,
+                                                           const float *__restrict__ comb, int n, int D, int C,
+                                                           uint16_t *__restrict__ Xo)
+{
+    const int D8 = D / 8, i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= C * D8) return;
+    const int c = i / D8, d0 = (i % D8) * 8;
+    float xs[MHC_MAX_N][8], o[8];
+#pragma unroll
+    for (int j = 0; j < MHC_MAX_N; j++) {
+        if (j >= n) break;
+        const uint4 w = __ldcs(reinterpret_cast<const uint4 *>(X + ((size_t)c * n + j) * D + d0));
+        const float4 lo = mhc_bf16x4(w.x, w.y), hi = mhc_bf16x4(w.z, w.w);
+        xs[j][0] = lo.x, xs[j][1] = lo.y, xs[j][2] = lo.z, xs[j][3] = lo.w;
+        xs[j][4] = hi.x, xs[j][5] = hi.y, xs[j][6] = hi.z, xs[j][7] = hi.w;
+    }
+    const float4 o0 = __ldcs(reinterpret_cast<const float4 *>(out + (size_t)c * D + d0)),
+                 o1 = __ldcs(reinterpret_cast<const float4 *>(out + (size_t)c * D + d0 + 4));
+    o[0] = o0.x, o[1] = o0.y, o[2] = o0.z, o[3] = o0.w, o[4] = o1.x, o[5] = o1.y, o[6] = o1.z, o[7] = o1.w;
+    const float *cb = comb + (size_t)c * n * n;
+#pragma unroll
+    for (int k = 0; k < MHC_MAX_N; k++) {
+        if (k >= n) break;
+        const float pk = post[c * n + k];
+        uint32_t h[8];
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            float a = 0.0f;
+#pragma unroll
+            for (int j = 0; j < MHC_MAX_N; j++)
+                if (j < n) a += cb[j * n + k] * xs[j][e];
+            h[e] = dsv4_f32_to_bf16_bits(pk * o[e] + a);
+        }
+        __stcs(reinterpret_cast<uint4 *>(Xo + ((size_t)c * n + k) * D + d0),
+               make_uint4(h[0] | h[1] << 16, h[2] | h[3] << 16, h[4] | h[5] << 16, h[6] | h[7] << 16));
+    }
+}
+
 /* ------------------------------------------------------------------------------------------- host */
 static int mhc_n_mix(const dsv4_mhc_pre_params *p) { return p->head ? p->n_streams : (2 + p->n_streams) * p->n_streams; }
 
@@ -336,6 +541,12 @@ static int mhc_tokens_per_block(int C) { return C >= 32 ? 4 : C >= 8 ? 2 : 1; }
 template <int NMIX> static void mhc_launch_partial(int n_chunks, const dsv4_mhc_pre_params *p, int nD, float *part)
 {
     const int C = p->n_tok, tok = mhc_tokens_per_block(C);
+    if (C >= DSV4_MHC_TILED_MIN_TOKENS && p->partial == DSV4_MHC_PARTIAL_TILED) {
+        const int vec = nD % 8 == 0 && ((uintptr_t)p->X & 15) == 0 && ((uintptr_t)p->fn & 15) == 0;
+        const dim3 g(n_chunks, dsv4_ceil_div(C, MHC_TILE_TOK));
+        mhc_partial_tiled_kernel<NMIX><<<g, MHC_THREADS, 0, p->stream>>>(p->X, p->fn, nD, C, vec, part);
+        return;
+    }
     const dim3 g(n_chunks, dsv4_ceil_div(C, tok));
     if (tok == 4) mhc_partial_kernel<NMIX, 4><<<g, MHC_THREADS, 0, p->stream>>>(p->X, p->fn, nD, C, part);
     else if (tok == 2) mhc_partial_kernel<NMIX, 2><<<g, MHC_THREADS, 0, p->stream>>>(p->X, p->fn, nD, C, part);
@@ -351,6 +562,7 @@ int dsv4_opt_mhc_pre(const dsv4_mhc_pre_params *p)
     DSV4_CHECK(p->X && p->fn && p->base && p->scale && p->pre && p->x, "mhc_pre: X, fn, base, scale, pre, x are NULL");
     DSV4_CHECK(p->head || (p->post && p->comb && p->sinkhorn_iters >= 1), "mhc_pre: post/comb NULL or iters < 1");
     DSV4_CHECK(!p->norm_w || p->xn, "mhc_pre: norm_w given without xn");
+    DSV4_CHECK((unsigned)p->partial < 2, "mhc_pre: partial %d is neither tiled (0) nor rows (1)", (int)p->partial);
     DSV4_CHECK(p->workspace && p->workspace_bytes >= dsv4_opt_mhc_pre_workspace_bytes(p),
                "mhc_pre: workspace of %zu B needed, got %zu B", dsv4_opt_mhc_pre_workspace_bytes(p), p->workspace_bytes);
     const int n = p->n_streams, D = p->dim, nD = n * D, C = p->n_tok, n_mix = mhc_n_mix(p);
@@ -415,6 +627,14 @@ int dsv4_opt_mhc_post(const dsv4_mhc_post_params *p)
                                                           p->n_tok, p->X_out);
     } else {
         DSV4_CHECK(p->X && (const void *)p->X != (const void *)p->X_out, "mhc_post: X NULL or aliasing X_out");
+        const int vec = p->n_tok >= DSV4_MHC_TILED_MIN_TOKENS && p->dim % 8 == 0 &&
+                        (((uintptr_t)p->X | (uintptr_t)p->out | (uintptr_t)p->X_out) & 15) == 0;
+        if (vec) {
+            mhc_post_vec_kernel<<<dsv4_ceil_div(total / 8, 256), 256, 0, p->stream>>>(
+                p->X, p->out, p->post, p->comb, p->n_streams, p->dim, p->n_tok, p->X_out);
+            DSV4_LAUNCH_CHECK("mhc_post_vec_kernel");
+            return 0;
+        }
         mhc_post_kernel<uint16_t><<<nb, 256, 0, p->stream>>>(p->X, p->out, p->post, p->comb, p->n_streams, p->dim,
                                                              p->n_tok, p->X_out);
     }

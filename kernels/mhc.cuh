@@ -25,6 +25,14 @@ extern "C" {
 #endif
 
 typedef enum dsv4_mhc_kernel { DSV4_MHC_KERNEL_CASTFREE, DSV4_MHC_KERNEL_ROUNDTRIP } dsv4_mhc_kernel;
+/* The cast-free partials of a call of >= DSV4_MHC_TILED_MIN_TOKENS tokens (a long prefill run):
+ *   DSV4_MHC_PARTIAL_TILED - blocks of 128 tokens x one chunk of n·D, X and fn staged in shared memory: fn read once
+ *                            per 128 tokens, X once (the default);
+ *   DSV4_MHC_PARTIAL_ROWS  - the decode kernel, up to 4 tokens per block (fn re-read per 4 tokens): the ablation.
+ * Fewer tokens always take the decode kernel, so decode keeps its bits. Both are deterministic, but a token's
+ * partials differ in the last bits between the two (another order of adds). */
+typedef enum dsv4_mhc_partial { DSV4_MHC_PARTIAL_TILED, DSV4_MHC_PARTIAL_ROWS } dsv4_mhc_partial;
+enum { DSV4_MHC_TILED_MIN_TOKENS = 256 };
 
 typedef struct dsv4_mhc_pre_params {
     int n_tok;            /* C >= 1 */
@@ -44,6 +52,7 @@ typedef struct dsv4_mhc_pre_params {
     float *x;             /* [C, D] f32 collapsed input Σ_j pre_j X[j]; device */
     uint16_t *xn;         /* [C, D] bf16 RMSNorm(x; norm_w); device; NULL when norm_w is NULL */
     dsv4_mhc_kernel kernel;
+    dsv4_mhc_partial partial; /* castfree, n_tok >= DSV4_MHC_TILED_MIN_TOKENS: tiled (0, default) or rows */
     float *X_f32;         /* roundtrip: [C, n, D] f32 copy of X, written here and read by the post; else unused */
     void *workspace;      /* dsv4_opt_mhc_pre_workspace_bytes() bytes, 16-aligned; device; caller-owned */
     size_t workspace_bytes;

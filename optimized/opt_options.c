@@ -105,7 +105,7 @@ int dsv4_opt_options_check(const dsv4_opt_options *op)
               {"mhc", (unsigned)op->mhc, 2},         {"index_context", (unsigned)op->index_context, 2},
               {"kv", (unsigned)op->kv, 2},           {"weights", (unsigned)op->weights, 3},
               {"quantize", (unsigned)op->quantize, 2}, {"prefill_experts", (unsigned)op->prefill_experts, 2},
-              {"prefill_linears", (unsigned)op->prefill_linears, 2}};
+              {"prefill_linears", (unsigned)op->prefill_linears, 2}, {"prefill_mhc", (unsigned)op->prefill_mhc, 2}};
     for (size_t i = 0; i < sizeof sw / sizeof sw[0]; i++)
         DSV4_CHECK(sw[i].v < sw[i].n, "optimized: options.%s = %d is not one of its %u values", sw[i].name,
                    (int)sw[i].v, sw[i].n);

@@ -82,6 +82,13 @@ static int probe_rows(dsv4_opt *o, int L, const char *name, const void *base, si
     } while (0)
 
 /* ------------------------------------------------------------------------------------------ the launches */
+/* The tiled mHC partials (long runs) only in a step with runs: a decode step keeps the per-token kernel at any C,
+ * and with it its bits. */
+static dsv4_mhc_partial mhc_partial(const dsv4_opt *o)
+{
+    return o->runs && o->opt.prefill_mhc == DSV4_OPT_PREFILL_MHC_TILED ? DSV4_MHC_PARTIAL_TILED : DSV4_MHC_PARTIAL_ROWS;
+}
+
 /* The launches whose parameters the step and the micro-benchmark (opt_bench.c) share: one place sets them up. */
 int opt_launch_mhc_pre(dsv4_opt *o, const float *fn, const float *base, const float *scale, const float *norm_w)
 {
@@ -89,8 +96,8 @@ int opt_launch_mhc_pre(dsv4_opt *o, const float *fn, const float *base, const fl
         .n_tok = o->T, .n_streams = o->n, .dim = o->D, .head = 0, .sinkhorn_iters = o->cfg.hc_sinkhorn_iters,
         .hc_eps = (float)o->cfg.hc_eps, .norm_eps = (float)o->cfg.rms_norm_eps, .X = o->X, .fn = fn,
         .base = base, .scale = scale, .norm_w = norm_w, .pre = o->pre, .post = o->post, .comb = o->comb,
-        .x = o->xa, .xn = o->xn, .kernel = (dsv4_mhc_kernel)o->opt.mhc, .X_f32 = o->Xf, .workspace = o->ws,
-        .workspace_bytes = o->ws_bytes, .cublas = o->cublas, .stream = o->stream};
+        .x = o->xa, .xn = o->xn, .kernel = (dsv4_mhc_kernel)o->opt.mhc, .partial = mhc_partial(o), .X_f32 = o->Xf,
+        .workspace = o->ws, .workspace_bytes = o->ws_bytes, .cublas = o->cublas, .stream = o->stream};
     return dsv4_opt_mhc_pre(&mp);
 }
 
@@ -478,8 +485,8 @@ static int step_launch(dsv4_opt *o, int n_csa, int n_hca, int n_head)
         .n_tok = T, .n_streams = n, .dim = D, .head = 1, .hc_eps = (float)o->cfg.hc_eps,
         .norm_eps = (float)o->cfg.rms_norm_eps, .X = o->X, .fn = o->hc_head_fn, .base = o->hc_head_base,
         .scale = o->hc_head_scale, .norm_w = o->norm, .pre = o->pre, .x = o->xa, .xn = o->xn,
-        .kernel = (dsv4_mhc_kernel)o->opt.mhc, .X_f32 = o->Xf, .workspace = o->ws, .workspace_bytes = o->ws_bytes,
-        .cublas = o->cublas, .stream = o->stream};
+        .kernel = (dsv4_mhc_kernel)o->opt.mhc, .partial = mhc_partial(o), .X_f32 = o->Xf, .workspace = o->ws,
+        .workspace_bytes = o->ws_bytes, .cublas = o->cublas, .stream = o->stream};
     DSV4_TRY(dsv4_opt_mhc_pre(&hp));
     PROBE("hc_head", o->xa, D, D, PR_F32);
     PROBE("norm", o->xn, D, D, PR_BF16);

@@ -86,7 +86,7 @@
 #            then test_kernel_qweight, test_opt_kernels, test_opt_nccl's expert-range cases, e2e_opt_gpu and
 #            e2e_opt_flash_gpu (with the naive variants), each time-boxed to EXPERTS_S (300) s, into
 #            $OUT/experts.log
-#   ncu-mhc  Nsight Compute on bench_mhc --quick's mHC pre kernels (partial, finish and the roundtrip's own):
+#   ncu-mhc  Nsight Compute on bench_mhc --quick's mHC pre kernels (partial, tiled partial, finish, the roundtrip's):
 #            speed-of-light, warp state and launch statistics into $OUT/ncu-mhc.csv
 #   ncu-fp8  Nsight Compute on bench_qweight --quick's first 120 FP8 linear launches (every C and shape, matched by
 #            function name: a regex on the demangled template arguments matched nothing): speed-of-light, warp
@@ -446,7 +446,7 @@ run_step() {
         tail -n 3 "$out/ncu-fp4.err"
         ;;
     ncu-mhc)
-        timeout 240 ncu --kernel-name regex:'mhc_(partial|finish|cast|sumsq|collapse|norm)_kernel' --launch-count ${NCU_MHC_COUNT:-150} \
+        timeout 240 ncu --kernel-name regex:'mhc_(partial|partial_tiled|finish|cast|sumsq|collapse|norm)_kernel' --launch-count ${NCU_MHC_COUNT:-150} \
             --section SpeedOfLight --section WarpStateStats --section LaunchStats --section Occupancy --csv \
             --page details "$b/bench_mhc" --quick >"$out/ncu-mhc.csv" 2>"$out/ncu-mhc.err"
         echo "== ncu mhc rc $? at ${SECONDS}s"

@@ -17,7 +17,8 @@
 #      indexer's share and the per-stage table (device events); then the ablation of the prefill GEMMs, headline
 #      only: bf16 and fp8 with --expert-lanes 1 (the grouped experts' GEMMs one after another, as before the
 #      lanes), fp8 with --experts decode --linears kernel (the decode kernels, as before the grouped FP4 experts
-#      and the dequantised FP8 linears), fp8 with --linears kernel alone, and bf16 with --experts decode;
+#      and the dequantised FP8 linears), fp8 with --linears kernel alone, bf16 with --experts decode, and bf16
+#      with --mhc-pre rows (the mHC pre's decode kernel instead of the tiled one);
 #   5. the fp32 GPU reference against the optimized path on the same 8,192-token prompt of the Flash-width model
 #      file (test_ref_gpu_flash --write-model: 4 layers, 32 experts): both prefill times and their ratio;
 #   6. the decode bench (`dsv4 bench --layers 4 --batch 1,64 --context 4096,32768 --variants all-on`, no
@@ -177,9 +178,9 @@ for t in test_kernel_sparse_attn test_kernel_indexer test_kernel_follow test_opt
 done
 
 # ------------------------------------------------------------------------------------------------- 4. prefill bench
-# NAME|ARGS|TABLE: the defaults with their stage tables, then the ablation of the prefill GEMMs (headline only)
+# NAME|ARGS|TABLE: the defaults with their stage tables, then the ablation of the prefill kernels (headline only)
 for cfg in "bf16|--weights bf16|1" "fp8|--weights fp8|1" "bf16-lanes-1|--weights bf16 --expert-lanes 1|0" \
-           "fp8-lanes-1|--weights fp8 --expert-lanes 1|0" \
+           "fp8-lanes-1|--weights fp8 --expert-lanes 1|0" "bf16-mhc-pre-rows|--weights bf16 --mhc-pre rows|0" \
            "fp8-decode-kernels|--weights fp8 --experts decode --linears kernel|0" \
            "fp8-linears-kernel|--weights fp8 --linears kernel|0" "bf16-experts-decode|--weights bf16 --experts decode|0"; do
     want prefill-bench || break

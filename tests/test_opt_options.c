@@ -1,7 +1,8 @@
 /* test_opt_options.c - the optimized path's options (optimized/opt_options.c, one file in the CUDA build and in the
  * build without CUDA):
  * - the defaults are design.md's "all on" (mma, bf16 indexer, cast-free mHC, live context, bf16 caches, weights
- *   auto, no quantize; a long prefill run's grouped experts on 4 lanes and dequantised FP8 GEMMs), C = 1, graphs
+ *   auto, no quantize; a long prefill run's grouped experts on 4 lanes, dequantised FP8 GEMMs and tiled mHC
+ *   pre), C = 1, graphs
  *   on, and pass dsv4_opt_options_check;
  * - dsv4_opt_options_set takes each switch's two values by their command-line names and refuses others naming
  *   the allowed ones;
@@ -41,6 +42,7 @@ START_TEST(test_defaults_are_all_on_and_legal)
     ck_assert_int_eq(o.prefill_experts, DSV4_OPT_PREFILL_EXPERTS_GROUPED);
     ck_assert_int_eq(o.prefill_linears, DSV4_OPT_PREFILL_LINEARS_GEMM);
     ck_assert_int_eq(o.expert_lanes, 4);
+    ck_assert_int_eq(o.prefill_mhc, DSV4_OPT_PREFILL_MHC_TILED);
     ck_assert_int_eq(dsv4_opt_options_check(&o), 0);
 }
 END_TEST
@@ -123,7 +125,12 @@ START_TEST(test_check_names_the_field_out_of_range)
     expect_refused(&o, "options.prefill_experts = 2");
     o = d, o.prefill_linears = (dsv4_opt_prefill_linears)2;
     expect_refused(&o, "options.prefill_linears = 2");
+    o = d, o.prefill_mhc = (dsv4_opt_prefill_mhc)2;
+    expect_refused(&o, "options.prefill_mhc = 2");
+    o = d, o.prefill_mhc = (dsv4_opt_prefill_mhc)-1;
+    expect_refused(&o, "options.prefill_mhc = -1");
     o = d, o.prefill_experts = DSV4_OPT_PREFILL_EXPERTS_DECODE, o.prefill_linears = DSV4_OPT_PREFILL_LINEARS_KERNEL;
+    o.prefill_mhc = DSV4_OPT_PREFILL_MHC_ROWS;
     ck_assert_int_eq(dsv4_opt_options_check(&o), 0);
     o = d, o.expert_lanes = 0;
     expect_refused(&o, "expert_lanes 0");

@@ -55,6 +55,10 @@ typedef enum dsv4_opt_prefill_linears {
     DSV4_OPT_PREFILL_LINEARS_GEMM,
     DSV4_OPT_PREFILL_LINEARS_KERNEL
 } dsv4_opt_prefill_linears;
+/* The cast-free mHC pre's projection in a step with runs of >= 256 rows (kernels/mhc.cuh
+ * DSV4_MHC_TILED_MIN_TOKENS): tiled (128 tokens per block, fn read once per tile) or rows (the decode kernel, fn
+ * re-read per 4 tokens: the naive variant, for the ablation). Decode steps keep the decode kernel at any C. */
+typedef enum dsv4_opt_prefill_mhc { DSV4_OPT_PREFILL_MHC_TILED, DSV4_OPT_PREFILL_MHC_ROWS } dsv4_opt_prefill_mhc;
 
 typedef struct dsv4_opt_follow dsv4_opt_follow; /* opaque: the discrete choices of a dump (below) */
 
@@ -90,6 +94,7 @@ typedef struct dsv4_opt_options {
                                  its own cuBLAS handle and workspace (and FP4 slot); 1 .. DSV4_OPT_MAX_EXPERT_LANES,
                                  default 4; 1: one after another on the step's stream (the ablation). The values do
                                  not depend on it */
+    dsv4_opt_prefill_mhc prefill_mhc;         /* default tiled */
 } dsv4_opt_options;
 
 enum { DSV4_OPT_MAX_EXPERT_LANES = 8 };

@@ -1,9 +1,10 @@
 /* test_opt_kernels.cu - the optimized path's own kernels against CPU double computations on random inputs
  * (fixed seeds, fresh per case), outputs poisoned with NaN first, odd sizes (D = 17, 257) beside small real ones:
- *   mhc pre/post/head, cast-free AND roundtrip; compressor CSA (overlap) and HCA windows closing over many steps
- *   with an inactive sequence; moe routing (learned with exact ties, hash) and the grouped experts; norm_rope with
- *   RoPE, the window-ring slot write and the FP8 KV simulation; argmax ties. Each gate is also shown to fail on a
- *   deliberately wrong reference (the "test is too weak" check).
+ *   mhc pre/post/head, cast-free AND roundtrip, and over long runs (the tiled pre, the vectorised post); compressor
+ *   CSA (overlap) and HCA windows closing over many steps with an inactive sequence; moe routing (learned with
+ *   exact ties, hash) and the grouped experts; norm_rope with RoPE, the window-ring slot write and the FP8 KV
+ *   simulation; argmax ties. Each gate is also shown to fail on a deliberately wrong reference (the "test is too
+ *   weak" check).
  */
 #include <check.h>
 #include <cuda_runtime_api.h>
@@ -121,7 +122,9 @@ static void mhc_random_weights(float *fn, size_t n_fn, float *base, float *scale
     for (int d = 0; d < D; d++) nw[d] = 1 + 0.2f * urand();
 }
 
-static void mhc_case(int C, int D, int head, dsv4_mhc_kernel kern)
+/* One mHC pre (and for a block site the post) of C tokens against cpu_mhc. part: the cast-free partials of a call of
+ * >= DSV4_MHC_TILED_MIN_TOKENS tokens (tiled or rows); such calls print their distances. */
+static void mhc_case_p(int C, int D, int head, dsv4_mhc_kernel kern, dsv4_mhc_partial part)
 {
     const int n = 4, nD = n * D, nmix = head ? n : (2 + n) * n;
     rs = 1234 + D * 7 + head + 3 * kern;
@@ -147,7 +150,7 @@ static void mhc_case(int C, int D, int head, dsv4_mhc_kernel kern)
     p.comb = (float *)dup_dev(NULL, C * n * n * 4);
     p.x = (float *)dup_dev(NULL, (size_t)C * D * 4);
     p.xn = (uint16_t *)dup_dev(NULL, (size_t)C * D * 2);
-    p.kernel = kern;
+    p.kernel = kern, p.partial = part;
     p.X_f32 = (float *)dup_dev(NULL, nx * 4);
     p.workspace_bytes = dsv4_opt_mhc_pre_workspace_bytes(&p);
     p.workspace = dup_dev(NULL, p.workspace_bytes);
@@ -176,6 +179,13 @@ static void mhc_case(int C, int D, int head, dsv4_mhc_kernel kern)
     get(gb, p.xn, (size_t)C * D * 2);
     bf16_to_f32v(g, gb, (size_t)C * D);
     ck_assert_msg(rel(g, xn, (size_t)C * D) < 8e-3, "xn rel %g", rel(g, xn, (size_t)C * D));
+    if (C >= DSV4_MHC_TILED_MIN_TOKENS && kern == DSV4_MHC_KERNEL_CASTFREE) {
+        get(g, p.pre, C * n * 4);
+        const double r_pre = rel(g, pre, C * n);
+        get(g, p.x, (size_t)C * D * 4);
+        printf("mhc castfree %s: C = %d, D = %d, head %d: pre rel %.2e, x rel %.2e against the CPU\n",
+               part == DSV4_MHC_PARTIAL_TILED ? "tiled" : "rows", C, D, head, r_pre, rel(g, x, (size_t)C * D));
+    }
     if (!head) { /* the post, same variant */
         float *out = (float *)malloc((size_t)C * D * 4);
         for (size_t i = 0; i < (size_t)C * D; i++) out[i] = urand();
@@ -207,6 +217,10 @@ static void mhc_case(int C, int D, int head, dsv4_mhc_kernel kern)
     cudaFree((void *)p.norm_w), cudaFree(p.pre), cudaFree(p.post), cudaFree(p.comb), cudaFree(p.x), cudaFree(p.xn);
     cudaFree(p.X_f32), cudaFree(p.workspace);
     free(X), free(fn), free(nw), free(Xb), free(pre), free(post), free(comb), free(x), free(xn), free(g), free(gb);
+}
+static void mhc_case(int C, int D, int head, dsv4_mhc_kernel kern)
+{
+    mhc_case_p(C, D, head, kern, DSV4_MHC_PARTIAL_TILED);
 }
 
 START_TEST(test_mhc)
@@ -297,6 +311,200 @@ START_TEST(test_mhc_batch_bitwise)
     cudaFree((void *)p.norm_w), cudaFree(p.pre), cudaFree(p.post), cudaFree(p.comb), cudaFree(p.x), cudaFree(p.xn);
     cudaFree(p.workspace);
     free(Xb), free(fn), free(nw), free(batch), free(one);
+}
+END_TEST
+
+/* Long runs (a prefill chunk) take the tiled partial kernel from DSV4_MHC_TILED_MIN_TOKENS tokens on. Against the
+ * CPU with test_mhc's tolerances: C = 300 and 1100 (not multiples of the 128-token tile), the head, D = 257 and
+ * 17 (n·D not a multiple of 8: element-wise loads, a part-filled last chunk and sub-step), D = 10500 (more
+ * partials than the finish kernel stages); the per-token kernel at C = 300 as well (the ablation). */
+START_TEST(test_mhc_long)
+{
+    const dsv4_mhc_kernel cf = DSV4_MHC_KERNEL_CASTFREE;
+    mhc_case_p(300, 4096, 0, cf, DSV4_MHC_PARTIAL_TILED);
+    mhc_case_p(1100, 4096, 0, cf, DSV4_MHC_PARTIAL_TILED);
+    mhc_case_p(300, 4096, 1, cf, DSV4_MHC_PARTIAL_TILED);
+    mhc_case_p(300, 257, 0, cf, DSV4_MHC_PARTIAL_TILED);
+    mhc_case_p(DSV4_MHC_TILED_MIN_TOKENS, 17, 1, cf, DSV4_MHC_PARTIAL_TILED);
+    mhc_case_p(DSV4_MHC_TILED_MIN_TOKENS, 10500, 0, cf, DSV4_MHC_PARTIAL_TILED);
+    mhc_case_p(300, 4096, 0, cf, DSV4_MHC_PARTIAL_ROWS);
+}
+END_TEST
+
+/* The host copies of one cast-free pre: its outputs and its partials (the workspace, [C][n_chunks][n_mix + 1]). */
+typedef struct mhc_host {
+    float *pre, *post, *comb, *x, *part;
+    uint16_t *xn;
+} mhc_host;
+
+/* p's pre over C tokens from token `first` of p->X on, with `part`, every output and the workspace poisoned first. */
+static mhc_host mhc_run(const dsv4_mhc_pre_params *p, int C, int first, dsv4_mhc_partial part, size_t part_per_tok)
+{
+    const int n = p->n_streams, D = p->dim;
+    dsv4_mhc_pre_params q = *p;
+    q.n_tok = C, q.X = p->X + (size_t)first * n * D, q.partial = part;
+    ck_assert(cudaMemset(q.pre, 0xff, (size_t)C * n * 4) == cudaSuccess);
+    ck_assert(cudaMemset(q.post, 0xff, (size_t)C * n * 4) == cudaSuccess);
+    ck_assert(cudaMemset(q.comb, 0xff, (size_t)C * n * n * 4) == cudaSuccess);
+    ck_assert(cudaMemset(q.x, 0xff, (size_t)C * D * 4) == cudaSuccess);
+    ck_assert(cudaMemset(q.xn, 0xff, (size_t)C * D * 2) == cudaSuccess);
+    ck_assert(cudaMemset(q.workspace, 0xff, q.workspace_bytes) == cudaSuccess);
+    ck_assert_msg(dsv4_opt_mhc_pre(&q) == 0, "%s", dsv4_last_error());
+    mhc_host h;
+    h.pre = (float *)malloc((size_t)C * n * 4), h.post = (float *)malloc((size_t)C * n * 4);
+    h.comb = (float *)malloc((size_t)C * n * n * 4), h.x = (float *)malloc((size_t)C * D * 4);
+    h.part = (float *)malloc((size_t)C * part_per_tok * 4), h.xn = (uint16_t *)malloc((size_t)C * D * 2);
+    get(h.pre, q.pre, (size_t)C * n * 4), get(h.post, q.post, (size_t)C * n * 4);
+    get(h.comb, q.comb, (size_t)C * n * n * 4), get(h.x, q.x, (size_t)C * D * 4);
+    get(h.xn, q.xn, (size_t)C * D * 2), get(h.part, q.workspace, (size_t)C * part_per_tok * 4);
+    return h;
+}
+static void mhc_host_free(mhc_host *h) { free(h->pre), free(h->post), free(h->comb), free(h->x), free(h->part), free(h->xn); }
+
+/* rel() of two float arrays */
+static double rel_ff(const float *a, const float *b, size_t n)
+{
+    double *bd = (double *)malloc(n * 8);
+    for (size_t i = 0; i < n; i++) bd[i] = b[i];
+    const double r = rel(a, bd, n);
+    free(bd);
+    return r;
+}
+
+/* Tokens a_first .. a_first + C - 1 of run a against tokens b_first .. of run b, bit for bit: the first array that
+ * differs ("pre", ..., "partials"), or NULL. */
+static const char *mhc_host_diff(const mhc_host *a, int a_first, const mhc_host *b, int b_first, int C, int n, int D,
+                                 size_t part_per_tok)
+{
+    const struct { const char *name; const void *pa, *pb; size_t per_tok; } arr[] = {
+        {"pre", a->pre, b->pre, (size_t)n * 4},           {"post", a->post, b->post, (size_t)n * 4},
+        {"comb", a->comb, b->comb, (size_t)n * n * 4},    {"x", a->x, b->x, (size_t)D * 4},
+        {"xn", a->xn, b->xn, (size_t)D * 2},              {"partials", a->part, b->part, part_per_tok * 4},
+    };
+    for (size_t i = 0; i < sizeof arr / sizeof arr[0]; i++)
+        if (memcmp((const uint8_t *)arr[i].pa + a_first * arr[i].per_tok,
+                   (const uint8_t *)arr[i].pb + b_first * arr[i].per_tok, (size_t)C * arr[i].per_tok))
+            return arr[i].name;
+    return NULL;
+}
+
+/* The tiled kernel against the per-token one on the same inputs (block site, D = 4096):
+ * - C = 1100: their partials within 2e-6 of each other (relative over the whole workspace: fp32 sums of 512
+ *   products in two orders, ~1e-7 expected), every output within test_mhc's 1e-5 (xn 8e-3);
+ * - C = DSV4_MHC_TILED_MIN_TOKENS - 1: asking for tiled runs the per-token kernel: every output and partial bit
+ *   equal; at DSV4_MHC_TILED_MIN_TOKENS the partials differ in some bit (if not, the tiled kernel did not run);
+ * - a token's tiled bits do not depend on the batch nor on its place in a tile: tokens 37 .. 292 of a call of 300
+ *   are the bits of a call of 256 from token 37 on, and tokens 0 .. 299 those of the call of 1100. */
+START_TEST(test_mhc_long_tiled_vs_rows)
+{
+    const int n = 4, D = 4096, nD = n * D, nmix = (2 + n) * n, CM = 1100, T0 = DSV4_MHC_TILED_MIN_TOKENS;
+    const size_t ppt = (size_t)((nD + 511) / 512) * (nmix + 1); /* partials per token: 512-element chunks */
+    rs = 5151;
+    uint16_t *Xb = (uint16_t *)malloc((size_t)CM * nD * 2);
+    float *fn = (float *)malloc((size_t)nmix * nD * 4), base[24], scale[3], *nw = (float *)malloc(D * 4);
+    for (size_t i = 0; i < (size_t)CM * nD; i++) Xb[i] = dsv4_f32_to_bf16(urand() * 3);
+    mhc_random_weights(fn, (size_t)nmix * nD, base, scale, nw, D);
+    dsv4_mhc_pre_params p;
+    memset(&p, 0, sizeof p);
+    p.n_streams = n, p.dim = D, p.sinkhorn_iters = 20, p.hc_eps = 1e-6f, p.norm_eps = 1e-6f;
+    p.kernel = DSV4_MHC_KERNEL_CASTFREE;
+    p.X = (uint16_t *)dup_dev(Xb, (size_t)CM * nD * 2);
+    p.fn = (float *)dup_dev(fn, (size_t)nmix * nD * 4);
+    p.base = (float *)dup_dev(base, sizeof base), p.scale = (float *)dup_dev(scale, sizeof scale);
+    p.norm_w = (float *)dup_dev(nw, D * 4);
+    p.pre = (float *)dup_dev(NULL, CM * n * 4), p.post = (float *)dup_dev(NULL, CM * n * 4);
+    p.comb = (float *)dup_dev(NULL, CM * n * n * 4), p.x = (float *)dup_dev(NULL, (size_t)CM * D * 4);
+    p.xn = (uint16_t *)dup_dev(NULL, (size_t)CM * D * 2);
+    p.n_tok = CM;
+    p.workspace_bytes = dsv4_opt_mhc_pre_workspace_bytes(&p);
+    ck_assert(p.workspace_bytes >= (size_t)CM * ppt * 4);
+    p.workspace = dup_dev(NULL, p.workspace_bytes);
+
+    mhc_host t = mhc_run(&p, CM, 0, DSV4_MHC_PARTIAL_TILED, ppt), r = mhc_run(&p, CM, 0, DSV4_MHC_PARTIAL_ROWS, ppt);
+    const double d_part = rel_ff(t.part, r.part, (size_t)CM * ppt), d_pre = rel_ff(t.pre, r.pre, (size_t)CM * n);
+    const double d_post = rel_ff(t.post, r.post, (size_t)CM * n), d_comb = rel_ff(t.comb, r.comb, (size_t)CM * n * n);
+    const double d_x = rel_ff(t.x, r.x, (size_t)CM * D);
+    float *tf = (float *)malloc((size_t)CM * D * 4), *rf = (float *)malloc((size_t)CM * D * 4);
+    bf16_to_f32v(tf, t.xn, (size_t)CM * D), bf16_to_f32v(rf, r.xn, (size_t)CM * D);
+    const double d_xn = rel_ff(tf, rf, (size_t)CM * D);
+    printf("mhc castfree C = %d: tiled against rows: partials rel %.2e, pre %.2e, post %.2e, comb %.2e, x %.2e, "
+           "xn %.2e\n", CM, d_part, d_pre, d_post, d_comb, d_x, d_xn);
+    ck_assert_msg(d_part < 2e-6, "partials rel %g", d_part);
+    ck_assert_msg(d_pre < 1e-5 && d_post < 1e-5 && d_comb < 1e-5 && d_x < 1e-5 && d_xn < 8e-3,
+                  "outputs: pre %g post %g comb %g x %g xn %g", d_pre, d_post, d_comb, d_x, d_xn);
+    free(tf), free(rf);
+    float *off = (float *)malloc((size_t)CM * ppt * 4); /* too weak? one token's partials 1e-3 off must fail */
+    memcpy(off, t.part, (size_t)CM * ppt * 4);
+    for (size_t i = 7 * ppt; i < 8 * ppt; i++) off[i] *= 1.001f;
+    ck_assert(rel_ff(off, r.part, (size_t)CM * ppt) > 2e-6);
+    free(off);
+
+    mhc_host s = mhc_run(&p, 300, 0, DSV4_MHC_PARTIAL_TILED, ppt), u = mhc_run(&p, T0, 37, DSV4_MHC_PARTIAL_TILED, ppt);
+    const char *w = mhc_host_diff(&s, 37, &u, 0, T0, n, D, ppt);
+    ck_assert_msg(!w, "tiled: tokens 37.. of a call of 300 differ from a call of %d from token 37 (%s)", T0, w);
+    w = mhc_host_diff(&s, 0, &t, 0, 300, n, D, ppt);
+    ck_assert_msg(!w, "tiled: tokens 0..299 of a call of 300 differ from the call of %d (%s)", CM, w);
+    mhc_host_free(&s), mhc_host_free(&u);
+
+    s = mhc_run(&p, T0 - 1, 0, DSV4_MHC_PARTIAL_TILED, ppt), u = mhc_run(&p, T0 - 1, 0, DSV4_MHC_PARTIAL_ROWS, ppt);
+    w = mhc_host_diff(&s, 0, &u, 0, T0 - 1, n, D, ppt);
+    ck_assert_msg(!w, "C = %d: tiled asked, the per-token kernel expected: %s differ", T0 - 1, w);
+    mhc_host_free(&s), mhc_host_free(&u);
+    s = mhc_run(&p, T0, 0, DSV4_MHC_PARTIAL_TILED, ppt), u = mhc_run(&p, T0, 0, DSV4_MHC_PARTIAL_ROWS, ppt);
+    ck_assert_msg(memcmp(s.part, u.part, (size_t)T0 * ppt * 4) != 0, "C = %d: tiled gave the per-token bits", T0);
+    mhc_host_free(&s), mhc_host_free(&u);
+    printf("mhc castfree tiled: a token's bits the same in calls of %d, 300 and %d tokens; C = %d runs the "
+           "per-token kernel, C = %d the tiled one\n", T0, CM, T0 - 1, T0);
+
+    mhc_host_free(&t), mhc_host_free(&r);
+    cudaFree((void *)p.X), cudaFree((void *)p.fn), cudaFree((void *)p.base), cudaFree((void *)p.scale);
+    cudaFree((void *)p.norm_w), cudaFree(p.pre), cudaFree(p.post), cudaFree(p.comb), cudaFree(p.x), cudaFree(p.xn);
+    cudaFree(p.workspace);
+    free(Xb), free(fn), free(nw);
+}
+END_TEST
+
+/* The mHC post of >= DSV4_MHC_TILED_MIN_TOKENS tokens takes the vectorised kernel (8 elements per thread, D % 8 ==
+ * 0): the bits of the scalar kernel, which a call of DSV4_MHC_TILED_MIN_TOKENS - 1 tokens still takes. (test_mhc_long
+ * checks it against the CPU at C = 300, and the scalar kernel at D = 257.) */
+START_TEST(test_mhc_post_long_bitwise)
+{
+    const int n = 4, D = 4096, C = 300, T0 = DSV4_MHC_TILED_MIN_TOKENS;
+    const size_t nx = (size_t)C * n * D;
+    rs = 6161;
+    uint16_t *Xb = (uint16_t *)malloc(nx * 2);
+    float *out = (float *)malloc((size_t)C * D * 4), *post = (float *)malloc(C * n * 4),
+          *comb = (float *)malloc(C * n * n * 4);
+    for (size_t i = 0; i < nx; i++) Xb[i] = dsv4_f32_to_bf16(urand() * 3);
+    for (size_t i = 0; i < (size_t)C * D; i++) out[i] = urand();
+    for (int i = 0; i < C * n; i++) post[i] = 1 + urand();
+    for (int i = 0; i < C * n * n; i++) comb[i] = 0.5f + 0.5f * urand();
+    dsv4_mhc_post_params q;
+    memset(&q, 0, sizeof q);
+    q.n_streams = n, q.dim = D, q.kernel = DSV4_MHC_KERNEL_CASTFREE;
+    q.X = (uint16_t *)dup_dev(Xb, nx * 2);
+    q.out = (float *)dup_dev(out, (size_t)C * D * 4);
+    q.post = (float *)dup_dev(post, C * n * 4), q.comb = (float *)dup_dev(comb, C * n * n * 4);
+    q.X_out = (uint16_t *)dup_dev(NULL, nx * 2);
+    uint16_t *vec = (uint16_t *)malloc(nx * 2), *sca = (uint16_t *)malloc(nx * 2);
+    q.n_tok = C;
+    ck_assert_msg(dsv4_opt_mhc_post(&q) == 0, "%s", dsv4_last_error());
+    get(vec, q.X_out, nx * 2);
+    ck_assert(cudaMemset(q.X_out, 0xff, nx * 2) == cudaSuccess);
+    q.n_tok = T0 - 1;
+    ck_assert_msg(dsv4_opt_mhc_post(&q) == 0, "%s", dsv4_last_error());
+    get(sca, q.X_out, nx * 2);
+    size_t first = SIZE_MAX;
+    for (size_t i = 0; i < (size_t)(T0 - 1) * n * D && first == SIZE_MAX; i++)
+        if (vec[i] != sca[i]) first = i;
+    ck_assert_msg(first == SIZE_MAX, "mhc post: C = %d (vectorised) differs from C = %d (scalar) at element %zu", C,
+                  T0 - 1, first);
+    for (size_t i = (size_t)(T0 - 1) * n * D; i < nx; i++) /* the vectorised call wrote its last tokens too */
+        ck_assert_msg(vec[i] != 0xffff, "mhc post: element %zu of C = %d left unwritten", i, C);
+    printf("mhc post: a call of %d tokens (vectorised) gives the bits of a call of %d (scalar)\n", C, T0 - 1);
+    cudaFree((void *)q.X), cudaFree((void *)q.out), cudaFree((void *)q.post), cudaFree((void *)q.comb);
+    cudaFree(q.X_out);
+    free(Xb), free(out), free(post), free(comb), free(vec), free(sca);
 }
 END_TEST
 
@@ -762,6 +970,9 @@ int main(void)
     const TTest *const tests[] = {
         test_mhc,
         test_mhc_batch_bitwise,
+        test_mhc_long,
+        test_mhc_long_tiled_vs_rows,
+        test_mhc_post_long_bitwise,
         test_compressor,
         test_moe,
         test_norm_rope_fp8,
