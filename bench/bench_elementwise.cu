@@ -3,7 +3,8 @@
  * the trailing 64, bf16 out) and of the KV (1 head x 512 from the strided projection, weighted norm, RoPE, the
  * window-ring write + the f32 copy; `--kv` bf16 and fp8), the embedding gather into the 4 streams (vocab 129280,
  * D 4096), the greedy argmax over the vocab, and the per-step bookkeeping step_setup / step_index (window 128,
- * CSA ratio 4 + 512 picks, HCA ratio 128 + 256 entries), C = 1, 16, 64.
+ * CSA ratio 4 + 512 picks, HCA ratio 128 + 256 entries), C = 1, 16, 64; and the queries' norm_rope of a long
+ * prefill run (C = 8192), block kernel against warp-per-row.
  *   run: build/bench_elementwise [--quick] [--verbose]
  * Bytes counted (the fewest): every input element read once, every output written once (embed: one table row per
  * token; argmax: the C x 129280 logits). FLOPs: norm_rope 3 per channel + 6 per rope pair (the FP8 simulation not
@@ -280,6 +281,54 @@ static void bench_embed_argmax(const bench_ceilings *cl, int C, const void *tabl
     cudaFree(tok), cudaFree(X), cudaFree(lg), cudaFree(am);
 }
 
+/* The q heads of a long prefill run (C = 8192 tokens x 64 heads x 512): the block kernel (a decode step's) against
+ * the warp-per-row kernel a step with runs takes (warp_rows), the same inputs; spot rows checked as above. */
+static void bench_norm_rope_long(const bench_ceilings *cl, int C)
+{
+    void *xq, *oq, *cs, *sn;
+    BENCH_CHECK(cudaMalloc(&xq, (size_t)C * H * HD * 4));
+    BENCH_CHECK(cudaMalloc(&oq, (size_t)C * H * HD * 2));
+    BENCH_CHECK(cudaMalloc(&cs, (size_t)C * NP * 4));
+    BENCH_CHECK(cudaMalloc(&sn, (size_t)C * NP * 4));
+    bench_fill_f32(xq, (size_t)C * H * HD, 191, 3.0f);
+    float *hcs = (float *)malloc((size_t)C * NP * 4), *hsn = (float *)malloc((size_t)C * NP * 4);
+    uint64_t rs = 177;
+    for (int i = 0; i < C * NP; i++) {
+        const double a = (double)(bench_rand(&rs) % 100000) * 1e-3;
+        hcs[i] = (float)cos(a);
+        hsn[i] = (float)sin(a);
+    }
+    BENCH_CHECK(cudaMemcpy(cs, hcs, (size_t)C * NP * 4, cudaMemcpyHostToDevice));
+    BENCH_CHECK(cudaMemcpy(sn, hsn, (size_t)C * NP * 4, cudaMemcpyHostToDevice));
+    dsv4_norm_rope_params p;
+    memset(&p, 0, sizeof(p));
+    p.n_tok = C, p.heads = H, p.dim = HD, p.x = xq, p.x_tok_stride = (int64_t)H * HD, p.norm = 1, p.eps = EPS;
+    p.rope_pairs = NP, p.cos = (const float *)cs, p.sin = (const float *)sn, p.out = (uint16_t *)oq;
+    p.out_tok_stride = (int64_t)H * HD, p.post_scale = 1.0f;
+    float *hx = (float *)bench_to_host(xq, (size_t)2 * H * HD * 4); /* the first two tokens' rows */
+    for (int warp = 0; warp < 2; warp++) {
+        p.warp_rows = warp;
+        bench_fill_bf16(oq, (size_t)C * H * HD, 194 + warp, 1e3f);
+        BENCH_OK(dsv4_opt_norm_rope(&p));
+        BENCH_CHECK(cudaDeviceSynchronize());
+        uint16_t *ho = (uint16_t *)bench_to_host(oq, (size_t)2 * H * HD * 2);
+        double want[HD];
+        float got[HD];
+        char what[96];
+        const size_t row = (size_t)1 * H + H - 1;
+        cpu_norm_rope(hx + row * HD, NULL, hcs + NP, hsn + NP, 0, want);
+        for (int i = 0; i < HD; i++) got[i] = bench_bf16_to_f32(ho[row * HD + i]);
+        snprintf(what, sizeof(what), "norm_rope q C=%d tok 1 head %d (%s)", C, H - 1, warp ? "warp rows" : "block");
+        bench_check_close(what, got, want, HD, 1e-3, 1e-2);
+        free(ho);
+        const double us = bench_median_us(nr_fn, &p);
+        bench_row(cl, "norm_rope", "bf16", warp ? "q warp-rows" : "q block", C, "64x512 rope64 f32->bf16", us,
+                  (double)C * H * HD * 6 + (double)C * NP * 8, (double)C * H * (3.0 * HD + 6.0 * NP));
+    }
+    free(hx), free(hcs), free(hsn);
+    cudaFree(xq), cudaFree(oq), cudaFree(cs), cudaFree(sn);
+}
+
 static void bench_step(const bench_ceilings *cl, int C)
 {
     void *pos, *act, *inv, *ring, *lc, *lh, *tab, *tk, *idx;
@@ -435,6 +484,7 @@ int main(int argc, char **argv)
         bench_embed_argmax(&cl, Cs[ci], table);
         bench_step(&cl, Cs[ci]);
     }
+    bench_norm_rope_long(&cl, 8192);
     cudaFree(table);
     return bench_finish();
 }

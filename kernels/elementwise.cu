@@ -72,6 +72,64 @@ __global__ void __launch_bounds__(EW_THREADS) norm_rope_kernel(dsv4_norm_rope_pa
     }
 }
 
+/* One warp per row, for the long runs of a prefill step: at 524,288 rows of 512 (the q heads of an 8K-token step)
+ * the block kernel above is bound by its barriers and block reductions (1.5 ms a call on the H200, 1 TB/s). A lane
+ * holds E = dim / 32 consecutive channels in registers; E is even, so a RoPE pair never straddles two lanes. The
+ * sum of squares is one warp reduction (dsv4_warp_sum), so the bits differ from the block kernel's (ulps of r);
+ * they depend only on the row, never on the batch. Conditions: dsv4_opt_norm_rope_warp_ok. */
+enum { NR_WARP_ROWS = 8 }; /* rows (warps) per block */
+template <int E>
+__global__ void __launch_bounds__(NR_WARP_ROWS * 32) norm_rope_warp_kernel(dsv4_norm_rope_params p, int n_rows)
+{
+    const int row = blockIdx.x * NR_WARP_ROWS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (row >= n_rows) return;
+    const int t = row / p.heads, h = row % p.heads, dim = p.dim, c0 = lane * E;
+    const size_t src = (size_t)t * p.x_tok_stride + (size_t)h * dim + c0;
+    float v[E];
+    if (p.x_bf16) {
+        const uint32_t *x2 = reinterpret_cast<const uint32_t *>(static_cast<const uint16_t *>(p.x) + src);
+#pragma unroll
+        for (int e = 0; e < E; e += 2) {
+            const uint32_t w = x2[e / 2];
+            v[e] = dsv4_bf16_bits_to_f32((uint16_t)(w & 0xffffu)), v[e + 1] = dsv4_bf16_bits_to_f32((uint16_t)(w >> 16));
+        }
+    } else {
+        const float2 *x2 = reinterpret_cast<const float2 *>(static_cast<const float *>(p.x) + src);
+#pragma unroll
+        for (int e = 0; e < E; e += 2) {
+            const float2 w = x2[e / 2];
+            v[e] = w.x, v[e + 1] = w.y;
+        }
+    }
+    if (p.norm) {
+        float ss = 0.0f;
+#pragma unroll
+        for (int e = 0; e < E; e++) ss += v[e] * v[e];
+        const float r = 1.0f / sqrtf(dsv4_warp_sum(ss) / (float)dim + p.eps);
+#pragma unroll
+        for (int e = 0; e < E; e++) v[e] = p.weight ? p.weight[c0 + e] * (v[e] * r) : v[e] * r;
+    }
+    const int np = p.rope_pairs, r0 = dim - 2 * np;
+#pragma unroll
+    for (int e = 0; e < E; e += 2) {
+        if (c0 + e < r0) continue;
+        const int i = (c0 + e - r0) >> 1;
+        const float cs = p.cos[(size_t)t * np + i], sn = p.sin[(size_t)t * np + i];
+        const float x0 = v[e], x1 = v[e + 1];
+        v[e] = x0 * cs + (-x1) * sn;
+        v[e + 1] = x1 * cs + x0 * sn;
+    }
+    uint32_t *dst = p.out ? reinterpret_cast<uint32_t *>(p.out + (size_t)t * p.out_tok_stride + (size_t)h * dim + c0)
+                          : NULL;
+    float2 *dst_f32 = p.out_f32 ? reinterpret_cast<float2 *>(p.out_f32 + (size_t)row * dim + c0) : NULL;
+#pragma unroll
+    for (int e = 0; e < E; e += 2) {
+        const float a = v[e] * p.post_scale, b = v[e + 1] * p.post_scale;
+        if (dst) dst[e / 2] = (uint32_t)dsv4_f32_to_bf16_bits(a) | ((uint32_t)dsv4_f32_to_bf16_bits(b) << 16);
+        if (dst_f32) dst_f32[e / 2] = make_float2(a, b);
+    }
+}
+
 __global__ void gather_rows_kernel(uint32_t *dst, const uint32_t *src, const int32_t *rows, size_t words)
 {
     const size_t r = (size_t)rows[blockIdx.x];
@@ -182,6 +240,17 @@ int dsv4_opt_gather_rows(void *dst, const void *src, const int32_t *rows, int n,
     return 0;
 }
 
+int dsv4_opt_norm_rope_warp_ok(const dsv4_norm_rope_params *p)
+{
+    const int E = p->dim / 32;
+    const size_t in_align = p->x_bf16 ? 4 : 8, in_elem = p->x_bf16 ? 2 : 4;
+    return p->warp_rows && !p->out8 && !p->out_slot && !p->fp8_nope && p->dim % 64 == 0 &&
+           (E == 2 || E == 4 || E == 8 || E == 16 || E == 32) && (uintptr_t)p->x % in_align == 0 &&
+           (p->x_tok_stride * in_elem) % in_align == 0 && (!p->out || ((uintptr_t)p->out % 4 == 0 &&
+                                                                    p->out_tok_stride % 2 == 0)) &&
+           (!p->out_f32 || (uintptr_t)p->out_f32 % 8 == 0);
+}
+
 int dsv4_opt_norm_rope(const dsv4_norm_rope_params *p)
 {
     DSV4_CHECK(p != NULL, "norm_rope: params is NULL");
@@ -197,6 +266,18 @@ int dsv4_opt_norm_rope(const dsv4_norm_rope_params *p)
     DSV4_CHECK(p->rope_pairs >= 0 && 2 * p->rope_pairs <= p->dim && (p->rope_pairs == 0 || (p->cos && p->sin)),
                "norm_rope: %d rope pairs for dim %d, or cos/sin NULL", p->rope_pairs, p->dim);
     DSV4_CHECK(!p->out_slot || p->heads == 1, "norm_rope: out_slot needs heads == 1");
+    if (dsv4_opt_norm_rope_warp_ok(p)) {
+        const int n_rows = p->n_tok * p->heads, grid = dsv4_ceil_div(n_rows, NR_WARP_ROWS);
+        switch (p->dim / 32) {
+        case 2: norm_rope_warp_kernel<2><<<grid, NR_WARP_ROWS * 32, 0, p->stream>>>(*p, n_rows); break;
+        case 4: norm_rope_warp_kernel<4><<<grid, NR_WARP_ROWS * 32, 0, p->stream>>>(*p, n_rows); break;
+        case 8: norm_rope_warp_kernel<8><<<grid, NR_WARP_ROWS * 32, 0, p->stream>>>(*p, n_rows); break;
+        case 16: norm_rope_warp_kernel<16><<<grid, NR_WARP_ROWS * 32, 0, p->stream>>>(*p, n_rows); break;
+        default: norm_rope_warp_kernel<32><<<grid, NR_WARP_ROWS * 32, 0, p->stream>>>(*p, n_rows); break;
+        }
+        DSV4_LAUNCH_CHECK("norm_rope_warp_kernel");
+        return 0;
+    }
     norm_rope_kernel<<<p->n_tok * p->heads, EW_THREADS, 0, p->stream>>>(*p);
     DSV4_LAUNCH_CHECK("norm_rope_kernel");
     return 0;

@@ -52,6 +52,8 @@ typedef struct dsv4_norm_rope_params {
     int64_t out8_seq_stride;     /* BYTES between two sequences' entries */
     float *out_f32;              /* [n_tok, heads, dim] f32 copy or NULL; device */
     float post_scale;            /* multiplies the final value (1 for all but special uses) */
+    int warp_rows;               /* 1: a long run's call may take one warp per row (dsv4_opt_norm_rope_warp_ok;
+                                    other bits than the block kernel: the sum of squares adds in another order) */
     cudaStream_t stream;
 } dsv4_norm_rope_params;
 
@@ -69,6 +71,9 @@ int dsv4_opt_argmax(int32_t *out, const float *x, int n_rows, int n, int64_t str
 
 int dsv4_opt_embed(const dsv4_embed_params *p);
 int dsv4_opt_norm_rope(const dsv4_norm_rope_params *p);
+/* 1 when p would run one warp per row: warp_rows set, plain outputs (no ring slot, no fp8), dim a multiple of 64
+ * up to 1024, 8-byte aligned f32 input rows and 4-byte aligned bf16 output rows. */
+int dsv4_opt_norm_rope_warp_ok(const dsv4_norm_rope_params *p);
 
 #ifdef __cplusplus
 }

@@ -191,13 +191,16 @@ static int mhc_post(dsv4_opt *o, const float *out)
 }
 
 /* norm_rope over `heads` rows per token. */
+/* Steps with runs of >= OPT_SORTED_MIN_ROWS rows may take the warp-per-row kernel (its own bits); decode keeps the
+ * block kernel at any C. */
 static int norm_rope(dsv4_opt *o, const void *x, int x_bf16, int64_t x_stride, int heads, int dim, int norm,
                      const float *w, int rope, const float *cs, const float *sn, uint16_t *out, int64_t out_stride)
 {
     dsv4_norm_rope_params p = {.n_tok = o->T, .heads = heads, .dim = dim, .x = x, .x_bf16 = x_bf16,
                                .x_tok_stride = x_stride, .norm = norm, .weight = w, .eps = (float)o->cfg.rms_norm_eps,
                                .rope_pairs = rope ? o->np : 0, .cos = cs, .sin = sn, .out = out,
-                               .out_tok_stride = out_stride, .post_scale = 1.0f, .stream = o->stream};
+                               .out_tok_stride = out_stride, .post_scale = 1.0f,
+                               .warp_rows = o->runs && o->T >= OPT_SORTED_MIN_ROWS, .stream = o->stream};
     return dsv4_opt_norm_rope(&p);
 }
 

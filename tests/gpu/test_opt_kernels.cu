@@ -817,6 +817,98 @@ START_TEST(test_norm_rope_fp8)
 }
 END_TEST
 
+/* The warp-per-row norm_rope of long runs (warp_rows): the q heads (f32 in, unweighted norm, RoPE on the last 64
+ * channels) at 300 tokens x 8 heads x 512, and the indexer queries' shape (128 channels, no norm) from bf16 input
+ * with RoPE and an f32 copy: each row against a double reference within bf16 rounding (4e-3 of |v|), against
+ * the block kernel (the same row without warp_rows) within one bf16 ulp everywhere, and a row's
+ * bits the same whether it is computed in a call of 300 or of 37 tokens. A ring-slot write with warp_rows set keeps
+ * the block kernel (dsv4_opt_norm_rope_warp_ok is 0). */
+static void norm_rope_rows_ref(const float *x, int d, int norm, int np, const float *cs, const float *sn, double *v)
+{
+    double ss = 0;
+    for (int i = 0; i < d; i++) ss += (double)x[i] * x[i];
+    const double r = norm ? 1.0 / sqrt(ss / d + 1e-6) : 1.0;
+    for (int i = 0; i < d; i++) v[i] = x[i] * r;
+    for (int i = 0, r0 = d - 2 * np; i < np; i++) {
+        const double x0 = v[r0 + 2 * i], x1 = v[r0 + 2 * i + 1];
+        v[r0 + 2 * i] = x0 * cs[i] - x1 * sn[i], v[r0 + 2 * i + 1] = x1 * cs[i] + x0 * sn[i];
+    }
+}
+
+START_TEST(test_norm_rope_warp_rows)
+{
+    enum { T = 300, H = 8, NP = 32 };
+    const int dims[2] = {512, 128}, norms[2] = {1, 0}, bf16_in[2] = {0, 1};
+    for (int k = 0; k < 2; k++) {
+        const int d = dims[k], n = T * H * d;
+        rs = 901 + k;
+        float *x = (float *)malloc((size_t)n * 4), *cs = (float *)malloc(T * NP * 4), *sn = (float *)malloc(T * NP * 4);
+        uint16_t *xb = (uint16_t *)malloc((size_t)n * 2);
+        for (int i = 0; i < n; i++) {
+            x[i] = urand() * 3 * (i % 41 == 0 ? 20 : 1);
+            xb[i] = dsv4_f32_to_bf16(x[i]);
+            if (bf16_in[k]) x[i] = dsv4_bf16_to_f32(xb[i]);
+        }
+        for (int i = 0; i < T * NP; i++) cs[i] = cosf(urand() * 3), sn[i] = sinf(acosf(cs[i]));
+        dsv4_norm_rope_params p;
+        memset(&p, 0, sizeof p);
+        p.n_tok = T, p.heads = H, p.dim = d, p.x_bf16 = bf16_in[k];
+        p.x = bf16_in[k] ? dup_dev(xb, (size_t)n * 2) : dup_dev(x, (size_t)n * 4);
+        p.x_tok_stride = (int64_t)H * d, p.norm = norms[k], p.eps = 1e-6f, p.rope_pairs = NP;
+        p.cos = (float *)dup_dev(cs, T * NP * 4), p.sin = (float *)dup_dev(sn, T * NP * 4);
+        p.out = (uint16_t *)dup_dev(NULL, (size_t)n * 2), p.out_tok_stride = (int64_t)H * d, p.post_scale = 1;
+        p.out_f32 = k == 1 ? (float *)dup_dev(NULL, (size_t)n * 4) : NULL;
+        dsv4_norm_rope_params blk = p, part = p;
+        blk.out = (uint16_t *)dup_dev(NULL, (size_t)n * 2);
+        blk.out_f32 = NULL;
+        p.warp_rows = 1;
+        ck_assert_msg(dsv4_opt_norm_rope_warp_ok(&p), "dim %d: the warp kernel should take this call", d);
+        ck_assert_msg(!dsv4_opt_norm_rope_warp_ok(&blk), "dim %d: warp_rows 0 must keep the block kernel", d);
+        ck_assert_msg(dsv4_opt_norm_rope(&p) == 0 && dsv4_opt_norm_rope(&blk) == 0, "%s", dsv4_last_error());
+        /* the last 37 tokens alone: the same rows, the same bits */
+        part.n_tok = 37, part.warp_rows = 1;
+        part.x = (const char *)p.x + (size_t)(T - 37) * H * d * (bf16_in[k] ? 2 : 4);
+        part.cos = p.cos + (size_t)(T - 37) * NP, part.sin = p.sin + (size_t)(T - 37) * NP;
+        part.out = (uint16_t *)dup_dev(NULL, (size_t)37 * H * d * 2), part.out_f32 = NULL;
+        ck_assert_msg(dsv4_opt_norm_rope(&part) == 0, "%s", dsv4_last_error());
+        uint16_t *ow = (uint16_t *)malloc((size_t)n * 2), *ob = (uint16_t *)malloc((size_t)n * 2);
+        uint16_t *op = (uint16_t *)malloc((size_t)37 * H * d * 2);
+        float *of = k == 1 ? (float *)malloc((size_t)n * 4) : NULL;
+        get(ow, p.out, (size_t)n * 2), get(ob, blk.out, (size_t)n * 2), get(op, part.out, (size_t)37 * H * d * 2);
+        if (of) get(of, p.out_f32, (size_t)n * 4);
+        double v[512];
+        int bad_ref = 0, bad_blk = 0, bad_f32 = 0, differ_blk = 0;
+        for (int row = 0; row < T * H; row++) {
+            const int t = row / H;
+            norm_rope_rows_ref(x + (size_t)row * d, d, norms[k], NP, cs + t * NP, sn + t * NP, v);
+            for (int i = 0; i < d; i++) {
+                const size_t j = (size_t)row * d + i;
+                const double g = dsv4_bf16_to_f32(ow[j]), b = dsv4_bf16_to_f32(ob[j]);
+                if (!(fabs(g - v[i]) <= 4e-3 * fabs(v[i]) + 1e-6)) bad_ref++; /* bf16 rounding: 2^-9 */
+                if (!(fabs(g - b) <= 8e-3 * fabs(b) + 1e-6)) bad_blk++; /* one bf16 ulp: <= 2^-7 of it */
+                differ_blk += ow[j] != ob[j];
+                if (of && !(fabs(of[j] - v[i]) <= 1e-5 * fabs(v[i]) + 1e-6)) bad_f32++;
+            }
+        }
+        const size_t off = (size_t)(T - 37) * H * d;
+        ck_assert_msg(!memcmp(op, ow + off, (size_t)37 * H * d * 2),
+                      "dim %d: rows of a 37-token call differ from the same rows of the 300-token call", d);
+        printf("norm_rope warp rows (dim %d, %s in, norm %d): %d of %d values off the double reference, %d off the "
+               "block kernel by > 1 bf16 ulp (%d differ in bits), %d f32 copies off\n",
+               d, bf16_in[k] ? "bf16" : "f32", norms[k], bad_ref, n, bad_blk, differ_blk, bad_f32);
+        ck_assert_msg(bad_ref == 0 && bad_blk == 0 && bad_f32 == 0, "dim %d: %d / %d / %d values off", d, bad_ref,
+                      bad_blk, bad_f32);
+        /* a ring-slot write keeps the block kernel even with warp_rows */
+        dsv4_norm_rope_params ring = p;
+        ring.heads = 1, ring.out_slot = (const int32_t *)p.cos;
+        ck_assert(!dsv4_opt_norm_rope_warp_ok(&ring));
+        cudaFree((void *)p.x), cudaFree((void *)p.cos), cudaFree((void *)p.sin), cudaFree(p.out), cudaFree(blk.out);
+        cudaFree(part.out), cudaFree(p.out_f32);
+        free(x), free(xb), free(cs), free(sn), free(ow), free(ob), free(op), free(of);
+    }
+}
+END_TEST
+
 /* A --kv fp8 entry (kernels/kv_layout.h) as floats, from its definition: code x 2^(scale byte - 127), rope bf16. */
 static void kv8_decode_host(const uint8_t *e, int d, int rope, float *out)
 {
@@ -976,6 +1068,7 @@ int main(void)
         test_compressor,
         test_moe,
         test_norm_rope_fp8,
+        test_norm_rope_warp_rows,
         test_kv8_writers,
         test_argmax_ties,
     };
