@@ -2,7 +2,8 @@
 # serve_on_device.sh [BUDGET_S] - serving runs of the optimized path on the GPU machine (issue 37; docs/bench.md
 # "Serving runs"), in one device call:
 #   1. build dsv4 for sm_90 (build-serve/);
-#   2. the seeds' table with bf16 weights: `dsv4 bench --serve --seeds-table` at C = $SERVE_C (default 1,16,64);
+#   2. the seeds' table with bf16 weights: `dsv4 bench --serve --seeds-table` at C = $SERVE_C (default 1,16,64;
+#      SERVE_BF16_TABLE=0: the defaults only);
 #   3. the same with fp8 weights, the defaults only (unless SERVE_FP8_TABLE=1);
 #   4. a fixed-length run of the defaults and transformers' peer on the same requests (bench/peers/
 #      peer_serve_transformers.py --like);
@@ -52,7 +53,9 @@ run() { # run NAME SHARE_S ARGS...: one dsv4 bench --serve, time-boxed
     [ -f "$OUT/$name.md" ] && summary+=("$(sed -n '3,$p' "$OUT/$name.md")")
     [ $rc -eq 0 ] || summary+=("$(tail -n 5 "$OUT/$name.log")")
 }
-run serve-bf16 $(($(left) * 45 / 100)) --seeds-table --weights bf16 --input-len "${SERVE_IN:-1024:8192}" \
+bf16_table=(--seeds-table)
+[ "${SERVE_BF16_TABLE:-1}" = 0 ] && bf16_table=()
+run serve-bf16 $(($(left) * 45 / 100)) "${bf16_table[@]}" --weights bf16 --input-len "${SERVE_IN:-1024:8192}" \
     --output-len "${SERVE_OUT:-256:1024}"
 fp8_table=()
 [ "${SERVE_FP8_TABLE:-0}" = 1 ] && fp8_table=(--seeds-table)
