@@ -17,7 +17,6 @@
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +30,7 @@
 #include "dsv4/dsv4.h"
 #include "dsv4/dsv4_opt.h"
 #include "dsv4/dsv4_serve.h"
+#include "progress.h"
 
 #ifndef DSV4_HAVE_CUDA
 int bench_serve(int argc, char **argv)
@@ -47,24 +47,8 @@ int bench_serve(int argc, char **argv)
 #include <cuda_runtime_api.h>
 #include <jansson.h>
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static double t_start;
-static void progress(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void progress(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "[serve %6.1fs] ", now_s() - t_start);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-}
+#define progress(...) cli_progress_note("serve", t_start, __VA_ARGS__)
 
 /* A prompt token of request r at position p: a fixed hash, so every configuration serves the same prompts. */
 static int32_t prompt_token(unsigned long long seed, int r, int p, int vocab)
@@ -115,15 +99,15 @@ static int serve(dsv4_opt *o, const serve_args *a, int C, const dsv4_serve_reque
         return dsv4_error(rc, "%s", err);
     memset(st, 0, sizeof *st);
     int n_dec = 0;
-    const double t0 = now_s();
+    const double t0 = cli_now_s();
     double last_report = t0;
     while (!dsv4_serve_sched_done(s)) {
         const dsv4_serve_step *step;
         double next_arrival;
-        if (!dsv4_serve_sched_plan(s, now_s() - t0, &step, &next_arrival)) {
+        if (!dsv4_serve_sched_plan(s, cli_now_s() - t0, &step, &next_arrival)) {
             if (next_arrival < 0)
                 break;
-            const double wait = next_arrival - (now_s() - t0);
+            const double wait = next_arrival - (cli_now_s() - t0);
             if (wait > 0) {
                 struct timespec ts = {(time_t)wait, (long)((wait - floor(wait)) * 1e9)};
                 nanosleep(&ts, NULL);
@@ -146,10 +130,10 @@ static int serve(dsv4_opt *o, const serve_args *a, int C, const dsv4_serve_reque
                                                            : prompt_token(prompt_seed, r->request, r->first_pos + k,
                                                                           vocab);
         }
-        const double ts0 = now_s();
+        const double ts0 = cli_now_s();
         if (!rc)
             rc = dsv4_opt_step_ragged(o, b->tokens, b->n_tok, NULL, NULL, b->next);
-        const double ts1 = now_s();
+        const double ts1 = cli_now_s();
         if (rc)
             break;
         for (int u = 0; u < step->n_runs; u++)
@@ -431,7 +415,7 @@ int bench_serve(int argc, char **argv)
     serve_args a;
     if (serve_check_args(argc, argv, &a))
         return 2;
-    t_start = now_s();
+    t_start = cli_now_s();
     int dev = 0, cmax = 1;
     if (cudaGetDeviceCount(&dev) != cudaSuccess || dev < 1) {
         fprintf(stderr, "dsv4 bench --serve: no CUDA device\n");
