@@ -73,18 +73,12 @@ typedef struct serve_buffers {
     int cap_steps;
 } serve_buffers;
 
-static int cmp_double(const void *a, const void *b)
-{
-    const double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
+/* The median of x[n] (sorted in place; 0 when n = 0): the serving metrics' percentile, numpy's linear one. */
 static double median_of(double *x, int n)
 {
-    if (n <= 0)
-        return 0;
-    qsort(x, (size_t)n, sizeof *x, cmp_double);
-    return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+    dsv4_serve_dist d;
+    dsv4_serve_dist_of(x, n, &d);
+    return d.median;
 }
 
 /* Serve reqs[n] on o to the end. label names the run in the progress lines. */
@@ -373,7 +367,8 @@ static char *svg_of(json_t *root, size_t *len)
             for (size_t z = 1; z < json_array_size(tok); z++)
                 gaps[q++] = json_real_value(json_array_get(tok, z)) - json_real_value(json_array_get(tok, z - 1));
         }
-        qsort(gaps, q, sizeof *gaps, cmp_double);
+        dsv4_serve_dist d;
+        dsv4_serve_dist_of(gaps, (int)q, &d); /* for the sort in place */
         fprintf(f, "<polyline fill='none' stroke='%s' stroke-width='1.5' points='", colour[(line + 1) % 6]);
         const size_t stride = q > 400 ? q / 400 : 1;
         for (size_t z = 0; z < q; z += stride)
