@@ -50,15 +50,6 @@ int bench_serve(int argc, char **argv)
 static double t_start;
 #define progress(...) cli_progress_note("serve", t_start, __VA_ARGS__)
 
-/* A prompt token of request r at position p: a fixed hash, so every configuration serves the same prompts. */
-static int32_t prompt_token(unsigned long long seed, int r, int p, int vocab)
-{
-    uint64_t z = seed * 0x9E3779B97F4A7C15ull ^ ((uint64_t)r << 32 | (uint32_t)p);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return (int32_t)((z ^ (z >> 31)) % (uint64_t)vocab);
-}
-
 /* What one served workload measured besides the per-request metrics. */
 typedef struct serve_steps {
     int steps, prefill_steps, decode_steps; /* steps with prompt tokens / with decode tokens only */
@@ -121,8 +112,8 @@ static int serve(dsv4_opt *o, const serve_args *a, int C, const dsv4_serve_reque
                 rc = dsv4_opt_reset(o, r->slot);
             for (int k = 0; k < r->n_tokens; k++)
                 b->tokens[off[r->slot] + k] = r->is_decode ? b->last[r->slot]
-                                                           : prompt_token(prompt_seed, r->request, r->first_pos + k,
-                                                                          vocab);
+                                                           : dsv4_serve_prompt_token(prompt_seed, r->request,
+                                                                                     r->first_pos + k, vocab);
         }
         const double ts0 = cli_now_s();
         if (!rc)
