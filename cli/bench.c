@@ -26,12 +26,10 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "bench_args.h"
@@ -40,6 +38,7 @@
 #include "commands.h"
 #include "dsv4/dsv4.h"
 #include "dsv4/dsv4_opt.h"
+#include "progress.h"
 
 #ifndef DSV4_HAVE_CUDA
 int dsv4_cmd_bench(int argc, char **argv)
@@ -62,24 +61,8 @@ int dsv4_cmd_bench(int argc, char **argv)
 
 enum { MAX_KT = 16 }; /* kernel timings per step */
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static double t_start;
-static void progress(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void progress(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "[bench %6.1fs] ", now_s() - t_start);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-}
+#define progress(...) cli_progress_note("bench", t_start, __VA_ARGS__)
 
 static const char *gib(double b, char *buf) { return dsv4_mem_format(b, buf, 32); }
 
@@ -205,9 +188,9 @@ static int run_steps(dsv4_opt *o, int C, int pos0, int warmup, int reps, unsigne
             h ^= h << 13, h ^= h >> 7, h ^= h << 17;
             tok[c] = (int32_t)(h % 129280u);
         }
-        double t0 = now_s();
+        double t0 = cli_now_s();
         rc = dsv4_opt_step(o, tok, NULL, NULL, NULL, next);
-        if (s >= warmup) t[s - warmup] = 1e3 * (now_s() - t0);
+        if (s >= warmup) t[s - warmup] = 1e3 * (cli_now_s() - t0);
     }
     if (!rc) {
         double sum = 0;
@@ -278,7 +261,7 @@ int dsv4_cmd_bench(int argc, char **argv)
     }
     bench_args a;
     if (bench_check_args(argc, argv, &a)) return 2;
-    t_start = now_s();
+    t_start = cli_now_s();
     int rc = 0, dev = 0, drv = 0, rt = 0;
     struct cudaDeviceProp prop;
     cudaError_t dev_err = cudaGetDeviceCount(&dev);
@@ -386,7 +369,7 @@ int dsv4_cmd_bench(int argc, char **argv)
             dsv4_opt_options oo;
             variant_options(v, C, a.max_context, a.weights, a.kv, a.gpus, &oo);
             dsv4_opt *o = NULL;
-            double t0 = now_s();
+            double t0 = cli_now_s();
             progress("[%d/%d] C=%d %s: building (random weights on the GPU, caches for %d positions)", ++n_done,
                      n_total, C, bench_variant_names[v], a.max_context);
             if ((rc = dsv4_opt_init_random(&cfg, a.seed, &oo, &o))) {
@@ -395,7 +378,7 @@ int dsv4_cmd_bench(int argc, char **argv)
             }
             size_t wb, sb, xb;
             dsv4_opt_memory(o, &wb, &sb, &xb);
-            progress("  built in %.1f s: weights %s, caches %s, scratch %s (%s)", now_s() - t0, gib((double)wb, b1),
+            progress("  built in %.1f s: weights %s, caches %s, scratch %s (%s)", cli_now_s() - t0, gib((double)wb, b1),
                      gib((double)sb, b2), gib((double)xb, b3), dsv4_opt_producer(o));
             progress("  weights per layer (%s): layer 0 (%s) %s, layer 1 (%s) %s; embed + head + rest %s",
                      dsv4_opt_weights_name(dsv4_opt_weights_mode(o)), dsv4_attn_type_name(cfg.attn_type[0]),
@@ -500,7 +483,7 @@ int dsv4_cmd_bench(int argc, char **argv)
             }
             dsv4_opt_free(o);
             if (rc) rc = record_failure(fails, C, bench_variant_names[v], "run");
-            json_object_set_new(root, "elapsed_s", json_real(now_s() - t_start));
+            json_object_set_new(root, "elapsed_s", json_real(cli_now_s() - t_start));
             json_object_set_new(root, "complete", json_boolean(0));
             if (write_json(a.json, root)) progress("warning: %s", dsv4_last_error());
         }
@@ -528,7 +511,7 @@ int dsv4_cmd_bench(int argc, char **argv)
                 progress("  %.3f ms/step", st.med_ms);
             }
         }
-        json_object_set_new(root, "elapsed_s", json_real(now_s() - t_start));
+        json_object_set_new(root, "elapsed_s", json_real(cli_now_s() - t_start));
         json_object_set_new(root, "complete", json_boolean(0));
         if (write_json(a.json, root)) progress("warning: %s", dsv4_last_error());
     }
@@ -538,7 +521,7 @@ int dsv4_cmd_bench(int argc, char **argv)
     } else {
         json_object_set_new(root, "complete", json_boolean(1));
     }
-    json_object_set_new(root, "elapsed_s", json_real(now_s() - t_start));
+    json_object_set_new(root, "elapsed_s", json_real(cli_now_s() - t_start));
     const int json_rc = write_json(a.json, root);
     if (json_rc) fprintf(stderr, "dsv4 bench: %s\n", dsv4_last_error());
     print_tables(root);

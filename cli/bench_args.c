@@ -78,40 +78,56 @@ static void bench_usage(FILE *f)
 /* ------------------------------------------------------------------------------------ arguments */
 static int is_digit(char c) { return c >= '0' && c <= '9'; }
 
-/* An option's integer: decimal digits only (no sign, no blanks, not empty) in [lo, hi]; the message says "want
- * <alt>an integer ..." (alt: the other values the option takes, or ""). */
-static int parse_int(const char *k, const char *v, long lo, long hi, const char *alt, int *out)
+int bench_parse_long(const char *v, long lo, long hi, long *out)
 {
     char *end = NULL;
+    if (!is_digit(v[0])) return -1;
     errno = 0;
-    long n = is_digit(v[0]) ? strtol(v, &end, 10) : -1;
-    if (n < lo || n > hi || errno || *end) {
-        fprintf(stderr, "dsv4 bench: %s '%s': want %san integer in [%ld, %ld]\n", k, v, alt, lo, hi);
-        return -1;
+    const long n = strtol(v, &end, 10);
+    if (n < lo || n > hi || errno || *end) return -1;
+    *out = n;
+    return 0;
+}
+
+int bench_parse_int(const char *cmd, const char *k, const char *v, long lo, long hi, const char *alt, int *out)
+{
+    long n;
+    if (bench_parse_long(v, lo, hi, &n)) {
+        fprintf(stderr, "%s: %s '%s': want %san integer in [%ld, %ld]\n", cmd, k, v, alt, lo, hi);
+        return 2;
     }
     *out = (int)n;
     return 0;
 }
 
-/* A comma list of integers in [1, 2^20], each optionally with a K (x1024) suffix, checked after the suffix. */
-static int parse_list(const char *s, int *out, int *n, const char *what)
+int bench_parse_list(const char *s, long lo, long hi, int k_suffix, int max, int *out, int *n)
 {
     *n = 0;
     for (const char *p = s;;) {
         char *end = NULL;
+        if (!is_digit(*p)) return -1;
         errno = 0;
-        long v = is_digit(*p) ? strtol(p, &end, 10) : -1;
-        if (v >= 0 && (*end == 'K' || *end == 'k')) v = v > (1L << 10) ? -1 : v * 1024, end++;
-        if (v < 1 || v > (1L << 20) || errno || *n == BENCH_MAX_LIST || (*end && *end != ',') ||
-            (*end == ',' && !end[1])) {
-            fprintf(stderr, "dsv4 bench: %s '%s': want a comma list of at most %d integers in [1, 2^20] (K = x1024)\n",
-                    what, s, BENCH_MAX_LIST);
-            return -1;
-        }
+        long v = strtol(p, &end, 10);
+        if (k_suffix && (*end == 'K' || *end == 'k')) v = v > hi / 1024 ? -1 : v * 1024, end++;
+        if (v < lo || v > hi || errno || *n == max || (*end && *end != ',') || (*end == ',' && !end[1])) return -1;
         out[(*n)++] = (int)v;
         if (!*end) return 0;
         p = end + 1;
     }
+}
+
+static int parse_int(const char *k, const char *v, long lo, long hi, const char *alt, int *out)
+{
+    return bench_parse_int("dsv4 bench", k, v, lo, hi, alt, out);
+}
+
+/* A comma list of integers in [1, 2^20], each optionally with a K (x1024) suffix, checked after the suffix. */
+static int parse_list(const char *s, int *out, int *n, const char *what)
+{
+    if (!bench_parse_list(s, 1, 1L << 20, 1, BENCH_MAX_LIST, out, n)) return 0;
+    fprintf(stderr, "dsv4 bench: %s '%s': want a comma list of at most %d integers in [1, 2^20] (K = x1024)\n", what,
+            s, BENCH_MAX_LIST);
+    return -1;
 }
 
 /* --variants: a comma list of variant names, no empty item. */

@@ -30,6 +30,18 @@ typedef struct bench_args {
     int nccl_time; /* time the collectives at N = 1 too */
 } bench_args;
 
+/* The strict number parsers of the bench command lines (here and cli/bench_serve_args.c): decimal digits only (no
+ * sign, no blanks, not empty), in range. */
+/* v in [lo, hi] (lo >= 0): 0, or -1; prints nothing. */
+int bench_parse_long(const char *v, long lo, long hi, long *out);
+/* An option's integer in [lo, hi] (lo >= 0): 0, or 2 (bad usage) with "CMD: K 'V': want <alt>an integer in [lo,
+ * hi]" on stderr (alt: the other values the option takes, or ""). */
+int bench_parse_int(const char *cmd, const char *k, const char *v, long lo, long hi, const char *alt, int *out);
+/* A comma list of at most max integers in [lo, hi] (lo >= 0), no empty item; with k_suffix an item may end in K or
+ * k (x1024, range-checked after the scaling). 0, or -1 (*n then undefined); prints nothing, so that the caller's
+ * message says what the list wants. */
+int bench_parse_list(const char *s, long lo, long hi, int k_suffix, int max, int *out, int *n);
+
 /* Parses argv (--help prints the usage and exits 0) and checks that --json can be written there: 0, or 2 (bad
  * usage) with the message printed. */
 int bench_check_args(int argc, char **argv, bench_args *a);

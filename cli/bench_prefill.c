@@ -27,20 +27,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "bench_model.h"
 #include "dsv4/dsv4.h"
 #include "dsv4/dsv4_opt.h"
-
-#ifdef DSV4_HAVE_CUDA
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-#endif
+#include "progress.h"
 
 typedef struct prefill_args {
     int n, chunk, layers, reps, experts_decode, linears_kernel, mhc_rows, lanes; /* lanes 0: the default */
@@ -127,12 +118,12 @@ static int prefill_once(dsv4_opt *o, const int32_t *tok, int n, int chunk, doubl
 {
     int32_t next = 0;
     DSV4_TRY(dsv4_opt_reset(o, 0));
-    const double t0 = now_s();
+    const double t0 = cli_now_s();
     for (int p = 0; p < n; p += chunk) {
         int32_t k = n - p < chunk ? n - p : chunk;
         DSV4_TRY(dsv4_opt_step_ragged(o, tok + p, &k, NULL, NULL, &next));
     }
-    *ms = 1e3 * (now_s() - t0);
+    *ms = 1e3 * (cli_now_s() - t0);
     return 0;
 }
 
@@ -242,9 +233,9 @@ int bench_prefill(int argc, char **argv)
     }
     if (!rc) { /* one decode step after the prompt (the state of the last rep) */
         int32_t one = tok[0], next = 0;
-        double t0 = now_s();
+        double t0 = cli_now_s();
         rc = dsv4_opt_step(o, &one, NULL, NULL, NULL, &next);
-        dec_ms = 1e3 * (now_s() - t0);
+        dec_ms = 1e3 * (cli_now_s() - t0);
     }
     if (rc) {
         fprintf(stderr, "dsv4 bench --prefill: %s\n", dsv4_last_error());

@@ -17,7 +17,6 @@
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +30,7 @@
 #include "dsv4/dsv4.h"
 #include "dsv4/dsv4_opt.h"
 #include "dsv4/dsv4_serve.h"
+#include "progress.h"
 
 #ifndef DSV4_HAVE_CUDA
 int bench_serve(int argc, char **argv)
@@ -47,33 +47,8 @@ int bench_serve(int argc, char **argv)
 #include <cuda_runtime_api.h>
 #include <jansson.h>
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static double t_start;
-static void progress(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void progress(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "[serve %6.1fs] ", now_s() - t_start);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-}
-
-/* A prompt token of request r at position p: a fixed hash, so every configuration serves the same prompts. */
-static int32_t prompt_token(unsigned long long seed, int r, int p, int vocab)
-{
-    uint64_t z = seed * 0x9E3779B97F4A7C15ull ^ ((uint64_t)r << 32 | (uint32_t)p);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return (int32_t)((z ^ (z >> 31)) % (uint64_t)vocab);
-}
+#define progress(...) cli_progress_note("serve", t_start, __VA_ARGS__)
 
 /* What one served workload measured besides the per-request metrics. */
 typedef struct serve_steps {
@@ -89,18 +64,12 @@ typedef struct serve_buffers {
     int cap_steps;
 } serve_buffers;
 
-static int cmp_double(const void *a, const void *b)
-{
-    const double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
+/* The median of x[n] (sorted in place; 0 when n = 0): the serving metrics' percentile, numpy's linear one. */
 static double median_of(double *x, int n)
 {
-    if (n <= 0)
-        return 0;
-    qsort(x, (size_t)n, sizeof *x, cmp_double);
-    return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+    dsv4_serve_dist d;
+    dsv4_serve_dist_of(x, n, &d);
+    return d.median;
 }
 
 /* Serve reqs[n] on o to the end. label names the run in the progress lines. */
@@ -115,15 +84,15 @@ static int serve(dsv4_opt *o, const serve_args *a, int C, const dsv4_serve_reque
         return dsv4_error(rc, "%s", err);
     memset(st, 0, sizeof *st);
     int n_dec = 0;
-    const double t0 = now_s();
+    const double t0 = cli_now_s();
     double last_report = t0;
     while (!dsv4_serve_sched_done(s)) {
         const dsv4_serve_step *step;
         double next_arrival;
-        if (!dsv4_serve_sched_plan(s, now_s() - t0, &step, &next_arrival)) {
+        if (!dsv4_serve_sched_plan(s, cli_now_s() - t0, &step, &next_arrival)) {
             if (next_arrival < 0)
                 break;
-            const double wait = next_arrival - (now_s() - t0);
+            const double wait = next_arrival - (cli_now_s() - t0);
             if (wait > 0) {
                 struct timespec ts = {(time_t)wait, (long)((wait - floor(wait)) * 1e9)};
                 nanosleep(&ts, NULL);
@@ -143,13 +112,13 @@ static int serve(dsv4_opt *o, const serve_args *a, int C, const dsv4_serve_reque
                 rc = dsv4_opt_reset(o, r->slot);
             for (int k = 0; k < r->n_tokens; k++)
                 b->tokens[off[r->slot] + k] = r->is_decode ? b->last[r->slot]
-                                                           : prompt_token(prompt_seed, r->request, r->first_pos + k,
-                                                                          vocab);
+                                                           : dsv4_serve_prompt_token(prompt_seed, r->request,
+                                                                                     r->first_pos + k, vocab);
         }
-        const double ts0 = now_s();
+        const double ts0 = cli_now_s();
         if (!rc)
             rc = dsv4_opt_step_ragged(o, b->tokens, b->n_tok, NULL, NULL, b->next);
-        const double ts1 = now_s();
+        const double ts1 = cli_now_s();
         if (rc)
             break;
         for (int u = 0; u < step->n_runs; u++)
@@ -389,7 +358,8 @@ static char *svg_of(json_t *root, size_t *len)
             for (size_t z = 1; z < json_array_size(tok); z++)
                 gaps[q++] = json_real_value(json_array_get(tok, z)) - json_real_value(json_array_get(tok, z - 1));
         }
-        qsort(gaps, q, sizeof *gaps, cmp_double);
+        dsv4_serve_dist d;
+        dsv4_serve_dist_of(gaps, (int)q, &d); /* for the sort in place */
         fprintf(f, "<polyline fill='none' stroke='%s' stroke-width='1.5' points='", colour[(line + 1) % 6]);
         const size_t stride = q > 400 ? q / 400 : 1;
         for (size_t z = 0; z < q; z += stride)
@@ -431,7 +401,7 @@ int bench_serve(int argc, char **argv)
     serve_args a;
     if (serve_check_args(argc, argv, &a))
         return 2;
-    t_start = now_s();
+    t_start = cli_now_s();
     int dev = 0, cmax = 1;
     if (cudaGetDeviceCount(&dev) != cudaSuccess || dev < 1) {
         fprintf(stderr, "dsv4 bench --serve: no CUDA device\n");

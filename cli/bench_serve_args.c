@@ -2,7 +2,6 @@
 #define _POSIX_C_SOURCE 200809L
 #include "bench_serve_args.h"
 
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,29 +56,9 @@ static int bad(const char *opt, const char *v, const char *want)
     return 2;
 }
 
-static int parse_long(const char *v, long lo, long hi, long *out)
-{
-    char *end = NULL;
-    errno = 0;
-    if (!(v[0] >= '0' && v[0] <= '9'))
-        return -1;
-    long n = strtol(v, &end, 10);
-    if (errno || *end || n < lo || n > hi)
-        return -1;
-    *out = n;
-    return 0;
-}
-
 static int parse_int_opt(const char *opt, const char *v, long lo, long hi, int *out)
 {
-    long n;
-    if (parse_long(v, lo, hi, &n)) {
-        char want[96];
-        snprintf(want, sizeof want, "want an integer in [%ld, %ld]", lo, hi);
-        return bad(opt, v, want);
-    }
-    *out = (int)n;
-    return 0;
+    return bench_parse_int("dsv4 bench --serve", opt, v, lo, hi, "", out);
 }
 
 /* A[:B] with 0 <= A <= B: a fixed length or a uniform range (0 is let through here so that the scheduler's own
@@ -94,7 +73,7 @@ static int parse_range(const char *opt, const char *v, int *lo, int *hi)
     if (colon)
         *colon = 0;
     long a, b;
-    if (parse_long(buf, 0, 1L << 20, &a) || (colon && parse_long(colon + 1, 0, 1L << 20, &b)))
+    if (bench_parse_long(buf, 0, 1L << 20, &a) || (colon && bench_parse_long(colon + 1, 0, 1L << 20, &b)))
         return bad(opt, v, "want A or A:B, integers in [0, 2^20]");
     if (!colon)
         b = a;
@@ -150,18 +129,8 @@ int serve_check_args(int argc, char **argv, serve_args *a)
         if (!strcmp(k, "--concurrency")) {
             if (seen_conc++)
                 return bad(k, v, "given twice (one list, please)");
-            a->n_conc = 0;
-            for (const char *p = v;;) {
-                char *end = NULL;
-                errno = 0;
-                long c = p[0] >= '0' && p[0] <= '9' ? strtol(p, &end, 10) : -1;
-                if (c < 1 || c > DSV4_OPT_MAX_SEQ || errno || a->n_conc == SERVE_MAX_C || (*end && *end != ','))
-                    return bad(k, v, "want a comma list of at most 16 integers in [1, 4096]");
-                a->conc[a->n_conc++] = (int)c;
-                if (!*end)
-                    break;
-                p = end + 1;
-            }
+            if (bench_parse_list(v, 1, DSV4_OPT_MAX_SEQ, 0, SERVE_MAX_C, a->conc, &a->n_conc))
+                return bad(k, v, "want a comma list of at most 16 integers in [1, 4096]");
         } else if (!strcmp(k, "--requests"))
             rc = parse_int_opt(k, v, 0, 1 << 20, &a->requests);
         else if (!strcmp(k, "--warmup"))
@@ -195,7 +164,7 @@ int serve_check_args(int argc, char **argv, serve_args *a)
                 rc = bad(k, v, "want bf16 or fp8");
         } else if (!strcmp(k, "--seed")) {
             long s;
-            if (parse_long(v, 0, 0x7fffffffL, &s))
+            if (bench_parse_long(v, 0, 0x7fffffffL, &s))
                 rc = bad(k, v, "want an integer in [0, 2^31)");
             a->seed = (unsigned long long)s;
         } else if (!strcmp(k, "--json"))

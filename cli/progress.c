@@ -5,16 +5,27 @@
 #define _POSIX_C_SOURCE 200809L
 #include "progress.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
 
-static double now_s(void)
+double cli_now_s(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void cli_progress_note(const char *tag, double t0, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "[%s %6.1fs] ", tag, cli_now_s() - t0);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
 }
 
 double cli_progress_after_s(void)
@@ -28,7 +39,7 @@ double cli_progress_after_s(void)
 void cli_progress_init(cli_progress *p, const char *prefix)
 {
     p->prefix = prefix;
-    p->t0 = now_s();
+    p->t0 = cli_now_s();
     p->last = -1e30;
     p->after_s = cli_progress_after_s();
     p->tty = isatty(2);
@@ -52,7 +63,7 @@ static int line_due(cli_progress *p, double t, double done, double total)
 void cli_progress_digest(void *ctx, double done, double total)
 {
     cli_progress *p = ctx;
-    double t = now_s();
+    double t = cli_now_s();
     if (!line_due(p, t, done, total)) return;
     double rate = t > p->t0 ? done / (t - p->t0) : 0.0, gib = 1024.0 * 1024.0 * 1024.0;
     fprintf(stderr, "%s%s: weights_digest: hashed %.1f of %.1f GiB (%.0f%%), %.2f GB/s, ETA %.0f s%s",
@@ -64,7 +75,7 @@ void cli_progress_digest(void *ctx, double done, double total)
 void cli_progress_verify(void *ctx, double done, double total)
 {
     cli_progress *p = ctx;
-    double t = now_s();
+    double t = cli_now_s();
     if (!line_due(p, t, done, total)) return;
     const int big = total >= 1024.0 * 1024.0 * 1024.0;
     const double unit = big ? 1024.0 * 1024.0 * 1024.0 : 1024.0 * 1024.0;
@@ -77,7 +88,7 @@ void cli_progress_verify(void *ctx, double done, double total)
 
 void cli_progress_positions(cli_progress *p, int done, int total)
 {
-    double t = now_s();
+    double t = cli_now_s();
     if (t - p->t0 < p->after_s || t - p->last < (p->tty ? 0.25 : 5.0)) return;
     double rate = t > p->last ? (done - p->last_done) / (t - p->last) : 0.0;
     p->last = t;
@@ -94,13 +105,13 @@ void cli_progress_call(cli_progress *p, int pos, int n_tokens, int total)
     p->call_pos = pos;
     p->call_tokens = n_tokens;
     p->total_pos = total;
-    p->call_t0 = now_s();
+    p->call_t0 = cli_now_s();
 }
 
 void cli_progress_layer(void *ctx, double done, double total)
 {
     cli_progress *p = ctx;
-    double t = now_s();
+    double t = cli_now_s();
     if (t - p->t0 < p->after_s || (t - p->last < (p->tty ? 0.25 : 5.0))) return;
     p->last = t;
     double per_layer = done > 0 ? (t - p->call_t0) / done : 0.0;

@@ -12,6 +12,12 @@ typedef struct cli_progress {
     double call_t0;
 } cli_progress;
 
+/* Seconds on the monotonic clock (CLOCK_MONOTONIC): every timing of the dsv4 command. */
+double cli_now_s(void);
+/* The bench's timestamped line on stderr: "[tag S.s] " (seconds since t0, a cli_now_s() value), the message, a
+ * newline. */
+void cli_progress_note(const char *tag, double t0, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
 /* Seconds a step runs before its progress line shows: 3, or $DSV4_PROGRESS_AFTER_S (a number >= 0). */
 double cli_progress_after_s(void);
 /* Starts the clock. Nothing is printed before cli_progress_after_s() seconds. */

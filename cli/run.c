@@ -20,7 +20,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "commands.h"
@@ -135,13 +134,6 @@ static void run_usage(FILE *f)
             "--probes and --dump-positions may each be given once (a second would replace the first); another\n"
             "option given twice takes its last value. Exit status: 0 ok, 1 the run failed, 2 bad usage,\n"
             "unreadable input or a reference that does not fit the memory.\n");
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 /* Whitespace/comma separated token ids of a file; *out malloc'd. */
@@ -447,7 +439,7 @@ static int run_opt_steps(dsv4_opt *op, const dsv4_opt_options *oo, run_plan *pl,
     int32_t *n = malloc((size_t)C * sizeof *n), *pos = calloc((size_t)C, sizeof *pos);
     int32_t *last = malloc((size_t)C * sizeof *last); /* each copy's argmax after its latest token */
     int rc = tok && in && next && want && n && pos && last ? 0 : dsv4_error(DSV4_ERR_NOMEM, "out of memory");
-    const double t0 = now_s();
+    const double t0 = cli_now_s();
     *t_pre = 0.0;
     int prefilled = K <= 0;
     for (int c = 0; !rc && c < C; c++) memcpy(tok + (size_t)c * T, pl->tokens, (size_t)T * sizeof *tok);
@@ -472,7 +464,7 @@ static int run_opt_steps(dsv4_opt *op, const dsv4_opt_options *oo, run_plan *pl,
             pos[c] += n[c];
             all_past_k &= pos[c] >= K;
         }
-        if (!prefilled && all_past_k) prefilled = 1, *t_pre = now_s() - t0;
+        if (!prefilled && all_past_k) prefilled = 1, *t_pre = cli_now_s() - t0;
         cli_progress_positions(pr, pos[oo->dump_seq], T);
     }
     if (!rc) memcpy(pl->tokens, tok + (size_t)oo->dump_seq * T, (size_t)T * sizeof *tok);
@@ -747,18 +739,18 @@ int dsv4_cmd_run(int argc, char **argv)
         rc = dsv4_error(DSV4_ERR_NOMEM, "out of memory");
         goto out;
     }
-    double t_pre0 = now_s(), t_pre = 0.0;
+    double t_pre0 = cli_now_s(), t_pre = 0.0;
     if (replay) { /* the segments, then no decode step: the positions are the candidate's */
         cli_progress_call(&pr, 0, K, pl.T);
         if ((rc = dsv4_ref_replay_run(ref, sink))) goto out;
-        t_pre = now_s() - t_pre0;
+        t_pre = cli_now_s() - t_pre0;
     } else if (K > 0 && !op) {
         cli_progress_call(&pr, 0, K, pl.T);
         if ((rc = dsv4_ref_prefill(ref, pl.tokens, K, sink, logits))) goto out;
-        t_pre = now_s() - t_pre0;
+        t_pre = cli_now_s() - t_pre0;
     }
     if (ref) dsv4_ref_gpu_stats_get(ref, &gs_pre);
-    double t_dec0 = now_s();
+    double t_dec0 = cli_now_s();
     pr.last = t_dec0;
     pr.last_done = op ? 0 : K;
     if (op) {
@@ -772,7 +764,7 @@ int dsv4_cmd_run(int argc, char **argv)
         cli_progress_positions(&pr, p + 1, pl.T);
     }
     if (rc) goto out;
-    double t_dec = now_s() - t_dec0;
+    double t_dec = cli_now_s() - t_dec0;
     cli_progress_end(&pr);
 
     if (w) {

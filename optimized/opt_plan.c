@@ -4,6 +4,11 @@
  * Decodes first: a sequence that is generating waits at most for the decodes before it, never for a prompt (the
  * engines' "decode-first" chunked prefill); the prompts then fill the rest of the budget in sequence order, so
  * one prompt at a time finishes and starts decoding.
+ *
+ * The serving scheduler (opt_sched.c) packs its steps by the same rule but does not call this: it knows a decode by
+ * its request's state (here want == 1 is one, so a prompt's last token or a chunk of 1 would jump the queue), orders
+ * the prompts by admission rather than by slot, caps each at --prefill-chunk, and its budget always holds every
+ * decode (here decodes may be cut).
  */
 #include "dsv4/dsv4_opt.h"
 

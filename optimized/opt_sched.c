@@ -12,6 +12,9 @@
  * The budget is at least one decode per slot (checked at init), so step 2 always fits. A request's first output
  * token comes with the run that feeds its last prompt token; a decode run yields the next. `complete` stamps the
  * step's end on every token it yielded and frees the slots of the requests that have all their tokens.
+ * Steps 2 and 3 are the rule of dsv4_opt_plan_step (opt_plan.c, the chunking of `dsv4 run --path opt`), not that
+ * function: it takes want == 1 for a decode and orders prompts by slot, where a 1-token prompt run must stay a
+ * prefill (it yields the first token, behind the decodes) and prompts go in admission order, chunk-capped.
  */
 #include <math.h>
 #include <stdarg.h>

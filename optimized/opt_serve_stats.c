@@ -16,14 +16,16 @@
 #include "dsv4/dsv4.h"
 #include "dsv4/dsv4_serve.h"
 
-/* splitmix64: one 64-bit state, the same sequence on every machine */
-static uint64_t next_u64(uint64_t *state)
+/* splitmix64's output mixer */
+static uint64_t mix64(uint64_t z)
 {
-    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);
 }
+
+/* splitmix64: one 64-bit state, the same sequence on every machine */
+static uint64_t next_u64(uint64_t *state) { return mix64(*state += 0x9E3779B97F4A7C15ull); }
 
 /* uniform in [lo, hi], by rejection (no modulo bias) */
 static int uniform_int(uint64_t *state, int lo, int hi)
@@ -63,6 +65,12 @@ int dsv4_serve_workload(const dsv4_serve_workload_spec *w, dsv4_serve_request *r
         reqs[i].arrival_s = all_at_once ? 0 : t;
     }
     return DSV4_OK;
+}
+
+int32_t dsv4_serve_prompt_token(uint64_t seed, int request, int pos, int vocab)
+{
+    const uint64_t key = (uint64_t)request << 32 | (uint32_t)pos;
+    return (int32_t)(mix64(seed * 0x9E3779B97F4A7C15ull ^ key) % (uint64_t)vocab);
 }
 
 static int cmp_double(const void *a, const void *b)

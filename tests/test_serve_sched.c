@@ -7,7 +7,8 @@
  * - a request arriving later: the scheduler waits for it (next arrival), then admits it;
  * - the same workload and clock give the same plans; the workload is the same for a seed on every machine;
  * - bad input refused with DSV4_ERR_USAGE and a message naming the option;
- * - percentiles as numpy.percentile computes them (linear interpolation).
+ * - percentiles as numpy.percentile computes them (linear interpolation);
+ * - the prompt ids of `dsv4 bench --serve` (dsv4_serve_prompt_token) pinned.
  */
 #include <math.h>
 #include <stdio.h>
@@ -334,6 +335,18 @@ START_TEST(test_percentiles)
 }
 END_TEST
 
+/* The prompt ids of `dsv4 bench --serve` are fixed by (seed, request, position): these are the ids its runs have
+ * served since issue 37 (the hash then lived in cli/bench_serve.c). */
+START_TEST(test_prompt_token)
+{
+    ck_assert_int_eq(dsv4_serve_prompt_token(7, 0, 0, 129280), 44513);
+    ck_assert_int_eq(dsv4_serve_prompt_token(7, 0, 1, 129280), 112805);
+    ck_assert_int_eq(dsv4_serve_prompt_token(7, 3, 8191, 129280), 99662);
+    ck_assert_int_eq(dsv4_serve_prompt_token(1007, 1, 0, 129280), 113883);
+    ck_assert_int_eq(dsv4_serve_prompt_token(7, 2, 5, 8), 7);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("serve_sched");
@@ -346,6 +359,7 @@ int main(void)
     tcase_add_test(tc, test_workload);
     tcase_add_test(tc, test_bad_input);
     tcase_add_test(tc, test_percentiles);
+    tcase_add_test(tc, test_prompt_token);
     suite_add_tcase(s, tc);
     return dsv4_test_main(s);
 }

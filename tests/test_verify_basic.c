@@ -11,41 +11,15 @@
 #include "dsv4/dsv4_verify.h"
 #include "dsv4_test.h"
 #include "synth_dump.h"
+#include "verify_pair.h"
 
 static char *g_dir;
-
-static const char *tmp_path(const char *name)
-{
-    static char buf[8][4200];
-    static int i;
-    i = (i + 1) % 8;
-    snprintf(buf[i], sizeof buf[i], "%s/%s", g_dir, name);
-    return buf[i];
-}
-
-/* Write golden.h5 and cand.h5 from spec s; returns the result of comparing them with the library. */
-static dsv4_verify_result *pair(const synth_spec *s, const dsv4_verify_options *o)
-{
-    ck_assert_int_eq(synth_write(tmp_path("golden.h5"), s, 0), 0);
-    ck_assert_int_eq(synth_write(tmp_path("cand.h5"), s, 1), 0);
-    dsv4_verify_result *r = NULL;
-    ck_assert_int_eq(dsv4_verify_run(tmp_path("golden.h5"), tmp_path("cand.h5"), o, &r), 0);
-    ck_assert_ptr_nonnull(r);
-    return r;
-}
-
-static int cli(const char *args, char **out)
-{
-    char cmd[9000];
-    snprintf(cmd, sizeof cmd, "'%s' verify --no-color %s/golden.h5 %s/cand.h5 %s", dsv4_test_bin(), g_dir, g_dir, args);
-    return dsv4_test_run(cmd, out);
-}
 
 START_TEST(identical_files_pass)
 {
     synth_spec s;
     synth_spec_init(&s);
-    dsv4_verify_result *r = pair(&s, NULL);
+    dsv4_verify_result *r = verify_pair_run(&s, NULL);
     ck_assert_int_eq(r->status, DSV4_VERIFY_PASS);
     ck_assert(!r->first.found);
     ck_assert_int_eq(r->n_positions, 40);
@@ -54,7 +28,7 @@ START_TEST(identical_files_pass)
     ck_assert_int_eq(r->n_failed_checks, 0);
     dsv4_verify_result_free(r);
     char *out = NULL;
-    int st = cli("", &out);
+    int st = verify_pair_cli("", &out);
     printf("%s", out);
     ck_assert_int_eq(st, 0);
     ck_assert_ptr_nonnull(strstr(out, "VERDICT: PASS"));
@@ -68,7 +42,7 @@ START_TEST(tiny_noise_below_tolerance_passes)
     synth_spec s;
     synth_spec_init(&s);
     s.base_noise = 1e-6;
-    dsv4_verify_result *r = pair(&s, NULL);
+    dsv4_verify_result *r = verify_pair_run(&s, NULL);
     ck_assert_int_eq(r->status, DSV4_VERIFY_PASS);
     int probe = -1;
     for (int i = 0; i < r->n_probes; i++)
@@ -88,7 +62,7 @@ START_TEST(noise_from_layer_k_first_diverges_at_k)
         s.noise = 1e-3; /* 10x the fp32 gate */
         s.noise_layer = k;
         s.base_noise = 1e-7;
-        dsv4_verify_result *r = pair(&s, NULL);
+        dsv4_verify_result *r = verify_pair_run(&s, NULL);
         ck_assert_int_eq(r->status, DSV4_VERIFY_DIVERGED);
         ck_assert(r->first.found);
         ck_assert_int_eq(r->first.layer, k);
@@ -104,7 +78,7 @@ START_TEST(noise_from_layer_k_first_diverges_at_k)
         dsv4_verify_result_free(r);
     }
     char *out = NULL;
-    int st = cli("", &out);
+    int st = verify_pair_cli("", &out);
     printf("%s", out);
     ck_assert_int_eq(st, 1);
     ck_assert_ptr_nonnull(strstr(out, "first divergence: position 0, layer 3 (csa/moe), attn_hc_pre"));
@@ -121,13 +95,13 @@ START_TEST(noise_from_a_position_is_position_major)
     s.noise = 1e-3;
     s.noise_layer = 1;
     s.noise_position = 30;
-    dsv4_verify_result *r = pair(&s, NULL);
+    dsv4_verify_result *r = verify_pair_run(&s, NULL);
     ck_assert_int_eq(r->status, DSV4_VERIFY_DIVERGED);
     ck_assert_int_eq(r->first.position, 30);
     ck_assert_int_eq(r->first.layer, 1);
     dsv4_verify_result_free(r);
-    ck_assert_int_eq(synth_copy_perturbed(tmp_path("cand.h5"), tmp_path("cand3.h5"), 3, 1e-3, 7), 0);
-    ck_assert_int_eq(dsv4_verify_run(tmp_path("golden.h5"), tmp_path("cand3.h5"), NULL, &r), 0);
+    ck_assert_int_eq(synth_copy_perturbed(verify_pair_path("cand.h5"), verify_pair_path("cand3.h5"), 3, 1e-3, 7), 0);
+    ck_assert_int_eq(dsv4_verify_run(verify_pair_path("golden.h5"), verify_pair_path("cand3.h5"), NULL, &r), 0);
     ck_assert_int_eq(r->status, DSV4_VERIFY_DIVERGED);
     ck_assert_msg(r->first.position == 0 && r->first.layer == 3, "first divergence at position %d, layer %d (%s)",
                   r->first.position, r->first.layer, r->first.dataset);
@@ -143,7 +117,7 @@ START_TEST(nan_found_at_its_position)
     s.nan_dataset = "layers/2/attn_out";
     s.nan_position = 33;
     s.nan_index = 17;
-    dsv4_verify_result *r = pair(&s, NULL);
+    dsv4_verify_result *r = verify_pair_run(&s, NULL);
     ck_assert_int_eq(r->status, DSV4_VERIFY_DIVERGED);
     ck_assert_int_eq(r->first.position, 33);
     ck_assert_int_eq(r->first.layer, 2);
@@ -156,7 +130,7 @@ START_TEST(nan_found_at_its_position)
     synth_spec_init(&s);
     s.nan_dataset = "layers/1/compressed_kv"; /* CSA, ratio 4: entry 5 closes at position 23 */
     s.nan_position = 5;
-    r = pair(&s, NULL);
+    r = verify_pair_run(&s, NULL);
     ck_assert_int_eq(r->status, DSV4_VERIFY_DIVERGED);
     ck_assert_int_eq(r->first.entry, 5);
     ck_assert_int_eq(r->first.position, 23);
@@ -171,7 +145,7 @@ START_TEST(missing_probe_is_listed)
     synth_spec_init(&s);
     s.omit_dataset = "layers/2/kv";
     s.omit_role = 1;
-    dsv4_verify_result *r = pair(&s, NULL);
+    dsv4_verify_result *r = verify_pair_run(&s, NULL);
     ck_assert_int_eq(r->n_only_golden, 1);
     ck_assert_int_eq(r->n_only_candidate, 0);
     int found = 0;
@@ -181,17 +155,17 @@ START_TEST(missing_probe_is_listed)
     ck_assert_int_eq(r->status, DSV4_VERIFY_PASS);
     dsv4_verify_result_free(r);
     char *out = NULL;
-    ck_assert_int_eq(cli("", &out), 0);
+    ck_assert_int_eq(verify_pair_cli("", &out), 0);
     ck_assert_ptr_nonnull(strstr(out, "only in golden: 1 dataset the candidate did not provide, not compared"));
     ck_assert_ptr_nonnull(strstr(out, "\n  kv (layer 2)\n"));
     free(out);
     /* and the other way round */
     s.omit_role = 0;
     s.omit_dataset = "final/norm";
-    r = pair(&s, NULL);
+    r = verify_pair_run(&s, NULL);
     ck_assert_int_eq(r->n_only_candidate, 1);
     dsv4_verify_result_free(r);
-    ck_assert_int_eq(cli("", &out), 0);
+    ck_assert_int_eq(verify_pair_cli("", &out), 0);
     ck_assert_ptr_nonnull(strstr(out, "only in candidate (1, not compared): final/norm"));
     free(out);
 }
@@ -201,14 +175,14 @@ START_TEST(different_digest_exit_2_unless_allowed)
 {
     synth_spec s;
     synth_spec_init(&s);
-    ck_assert_int_eq(synth_write(tmp_path("golden.h5"), &s, 0), 0);
+    ck_assert_int_eq(synth_write(verify_pair_path("golden.h5"), &s, 0), 0);
     s.digest = "ffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff";
-    ck_assert_int_eq(synth_write(tmp_path("cand.h5"), &s, 1), 0);
+    ck_assert_int_eq(synth_write(verify_pair_path("cand.h5"), &s, 1), 0);
     char *out = NULL;
-    ck_assert_int_eq(cli("", &out), 2);
+    ck_assert_int_eq(verify_pair_cli("", &out), 2);
     ck_assert_ptr_nonnull(strstr(out, "different weights"));
     free(out);
-    ck_assert_int_eq(cli("--allow-different-weights", &out), 0);
+    ck_assert_int_eq(verify_pair_cli("--allow-different-weights", &out), 0);
     ck_assert_ptr_nonnull(strstr(out, "WEIGHTS DIFFER"));
     free(out);
 }
@@ -218,23 +192,24 @@ START_TEST(wrong_schema_exit_2)
 {
     synth_spec s;
     synth_spec_init(&s);
-    ck_assert_int_eq(synth_write(tmp_path("golden.h5"), &s, 0), 0);
-    ck_assert_int_eq(synth_write(tmp_path("cand.h5"), &s, 1), 0);
-    ck_assert_int_eq(synth_set_root_attr(tmp_path("cand.h5"), "schema", "dsv4-dump/0"), 0);
+    ck_assert_int_eq(synth_write(verify_pair_path("golden.h5"), &s, 0), 0);
+    ck_assert_int_eq(synth_write(verify_pair_path("cand.h5"), &s, 1), 0);
+    ck_assert_int_eq(synth_set_root_attr(verify_pair_path("cand.h5"), "schema", "dsv4-dump/0"), 0);
     char *out = NULL;
-    ck_assert_int_eq(cli("", &out), 2);
+    ck_assert_int_eq(verify_pair_cli("", &out), 2);
     printf("%s", out);
     ck_assert_ptr_nonnull(strstr(out, "COULD NOT COMPARE"));
     ck_assert_ptr_nonnull(strstr(out, "schema"));
     free(out);
     /* an unreadable file and a missing one */
-    FILE *f = fopen(tmp_path("cand.h5"), "w");
+    FILE *f = fopen(verify_pair_path("cand.h5"), "w");
     fputs("not hdf5", f);
     fclose(f);
-    ck_assert_int_eq(cli("", &out), 2);
+    ck_assert_int_eq(verify_pair_cli("", &out), 2);
     free(out);
     char cmd[9000];
-    snprintf(cmd, sizeof cmd, "'%s' verify %s/golden.h5 %s/nope.h5", dsv4_test_bin(), g_dir, g_dir);
+    snprintf(cmd, sizeof cmd, "'%s' verify %s %s", dsv4_test_bin(), verify_pair_path("golden.h5"),
+             verify_pair_path("nope.h5"));
     ck_assert_int_eq(dsv4_test_run(cmd, NULL), 2);
 }
 END_TEST
@@ -246,18 +221,18 @@ START_TEST(no_common_positions_exit_2)
     int32_t a[3] = {1, 2, 3}, b[3] = {30, 31, 32};
     s.positions = a;
     s.n_positions = 3;
-    ck_assert_int_eq(synth_write(tmp_path("golden.h5"), &s, 0), 0);
+    ck_assert_int_eq(synth_write(verify_pair_path("golden.h5"), &s, 0), 0);
     s.positions = b;
-    ck_assert_int_eq(synth_write(tmp_path("cand.h5"), &s, 1), 0);
+    ck_assert_int_eq(synth_write(verify_pair_path("cand.h5"), &s, 1), 0);
     char *out = NULL;
-    ck_assert_int_eq(cli("", &out), 2);
+    ck_assert_int_eq(verify_pair_cli("", &out), 2);
     ck_assert_ptr_nonnull(strstr(out, "no common positions"));
     free(out);
     /* --probes matching nothing: no common probes */
     synth_spec_init(&s);
-    ck_assert_int_eq(synth_write(tmp_path("cand.h5"), &s, 1), 0);
-    ck_assert_int_eq(synth_write(tmp_path("golden.h5"), &s, 0), 0);
-    ck_assert_int_eq(cli("--probes 'no_such_*'", &out), 2);
+    ck_assert_int_eq(synth_write(verify_pair_path("cand.h5"), &s, 1), 0);
+    ck_assert_int_eq(synth_write(verify_pair_path("golden.h5"), &s, 0), 0);
+    ck_assert_int_eq(verify_pair_cli("--probes 'no_such_*'", &out), 2);
     ck_assert_ptr_nonnull(strstr(out, "no common probes"));
     free(out);
 }
@@ -270,12 +245,12 @@ START_TEST(subset_positions_compared_where_both_store)
     int32_t a[6] = {0, 10, 23, 30, 35, 39}, b[4] = {10, 23, 35, 38};
     s.positions = a;
     s.n_positions = 6;
-    ck_assert_int_eq(synth_write(tmp_path("golden.h5"), &s, 0), 0);
+    ck_assert_int_eq(synth_write(verify_pair_path("golden.h5"), &s, 0), 0);
     s.positions = b;
     s.n_positions = 4;
-    ck_assert_int_eq(synth_write(tmp_path("cand.h5"), &s, 1), 0);
+    ck_assert_int_eq(synth_write(verify_pair_path("cand.h5"), &s, 1), 0);
     dsv4_verify_result *r = NULL;
-    ck_assert_int_eq(dsv4_verify_run(tmp_path("golden.h5"), tmp_path("cand.h5"), NULL, &r), 0);
+    ck_assert_int_eq(dsv4_verify_run(verify_pair_path("golden.h5"), verify_pair_path("cand.h5"), NULL, &r), 0);
     /* indexer_scores widths differ (N = 10 vs 9 entries): compared over the common columns, still exact */
     ck_assert_int_eq(r->status, DSV4_VERIFY_PASS);
     ck_assert_int_eq(r->n_positions, 3);
@@ -297,14 +272,14 @@ START_TEST(finite_score_past_the_narrower_row_is_reported)
     memcpy(a, b, sizeof a);
     s.positions = a;
     s.n_positions = 28;
-    ck_assert_int_eq(synth_write(tmp_path("golden.h5"), &s, 0), 0);
+    ck_assert_int_eq(synth_write(verify_pair_path("golden.h5"), &s, 0), 0);
     s.positions = b;
     s.n_positions = 40;
-    ck_assert_int_eq(synth_write(tmp_path("cand.h5"), &s, 1), 0);
+    ck_assert_int_eq(synth_write(verify_pair_path("cand.h5"), &s, 1), 0);
     /* golden rows hold 7 entries, the candidate's 10; at position 27 entry 9 is not yet closed (-inf) */
-    ck_assert_int_eq(synth_set_element(tmp_path("cand.h5"), "layers/1/indexer_scores", 27, 9, 1.5f), 0);
+    ck_assert_int_eq(synth_set_element(verify_pair_path("cand.h5"), "layers/1/indexer_scores", 27, 9, 1.5f), 0);
     dsv4_verify_result *r = NULL;
-    ck_assert_int_eq(dsv4_verify_run(tmp_path("golden.h5"), tmp_path("cand.h5"), NULL, &r), 0);
+    ck_assert_int_eq(dsv4_verify_run(verify_pair_path("golden.h5"), verify_pair_path("cand.h5"), NULL, &r), 0);
     ck_assert_int_eq(r->status, DSV4_VERIFY_DIVERGED);
     ck_assert_str_eq(r->first.dataset, "layers/1/indexer_scores");
     ck_assert_int_eq(r->first.position, 27);
@@ -321,13 +296,13 @@ START_TEST(long_dataset_names)
 {
     synth_spec s;
     synth_spec_init(&s);
-    ck_assert_int_eq(synth_write(tmp_path("golden.h5"), &s, 0), 0);
-    ck_assert_int_eq(synth_write(tmp_path("cand.h5"), &s, 1), 0);
+    ck_assert_int_eq(synth_write(verify_pair_path("golden.h5"), &s, 0), 0);
+    ck_assert_int_eq(synth_write(verify_pair_path("cand.h5"), &s, 1), 0);
     char fits[DSV4_VERIFY_NAME_MAX], too_long[DSV4_VERIFY_NAME_MAX + 40];
     snprintf(fits, sizeof fits, "layers/0/extra_%0*d", DSV4_VERIFY_NAME_MAX - 1 - 15, 0);
     snprintf(too_long, sizeof too_long, "layers/0/extra_%0*d", DSV4_VERIFY_NAME_MAX + 20 - 15, 0);
     ck_assert_int_eq((int)strlen(fits), DSV4_VERIFY_NAME_MAX - 1);
-    const char *golden = tmp_path("golden.h5"), *cand = tmp_path("cand.h5"), *files[2] = {golden, cand};
+    const char *golden = verify_pair_path("golden.h5"), *cand = verify_pair_path("cand.h5"), *files[2] = {golden, cand};
     for (int f = 0; f < 2; f++) ck_assert_int_eq(synth_copy_dataset(files[f], "layers/0/attn_out", fits), 0);
     dsv4_verify_result *r = NULL;
     ck_assert_int_eq(dsv4_verify_run(golden, cand, NULL, &r), 0);
@@ -352,13 +327,13 @@ START_TEST(extra_probe_dtype_differs_is_named)
 {
     synth_spec s;
     synth_spec_init(&s);
-    ck_assert_int_eq(synth_write(tmp_path("golden.h5"), &s, 0), 0);
-    ck_assert_int_eq(synth_write(tmp_path("cand.h5"), &s, 1), 0);
+    ck_assert_int_eq(synth_write(verify_pair_path("golden.h5"), &s, 0), 0);
+    ck_assert_int_eq(synth_write(verify_pair_path("cand.h5"), &s, 1), 0);
     /* router_weights f32 [40, 2] and router_ids i32 [40, 2] (k_experts 2): the same shape */
-    ck_assert_int_eq(synth_copy_dataset(tmp_path("golden.h5"), "layers/2/router_weights", "layers/2/extra"), 0);
-    ck_assert_int_eq(synth_copy_dataset(tmp_path("cand.h5"), "layers/2/router_ids", "layers/2/extra"), 0);
+    ck_assert_int_eq(synth_copy_dataset(verify_pair_path("golden.h5"), "layers/2/router_weights", "layers/2/extra"), 0);
+    ck_assert_int_eq(synth_copy_dataset(verify_pair_path("cand.h5"), "layers/2/router_ids", "layers/2/extra"), 0);
     dsv4_verify_result *r = NULL;
-    ck_assert_int_eq(dsv4_verify_run(tmp_path("golden.h5"), tmp_path("cand.h5"), NULL, &r), 0);
+    ck_assert_int_eq(dsv4_verify_run(verify_pair_path("golden.h5"), verify_pair_path("cand.h5"), NULL, &r), 0);
     ck_assert_int_eq(r->status, DSV4_VERIFY_DIVERGED);
     ck_assert_str_eq(r->first.dataset, "layers/2/extra");
     ck_assert_int_eq(r->first.metric, DSV4_METRIC_STRUCTURE);
@@ -374,14 +349,14 @@ START_TEST(extra_int_probe_is_exact)
 {
     synth_spec s;
     synth_spec_init(&s);
-    ck_assert_int_eq(synth_write(tmp_path("golden.h5"), &s, 0), 0);
-    ck_assert_int_eq(synth_write(tmp_path("cand.h5"), &s, 1), 0);
+    ck_assert_int_eq(synth_write(verify_pair_path("golden.h5"), &s, 0), 0);
+    ck_assert_int_eq(synth_write(verify_pair_path("cand.h5"), &s, 1), 0);
     for (int f = 0; f < 2; f++)
-        ck_assert_int_eq(synth_copy_dataset(tmp_path(f ? "cand.h5" : "golden.h5"), "layers/2/router_ids",
+        ck_assert_int_eq(synth_copy_dataset(verify_pair_path(f ? "cand.h5" : "golden.h5"), "layers/2/router_ids",
                                             "layers/2/extra_ids"),
                          0);
     dsv4_verify_result *r = NULL;
-    ck_assert_int_eq(dsv4_verify_run(tmp_path("golden.h5"), tmp_path("cand.h5"), NULL, &r), 0);
+    ck_assert_int_eq(dsv4_verify_run(verify_pair_path("golden.h5"), verify_pair_path("cand.h5"), NULL, &r), 0);
     ck_assert_msg(r->status == DSV4_VERIFY_PASS, "status %d: %s", r->status, r->first.detail);
     int rows = 0;
     for (int i = 0; i < r->n_probes; i++)
@@ -392,8 +367,8 @@ START_TEST(extra_int_probe_is_exact)
     ck_assert_int_eq(rows, 40);
     dsv4_verify_result_free(r);
     /* row 30 is position 30 (every position stored) */
-    ck_assert_int_eq(synth_set_element(tmp_path("cand.h5"), "layers/2/extra_ids", 30, 1, 1234), 0);
-    ck_assert_int_eq(dsv4_verify_run(tmp_path("golden.h5"), tmp_path("cand.h5"), NULL, &r), 0);
+    ck_assert_int_eq(synth_set_element(verify_pair_path("cand.h5"), "layers/2/extra_ids", 30, 1, 1234), 0);
+    ck_assert_int_eq(dsv4_verify_run(verify_pair_path("golden.h5"), verify_pair_path("cand.h5"), NULL, &r), 0);
     ck_assert_int_eq(r->status, DSV4_VERIFY_DIVERGED);
     ck_assert_str_eq(r->first.dataset, "layers/2/extra_ids");
     ck_assert_int_eq(r->first.position, 30);
@@ -403,12 +378,12 @@ START_TEST(extra_int_probe_is_exact)
     /* the command says so; a mismatch gate of the entry that applies (default) is kept, and gates switched off
      * stay off */
     char *out = NULL;
-    ck_assert_int_eq(cli("", &out), 1);
+    ck_assert_int_eq(verify_pair_cli("", &out), 1);
     ck_assert_msg(strstr(out, "first divergence: position 30, layer 2 (hca/moe), extra_ids"), "%s", out);
     free(out);
-    ck_assert_int_eq(cli("--tol default=mismatch:1", &out), 0);
+    ck_assert_int_eq(verify_pair_cli("--tol default=mismatch:1", &out), 0);
     free(out);
-    ck_assert_int_eq(cli("--tol default=rel_l2:off", &out), 0);
+    ck_assert_int_eq(verify_pair_cli("--tol default=rel_l2:off", &out), 0);
     free(out);
 }
 END_TEST
@@ -419,7 +394,7 @@ START_TEST(parted_tokens_are_reported)
     synth_spec_init(&s);
     s.mode = "greedy";
     s.token_diff_position = 30;
-    dsv4_verify_result *r = pair(&s, NULL);
+    dsv4_verify_result *r = verify_pair_run(&s, NULL);
     ck_assert_int_eq(r->status, DSV4_VERIFY_DIVERGED);
     ck_assert_int_eq(r->token_diff_position, 30);
     ck_assert_int_eq(r->first.position, 30);
@@ -428,13 +403,13 @@ START_TEST(parted_tokens_are_reported)
     ck_assert_int_eq(r->n_positions_not_compared, 10);
     dsv4_verify_result_free(r);
     char *out = NULL;
-    ck_assert_int_eq(cli("", &out), 1);
+    ck_assert_int_eq(verify_pair_cli("", &out), 1);
     printf("%s", out);
     ck_assert_ptr_nonnull(strstr(out, "tokens differ from position 30"));
     free(out);
     /* inside the prompt: different prompts, nothing comparable */
     s.token_diff_position = 5;
-    dsv4_verify_result *r2 = pair(&s, NULL);
+    dsv4_verify_result *r2 = verify_pair_run(&s, NULL);
     ck_assert_int_eq(r2->status, DSV4_VERIFY_ERROR);
     ck_assert_ptr_nonnull(strstr(r2->error, "different prompts"));
     dsv4_verify_result_free(r2);
@@ -471,6 +446,7 @@ END_TEST
 int main(void)
 {
     g_dir = dsv4_test_mkdtemp("verify-basic");
+    verify_pair_dir(g_dir);
     Suite *s = suite_create("verify_basic");
     TCase *tc = tcase_create("core");
     tcase_add_test(tc, identical_files_pass);

@@ -13,50 +13,9 @@
 #include "dsv4/dsv4_verify.h"
 #include "dsv4_test.h"
 #include "synth_dump.h"
+#include "verify_pair.h"
 
 static char *g_dir;
-
-static const char *tmp_path(const char *name)
-{
-    static char buf[4][4200];
-    static int i;
-    i = (i + 1) % 4;
-    snprintf(buf[i], sizeof buf[i], "%s/%s", g_dir, name);
-    return buf[i];
-}
-
-static dsv4_verify_result *pair(const synth_spec *s, const dsv4_verify_options *o)
-{
-    ck_assert_int_eq(synth_write(tmp_path("golden.h5"), s, 0), 0);
-    ck_assert_int_eq(synth_write(tmp_path("cand.h5"), s, 1), 0);
-    dsv4_verify_result *r = NULL;
-    ck_assert_int_eq(dsv4_verify_run(tmp_path("golden.h5"), tmp_path("cand.h5"), o, &r), 0);
-    ck_assert_ptr_nonnull(r);
-    return r;
-}
-
-static int cli(const char *args, char **out)
-{
-    char cmd[9000];
-    snprintf(cmd, sizeof cmd, "'%s' verify --no-color %s/golden.h5 %s/cand.h5 %s", dsv4_test_bin(), g_dir, g_dir, args);
-    return dsv4_test_run(cmd, out);
-}
-
-static const dsv4_verify_probe *find(const dsv4_verify_result *r, const char *dataset)
-{
-    for (int i = 0; i < r->n_probes; i++)
-        if (!strcmp(r->probes[i].dataset, dataset)) return &r->probes[i];
-    ck_abort_msg("no probe %s", dataset);
-    return NULL;
-}
-
-static const dsv4_verify_row *row_at(const dsv4_verify_probe *p, int position)
-{
-    for (int i = 0; i < p->n_rows; i++)
-        if (p->rows[i].position == position) return &p->rows[i];
-    ck_abort_msg("%s has no row at position %d", p->dataset, position);
-    return NULL;
-}
 
 START_TEST(missing_datasets_are_listed_not_failed)
 {
@@ -64,17 +23,17 @@ START_TEST(missing_datasets_are_listed_not_failed)
     synth_spec_init(&s);
     s.omit_probes = "kv,attn_hc_*,compressed_kv,final/norm";
     s.omit_role = 1;
-    dsv4_verify_result *r = pair(&s, NULL);
+    dsv4_verify_result *r = verify_pair_run(&s, NULL);
     ck_assert_int_eq(r->status, DSV4_VERIFY_PASS);
     /* 4 layers x (kv + 3 attn_hc) + compressed_kv of layers 1-3 + final/norm */
     ck_assert_int_eq(r->n_only_golden, 4 * 4 + 3 + 1);
     ck_assert_int_eq(r->n_required_missing, 0);
     ck_assert_int_eq(r->n_only_candidate, 0);
     ck_assert_int_eq(r->n_failed_checks, 0);
-    ck_assert_int_eq(find(r, "layers/1/attn_out")->n_rows, 40); /* what both hold is compared */
+    ck_assert_int_eq(verify_pair_probe(r, "layers/1/attn_out")->n_rows, 40); /* what both hold is compared */
     dsv4_verify_result_free(r);
     char *out = NULL;
-    ck_assert_int_eq(cli("", &out), 0);
+    ck_assert_int_eq(verify_pair_cli("", &out), 0);
     ck_assert_msg(strstr(out, "VERDICT: PASS  every gated metric within the fp32 profile (but see what only one file "
                               "holds, below)"), "%s", out);
     ck_assert_msg(strstr(out, "only in golden: 20 datasets the candidate did not provide, not compared (a partial "
@@ -94,7 +53,7 @@ START_TEST(missing_positions_are_listed_not_failed)
     for (int p = 23; p < 40; p++) cand[n++] = p; /* the last prefill position and every decode position */
     s.candidate_positions = cand;
     s.n_candidate_positions = n;
-    dsv4_verify_result *r = pair(&s, NULL);
+    dsv4_verify_result *r = verify_pair_run(&s, NULL);
     ck_assert_int_eq(r->status, DSV4_VERIFY_PASS);
     ck_assert_int_eq(r->n_positions, 17);
     ck_assert_int_eq(r->positions[0], 23);
@@ -104,12 +63,12 @@ START_TEST(missing_positions_are_listed_not_failed)
     ck_assert_int_eq(r->n_only_golden, 0);
     dsv4_verify_result_free(r);
     char *out = NULL;
-    ck_assert_int_eq(cli("", &out), 0);
+    ck_assert_int_eq(verify_pair_cli("", &out), 0);
     ck_assert_msg(strstr(out, "only in golden: 23 of its 40 stored positions the candidate did not store, not "
                               "compared: 0-22\n"), "%s", out);
     free(out);
     /* --positions narrows the listing too */
-    ck_assert_int_eq(cli("--positions 20-", &out), 0);
+    ck_assert_int_eq(verify_pair_cli("--positions 20-", &out), 0);
     ck_assert_msg(strstr(out, "only in golden: 3 of its 40 stored positions the candidate did not store, not "
                               "compared: 20-22\n"), "%s", out);
     free(out);
@@ -126,10 +85,10 @@ START_TEST(topk_judged_by_golden_scores_without_candidate_scores)
     s.tie_layer = 3;
     s.tie_position = 35;
     s.tie_count = 2;
-    dsv4_verify_result *r = pair(&s, NULL);
+    dsv4_verify_result *r = verify_pair_run(&s, NULL);
     ck_assert_int_eq(r->status, DSV4_VERIFY_PASS);
     ck_assert_int_eq(r->n_only_golden, 2);
-    const dsv4_verify_row *row = row_at(find(r, "layers/3/topk_idx"), 35);
+    const dsv4_verify_row *row = verify_pair_row(verify_pair_probe(r, "layers/3/topk_idx"), 35);
     ck_assert_double_eq(row->v[DSV4_METRIC_ACCEPTED], 2);
     ck_assert_double_eq(row->v[DSV4_METRIC_STRICT], 0);
     ck_assert(r->first_tie.found && r->first_tie.position == 35 && r->first_tie.layer == 3);
@@ -141,12 +100,12 @@ START_TEST(topk_judged_by_golden_scores_without_candidate_scores)
     s.low_layer = 1;
     s.low_position = 30;
     s.low_count = 1;
-    r = pair(&s, NULL);
+    r = verify_pair_run(&s, NULL);
     ck_assert_int_eq(r->status, DSV4_VERIFY_DIVERGED);
     ck_assert_str_eq(r->first.dataset, "layers/1/topk_idx");
     ck_assert_int_eq(r->first.position, 30);
     ck_assert_int_eq(r->first.metric, DSV4_METRIC_STRICT);
-    ck_assert_double_eq(row_at(find(r, "layers/1/topk_idx"), 30)->v[DSV4_METRIC_STRICT], 1);
+    ck_assert_double_eq(verify_pair_row(verify_pair_probe(r, "layers/1/topk_idx"), 30)->v[DSV4_METRIC_STRICT], 1);
     dsv4_verify_result_free(r);
 }
 END_TEST
@@ -160,12 +119,13 @@ START_TEST(require_makes_a_missing_probe_fail)
     dsv4_verify_options o;
     dsv4_verify_options_init(&o);
     o.require = "indexer_scores,final/*";
-    dsv4_verify_result *r = pair(&s, &o);
+    dsv4_verify_result *r = verify_pair_run(&s, &o);
     ck_assert_int_eq(r->status, DSV4_VERIFY_DIVERGED);
     ck_assert_int_eq(r->n_only_golden, 6);
     ck_assert_int_eq(r->n_required_missing, 2);
     ck_assert_int_eq(r->n_failed_checks, 2);
-    ck_assert(find(r, "layers/1/indexer_scores")->required && !find(r, "layers/0/kv")->required);
+    ck_assert(verify_pair_probe(r, "layers/1/indexer_scores")->required &&
+              !verify_pair_probe(r, "layers/0/kv")->required);
     /* the first in model order: position 0 (the first compared), layer 1 */
     ck_assert_str_eq(r->first.dataset, "layers/1/indexer_scores");
     ck_assert_int_eq(r->first.position, 0);
@@ -177,7 +137,7 @@ START_TEST(require_makes_a_missing_probe_fail)
     s.noise = 1e-2;
     s.noise_layer = 0;
     s.noise_position = 0;
-    r = pair(&s, &o);
+    r = verify_pair_run(&s, &o);
     ck_assert_int_eq(r->status, DSV4_VERIFY_DIVERGED);
     ck_assert_int_eq(r->first.layer, 0);
     ck_assert_int_eq(r->first.position, 0);
@@ -186,31 +146,31 @@ START_TEST(require_makes_a_missing_probe_fail)
     /* what the candidate has may be required */
     s.noise_layer = -1;
     o.require = "out,final/logits,layers/*/topk_idx";
-    r = pair(&s, &o);
+    r = verify_pair_run(&s, &o);
     ck_assert_int_eq(r->status, DSV4_VERIFY_PASS);
     ck_assert_int_eq(r->n_required_missing, 0);
     dsv4_verify_result_free(r);
 
     /* a glob that matches nothing of the golden is an error, not a requirement met */
     o.require = "out,topk-idx";
-    r = pair(&s, &o);
+    r = verify_pair_run(&s, &o);
     ck_assert_int_eq(r->status, DSV4_VERIFY_ERROR);
     ck_assert_msg(strstr(r->error, "--require 'topk-idx' matches no dataset of the golden"), "%s", r->error);
     dsv4_verify_result_free(r);
 
     char *out = NULL;
-    ck_assert_int_eq(cli("--require kv", &out), 1);
+    ck_assert_int_eq(verify_pair_cli("--require kv", &out), 1);
     ck_assert_msg(strstr(out, "only in golden: 6 datasets the candidate did not provide: 4 REQUIRED by --require "
                               "(failed), 2 not compared\n  kv (layers 0-3; REQUIRED), indexer_scores (layers 1, 3)"),
                   "%s", out);
     ck_assert_msg(strstr(out, "first divergence: position 0, layer 0 (swa/hash), kv"), "%s", out);
     free(out);
-    ck_assert_int_eq(cli("--require nosuch", &out), 2);
+    ck_assert_int_eq(verify_pair_cli("--require nosuch", &out), 2);
     free(out);
-    ck_assert_int_eq(cli("--require 'out,final/logits'", &out), 0);
+    ck_assert_int_eq(verify_pair_cli("--require 'out,final/logits'", &out), 0);
     free(out);
     /* --probes narrows what --require applies to */
-    ck_assert_int_eq(cli("--require kv --probes 'attn_*'", &out), 0);
+    ck_assert_int_eq(verify_pair_cli("--require kv --probes 'attn_*'", &out), 0);
     free(out);
 }
 END_TEST
@@ -222,19 +182,19 @@ START_TEST(require_in_baseline_mode)
     synth_spec_init(&s);
     s.omit_probes = "kv";
     s.omit_role = 1;
-    ck_assert_int_eq(synth_write(tmp_path("golden.h5"), &s, 0), 0);
-    ck_assert_int_eq(synth_write(tmp_path("cand.h5"), &s, 1), 0);
+    ck_assert_int_eq(synth_write(verify_pair_path("golden.h5"), &s, 0), 0);
+    ck_assert_int_eq(synth_write(verify_pair_path("cand.h5"), &s, 1), 0);
     dsv4_verify_options o;
     dsv4_verify_options_init(&o);
-    o.baseline = tmp_path("golden.h5");
+    o.baseline = verify_pair_path("golden.h5");
     dsv4_verify_result *r = NULL;
-    ck_assert_int_eq(dsv4_verify_run(tmp_path("golden.h5"), tmp_path("cand.h5"), &o, &r), 0);
+    ck_assert_int_eq(dsv4_verify_run(verify_pair_path("golden.h5"), verify_pair_path("cand.h5"), &o, &r), 0);
     ck_assert_msg(r->status == DSV4_VERIFY_PASS, "%s", r->error);
     ck_assert_int_eq(r->n_only_golden, 4);
     dsv4_verify_result_free(r);
-    o.baseline = tmp_path("golden.h5");
+    o.baseline = verify_pair_path("golden.h5");
     o.require = "kv";
-    ck_assert_int_eq(dsv4_verify_run(tmp_path("golden.h5"), tmp_path("cand.h5"), &o, &r), 0);
+    ck_assert_int_eq(dsv4_verify_run(verify_pair_path("golden.h5"), verify_pair_path("cand.h5"), &o, &r), 0);
     ck_assert_int_eq(r->status, DSV4_VERIFY_DIVERGED);
     ck_assert_str_eq(r->first.dataset, "layers/0/kv");
     dsv4_verify_result_free(r);
@@ -250,13 +210,13 @@ START_TEST(json_lists_what_the_candidate_lacks)
     s.n_candidate_positions = 5;
     s.omit_probes = "router_weights";
     s.omit_role = 1;
-    ck_assert_int_eq(synth_write(tmp_path("golden.h5"), &s, 0), 0);
-    ck_assert_int_eq(synth_write(tmp_path("cand.h5"), &s, 1), 0);
+    ck_assert_int_eq(synth_write(verify_pair_path("golden.h5"), &s, 0), 0);
+    ck_assert_int_eq(synth_write(verify_pair_path("cand.h5"), &s, 1), 0);
     char *out = NULL, args[4400];
-    snprintf(args, sizeof args, "--require 'layers/2/router_weights' --json %s", tmp_path("r.json"));
-    ck_assert_int_eq(cli(args, &out), 1);
+    snprintf(args, sizeof args, "--require 'layers/2/router_weights' --json %s", verify_pair_path("r.json"));
+    ck_assert_int_eq(verify_pair_cli(args, &out), 1);
     free(out);
-    char *buf = dsv4_test_read_file(tmp_path("r.json"), NULL);
+    char *buf = dsv4_test_read_file(verify_pair_path("r.json"), NULL);
     ck_assert_ptr_nonnull(buf);
     char *lacks = strstr(buf, "\"candidate_lacks\"");
     ck_assert_ptr_nonnull(lacks);
@@ -271,6 +231,7 @@ END_TEST
 int main(void)
 {
     g_dir = dsv4_test_mkdtemp("verify-partial");
+    verify_pair_dir(g_dir);
     Suite *su = suite_create("verify_partial");
     TCase *tc = tcase_create("partial");
     tcase_add_test(tc, missing_datasets_are_listed_not_failed);

@@ -11,36 +11,9 @@
 #include "dsv4/dsv4_verify.h"
 #include "dsv4_test.h"
 #include "synth_dump.h"
+#include "verify_pair.h"
 
 static char *g_dir;
-
-static dsv4_verify_result *pair(const synth_spec *s)
-{
-    char g[4200], c[4200];
-    snprintf(g, sizeof g, "%s/golden.h5", g_dir);
-    snprintf(c, sizeof c, "%s/cand.h5", g_dir);
-    ck_assert_int_eq(synth_write(g, s, 0), 0);
-    ck_assert_int_eq(synth_write(c, s, 1), 0);
-    dsv4_verify_result *r = NULL;
-    ck_assert_int_eq(dsv4_verify_run(g, c, NULL, &r), 0);
-    return r;
-}
-
-static const dsv4_verify_probe *find(const dsv4_verify_result *r, const char *dataset)
-{
-    for (int i = 0; i < r->n_probes; i++)
-        if (!strcmp(r->probes[i].dataset, dataset)) return &r->probes[i];
-    ck_abort_msg("no probe %s", dataset);
-    return NULL;
-}
-
-static const dsv4_verify_row *row_at(const dsv4_verify_probe *p, int position)
-{
-    for (int i = 0; i < p->n_rows; i++)
-        if (p->rows[i].position == position) return &p->rows[i];
-    ck_abort_msg("%s has no row at position %d", p->dataset, position);
-    return NULL;
-}
 
 START_TEST(tied_swaps_are_accepted)
 {
@@ -49,9 +22,9 @@ START_TEST(tied_swaps_are_accepted)
     s.tie_layer = 3;
     s.tie_position = 35; /* 9 visible entries, k = 4 */
     s.tie_count = 2;
-    dsv4_verify_result *r = pair(&s);
+    dsv4_verify_result *r = verify_pair_run(&s, NULL);
     ck_assert_int_eq(r->status, DSV4_VERIFY_PASS);
-    const dsv4_verify_row *row = row_at(find(r, "layers/3/topk_idx"), 35);
+    const dsv4_verify_row *row = verify_pair_row(verify_pair_probe(r, "layers/3/topk_idx"), 35);
     ck_assert_double_eq(row->v[DSV4_METRIC_ACCEPTED], 2);
     ck_assert_double_eq(row->v[DSV4_METRIC_STRICT], 0);
     ck_assert_double_eq_tol(row->v[DSV4_METRIC_RECALL], 0.5, 1e-12);
@@ -67,10 +40,10 @@ START_TEST(lower_swaps_are_strict)
     s.low_layer = 3;
     s.low_position = 35;
     s.low_count = 2;
-    dsv4_verify_result *r = pair(&s);
+    dsv4_verify_result *r = verify_pair_run(&s, NULL);
     ck_assert_int_eq(r->status, DSV4_VERIFY_DIVERGED);
-    const dsv4_verify_probe *p = find(r, "layers/3/topk_idx");
-    const dsv4_verify_row *row = row_at(p, 35);
+    const dsv4_verify_probe *p = verify_pair_probe(r, "layers/3/topk_idx");
+    const dsv4_verify_row *row = verify_pair_row(p, 35);
     ck_assert_double_eq(row->v[DSV4_METRIC_STRICT], 2);
     ck_assert_double_eq(row->v[DSV4_METRIC_ACCEPTED], 0);
     ck_assert_int_eq(p->n_failed_rows, 1);
@@ -83,9 +56,9 @@ START_TEST(lower_swaps_are_strict)
     /* the same swap judged without golden scores is strict too, and says why */
     s.omit_dataset = "layers/3/indexer_scores";
     s.omit_role = 0;
-    r = pair(&s);
-    p = find(r, "layers/3/topk_idx");
-    ck_assert_double_eq(row_at(p, 35)->v[DSV4_METRIC_STRICT], 2);
+    r = verify_pair_run(&s, NULL);
+    p = verify_pair_probe(r, "layers/3/topk_idx");
+    ck_assert_double_eq(verify_pair_row(p, 35)->v[DSV4_METRIC_STRICT], 2);
     ck_assert_ptr_nonnull(strstr(p->note, "every pick outside the golden set is strict"));
     dsv4_verify_result_free(r);
 }
@@ -99,20 +72,14 @@ START_TEST(tied_swaps_rejected_when_tolerance_is_negative_control)
     s.tie_layer = 1;
     s.tie_position = 39;
     s.tie_count = 1;
-    char g[4200], c[4200];
-    snprintf(g, sizeof g, "%s/golden.h5", g_dir);
-    snprintf(c, sizeof c, "%s/cand.h5", g_dir);
-    ck_assert_int_eq(synth_write(g, &s, 0), 0);
-    ck_assert_int_eq(synth_write(c, &s, 1), 0);
     dsv4_verify_options o;
     dsv4_verify_options_init(&o);
     const char *tol[] = {"topk_idx=tie_abs:-1e-3", "topk_idx=tie_rel:0"};
     o.tol = tol;
     o.n_tol = 2;
-    dsv4_verify_result *r = NULL;
-    ck_assert_int_eq(dsv4_verify_run(g, c, &o, &r), 0);
+    dsv4_verify_result *r = verify_pair_run(&s, &o);
     ck_assert_int_eq(r->status, DSV4_VERIFY_DIVERGED);
-    ck_assert_double_eq(row_at(find(r, "layers/1/topk_idx"), 39)->v[DSV4_METRIC_STRICT], 1);
+    ck_assert_double_eq(verify_pair_row(verify_pair_probe(r, "layers/1/topk_idx"), 39)->v[DSV4_METRIC_STRICT], 1);
     dsv4_verify_result_free(r);
 }
 END_TEST
@@ -186,9 +153,7 @@ START_TEST(topk_dropping_the_best_pick_is_reported)
     s.tie_layer = 3;
     s.tie_position = 35;
     s.tie_count = 1;
-    char g[4200], c[4200];
-    snprintf(g, sizeof g, "%s/golden.h5", g_dir);
-    snprintf(c, sizeof c, "%s/cand.h5", g_dir);
+    const char *g = verify_pair_path("golden.h5"), *c = verify_pair_path("cand.h5");
     ck_assert_int_eq(synth_write(g, &s, 0), 0);
     ck_assert_int_eq(synth_write(c, &s, 0), 0); /* the golden's own selection, changed below */
     dsv4_dump *d = NULL;
@@ -223,7 +188,7 @@ START_TEST(topk_dropping_the_best_pick_is_reported)
     dsv4_verify_result *r = NULL;
     ck_assert_int_eq(dsv4_verify_run(g, c, NULL, &r), 0);
     ck_assert_int_eq(r->status, DSV4_VERIFY_DIVERGED);
-    const dsv4_verify_row *row = row_at(find(r, "layers/3/topk_idx"), 35);
+    const dsv4_verify_row *row = verify_pair_row(verify_pair_probe(r, "layers/3/topk_idx"), 35);
     ck_assert_double_eq(row->v[DSV4_METRIC_STRICT], 1);
     ck_assert_double_eq(row->v[DSV4_METRIC_ACCEPTED], 0);
     ck_assert_int_eq(r->first_tie.found, 0);
@@ -335,6 +300,7 @@ END_TEST
 int main(void)
 {
     g_dir = dsv4_test_mkdtemp("verify-topk");
+    verify_pair_dir(g_dir);
     Suite *s = suite_create("verify_topk");
     TCase *tc = tcase_create("core");
     tcase_add_test(tc, tied_swaps_are_accepted);

@@ -44,6 +44,9 @@ typedef struct dsv4_serve_workload_spec {
 /* Fill reqs[n_requests] from the spec: lengths and inter-arrival gaps from one seeded generator (splitmix64), the
  * same on every machine. DSV4_ERR_USAGE with a message naming the field in err on a bad spec. */
 int dsv4_serve_workload(const dsv4_serve_workload_spec *spec, dsv4_serve_request *reqs, char *err, size_t errlen);
+/* The prompt token of request `request` at position pos, in [0, vocab): a hash of (seed, request, pos) with
+ * splitmix64's mixer, so that every configuration of a run serves the same prompts without storing them. */
+int32_t dsv4_serve_prompt_token(uint64_t seed, int request, int pos, int vocab);
 
 /* ------------------------------------------------------------------------------------------- the scheduler */
 typedef struct dsv4_serve_config {
