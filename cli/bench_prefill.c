@@ -35,6 +35,7 @@
 
 typedef struct prefill_args {
     int n, chunk, layers, reps, experts_decode, linears_kernel, mhc_rows, lanes; /* lanes 0: the default */
+    int max_context; /* 0: the prompt's length + 1 */
     unsigned long long seed;
     dsv4_opt_weights weights;
     const char *variant;
@@ -62,6 +63,7 @@ static int parse(int argc, char **argv, prefill_args *a)
         else if (!strcmp(k, "--layers")) rc = count_arg(k, v, 1, DSV4_MAX_LAYERS, &a->layers);
         else if (!strcmp(k, "--reps")) rc = count_arg(k, v, 1, 100, &a->reps);
         else if (!strcmp(k, "--expert-lanes")) rc = count_arg(k, v, 1, DSV4_OPT_MAX_EXPERT_LANES, &a->lanes);
+        else if (!strcmp(k, "--max-context")) rc = count_arg(k, v, 2, DSV4_OPT_MAX_CONTEXT, &a->max_context);
         else if (!strcmp(k, "--seed")) {
             int s = 0;
             rc = count_arg(k, v, 0, 1000000000, &s);
@@ -97,6 +99,8 @@ static int parse(int argc, char **argv, prefill_args *a)
         i++;
     }
     if (!a->chunk) a->chunk = a->n < 8192 ? a->n : 8192;
+    if (a->max_context && a->max_context <= a->n)
+        return dsv4_error(DSV4_ERR_USAGE, "--max-context %d: must exceed the prompt's %d tokens", a->max_context, a->n);
     return 0;
 }
 
@@ -188,7 +192,7 @@ int bench_prefill(int argc, char **argv)
         fprintf(stderr, "dsv4 bench: ceilings: %s\n", dsv4_last_error());
         return 2;
     }
-    const int max_ctx = a.n + 1;
+    const int max_ctx = a.max_context ? a.max_context : a.n + 1;
     dsv4_config cfg;
     if (bench_flash_config(a.layers, max_ctx, &cfg)) {
         fprintf(stderr, "dsv4 bench: %s\n", dsv4_last_error());

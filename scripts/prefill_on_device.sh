@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # prefill_on_device.sh [BUDGET_S [STAGES]] - the optimized path's prefill (issue 35) on the GPU machine, in one
 # device call (an H200, 16 cores; at most 9 minutes: BUDGET_S default 500 bounds the whole script). STAGES, a comma
-# list (default all), picks among unit, e2e, decode-tests, prefill-bench, decode-bench, ref, e2e-decode (the build
-# always runs; everything at once does not fit 9 minutes, so two calls, e.g. "unit,e2e,decode-tests" then
+# list (default all), picks among unit, e2e, decode-tests, prefill-bench, sweep, decode-bench, ref, e2e-decode (the
+# build always runs; everything at once does not fit 9 minutes, so two calls, e.g. "unit,e2e,decode-tests" then
 # "prefill-bench,decode-bench,ref", cover it). In this order:
 #   1. build for sm_90 only what it needs (dsv4_cli, the GPU tests below, test_ref_gpu_flash for the model file) in
 #      build-prefill/; and, when the checkout has git history, dsv4_cli of the branch's merge base with main in
@@ -19,6 +19,8 @@
 #      lanes), fp8 with --experts decode --linears kernel (the decode kernels, as before the grouped FP4 experts
 #      and the dequantised FP8 linears), fp8 with --linears kernel alone, bf16 with --experts decode, and bf16
 #      with --mhc-pre rows (the mHC pre's decode kernel instead of the tiled one);
+#   4b. sweep: `dsv4 bench --prefill N` for N = 1K, 4K, 8K, 32K and 128K at max context 1M (bf16, defaults, one
+#      timed rep): the headline and the indexer's share of each length; the 128K prompt is the out-of-memory check;
 #   5. the fp32 GPU reference against the optimized path on the same 8,192-token prompt of the Flash-width model
 #      file (test_ref_gpu_flash --write-model: 4 layers, 32 experts): both prefill times and their ratio;
 #   6. the decode bench (`dsv4 bench --layers 4 --batch 1,64 --context 4096,32768 --variants all-on`, no
@@ -200,6 +202,24 @@ for cfg in "bf16|--weights bf16|1" "fp8|--weights fp8|1" "bf16-lanes-1|--weights
     else
         status=1
         note "bench --prefill 8192 ($w): FAILED ($OUT/bench-prefill-$w.log): $(tail -n 2 "$OUT/bench-prefill-$w.log" | tr '\n' ' ' | cut -c1-200)"
+    fi
+done
+
+# ------------------------------------------------------------------------------------------------- 4b. length sweep
+# issue 35's lengths at max context 1M (bf16, defaults, one timed rep after the warm-up): the headline and the
+# indexer's share of each; the 128K prompt is the out-of-memory check
+for n in 1024 4096 8192 32768 131072; do
+    want sweep || break
+    s=$(share 150)
+    if [ "$s" -lt 30 ]; then note "sweep --prefill $n: SKIPPED (budget)"; continue; fi
+    if timed "sweep-$n" "$s" "$bin" bench --prefill "$n" --prefill-chunk 8192 --max-context 1048576 --layers 4 \
+        --reps 1; then
+        grep -E '^prefill: [0-9]|of the floor|^prefill: indexer' "$OUT/sweep-$n.log" | sed 's/^prefill: /    /' >"$OUT/s.lines"
+        note "bench --prefill $n, chunk 8192, max context 1M, 4 layers, bf16:"
+        while IFS= read -r l; do note "$l"; done <"$OUT/s.lines"
+    else
+        status=1
+        note "sweep --prefill $n: FAILED ($OUT/sweep-$n.log): $(tail -n 2 "$OUT/sweep-$n.log" | tr '\n' ' ' | cut -c1-200)"
     fi
 done
 

@@ -2,8 +2,9 @@
 # e2e_serve_args.sh - `dsv4 bench --serve` refuses bad input with exit 2 and a message naming the option, before any
 # GPU work (so in every build, with or without a GPU): zero requests, an output of 0 tokens, an input longer than the
 # maximum context, a token budget below one decode per request in flight, a prefill chunk outside 1 .. budget, an
-# unknown option, a malformed length range; --help exits 0 and names the metrics. (The serving runs themselves need
-# a GPU: scripts/serve_on_device.sh.)
+# unknown option, a malformed length range; --help exits 0 and names the metrics. `dsv4 bench --prefill` likewise
+# refuses a --max-context not above the prompt or past 1M, --expert-lanes 9 and an unknown --mhc-pre. (The serving
+# runs themselves need a GPU: scripts/serve_on_device.sh.)
 set -uo pipefail
 bin=${DSV4_BIN:?DSV4_BIN is set by ctest}
 fail=0
@@ -42,6 +43,23 @@ if ! nvidia-smi -L >/dev/null 2>&1; then
         fail=1
     fi
 fi
+# the prefill bench's own refusals, also before any GPU work
+expect_prefill() { # expect_prefill OPTION ARGS...
+    local opt=$1
+    shift
+    out=$("$bin" bench "$@" 2>&1)
+    rc=$?
+    if [ $rc -ne 2 ] || [[ $out != *"$opt"* ]]; then
+        echo "FAIL: dsv4 bench $*: exit $rc, expected 2 naming $opt; said: $out"
+        fail=1
+    else
+        echo "ok: $* -> exit 2: $(echo "$out" | head -n 1)"
+    fi
+}
+expect_prefill --max-context --prefill 1000 --max-context 1000
+expect_prefill --max-context --prefill 1000 --max-context 2000000
+expect_prefill --expert-lanes --prefill 1000 --expert-lanes 9
+expect_prefill --mhc-pre --prefill 1000 --mhc-pre cols
 help=$("$bin" bench --serve --help)
 rc=$?
 if [ $rc -ne 0 ] || [[ $help != *TTFT* ]] || [[ $help != *--seeds-table* ]]; then
