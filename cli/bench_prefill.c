@@ -31,11 +31,13 @@
 #include "bench_model.h"
 #include "dsv4/dsv4.h"
 #include "dsv4/dsv4_opt.h"
+#include "dsv4/dsv4_serve.h"
 #include "progress.h"
 
 typedef struct prefill_args {
     int n, chunk, layers, reps, experts_decode, linears_kernel, mhc_rows, lanes; /* lanes 0: the default */
     int max_context; /* 0: the prompt's length + 1 */
+    int batch;       /* prompts prefilled together (sequences), default 1 */
     unsigned long long seed;
     dsv4_opt_weights weights;
     const char *variant;
@@ -54,7 +56,7 @@ static int count_arg(const char *k, const char *v, long lo, long hi, int *out)
 static int parse(int argc, char **argv, prefill_args *a)
 {
     memset(a, 0, sizeof *a);
-    a->layers = 4, a->reps = 3, a->seed = 1, a->weights = DSV4_OPT_WEIGHTS_BF16, a->variant = "all-on";
+    a->layers = 4, a->reps = 3, a->seed = 1, a->batch = 1, a->weights = DSV4_OPT_WEIGHTS_BF16, a->variant = "all-on";
     for (int i = 1; i < argc; i++) {
         const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int rc = 0;
@@ -64,6 +66,7 @@ static int parse(int argc, char **argv, prefill_args *a)
         else if (!strcmp(k, "--reps")) rc = count_arg(k, v, 1, 100, &a->reps);
         else if (!strcmp(k, "--expert-lanes")) rc = count_arg(k, v, 1, DSV4_OPT_MAX_EXPERT_LANES, &a->lanes);
         else if (!strcmp(k, "--max-context")) rc = count_arg(k, v, 2, DSV4_OPT_MAX_CONTEXT, &a->max_context);
+        else if (!strcmp(k, "--batch")) rc = count_arg(k, v, 1, 256, &a->batch);
         else if (!strcmp(k, "--seed")) {
             int s = 0;
             rc = count_arg(k, v, 0, 1000000000, &s);
@@ -98,7 +101,9 @@ static int parse(int argc, char **argv, prefill_args *a)
         if (rc) return rc;
         i++;
     }
-    if (!a->chunk) a->chunk = a->n < 8192 ? a->n : 8192;
+    if (!a->chunk) a->chunk = (long)a->n * a->batch < 8192 ? a->n * a->batch : 8192;
+    if ((long)a->n * a->batch > 1L << 24)
+        return dsv4_error(DSV4_ERR_USAGE, "--batch %d x --prefill %d: more than 2^24 prompt tokens", a->batch, a->n);
     if (a->max_context && a->max_context <= a->n)
         return dsv4_error(DSV4_ERR_USAGE, "--max-context %d: must exceed the prompt's %d tokens", a->max_context, a->n);
     return 0;
@@ -117,30 +122,36 @@ int bench_prefill(int argc, char **argv)
 }
 #else
 
-/* Feed the prompt in chunks from position 0 (sequence 0 reset first); the wall time in ms. */
-static int prefill_once(dsv4_opt *o, const int32_t *tok, int n, int chunk, double *ms)
+/* Feed the B prompts (prompt b at tok + b·n) from position 0 (every sequence reset first), `chunk` tokens a step
+ * shared as `dsv4 run` shares them (dsv4_opt_plan_step: in sequence order, the earliest prompt first); the wall time
+ * in ms, the number of steps and of head rows. run (B) and step_tok (chunk) are the caller's scratch. */
+static int prefill_once(dsv4_opt *o, const int32_t *tok, int n, int B, int chunk, int32_t *want, int32_t *run,
+                        int32_t *step_tok, double *ms, int *steps, int *heads)
 {
-    int32_t next = 0;
-    DSV4_TRY(dsv4_opt_reset(o, 0));
+    for (int b = 0; b < B; b++) DSV4_TRY(dsv4_opt_reset(o, b));
     const double t0 = cli_now_s();
-    for (int p = 0; p < n; p += chunk) {
-        int32_t k = n - p < chunk ? n - p : chunk;
-        DSV4_TRY(dsv4_opt_step_ragged(o, tok + p, &k, NULL, NULL, &next));
+    *steps = *heads = 0;
+    for (;;) {
+        for (int b = 0; b < B; b++) want[b] = n - dsv4_opt_position(o, b);
+        const int T = dsv4_opt_plan_step(B, want, chunk, run);
+        if (T == 0) break;
+        for (int b = 0, t = 0; b < B; b++) {
+            for (int i = 0; i < run[b]; i++) step_tok[t++] = tok[(size_t)b * n + (n - want[b]) + i];
+            *heads += run[b] > 0; /* the head runs on each run's last row */
+        }
+        DSV4_TRY(dsv4_opt_step_ragged(o, step_tok, run, NULL, NULL, NULL));
+        ++*steps;
     }
     *ms = 1e3 * (cli_now_s() - t0);
     return 0;
 }
 
-static int cmp_double(const void *x, const void *y)
-{
-    const double a = *(const double *)x, b = *(const double *)y;
-    return a < b ? -1 : a > b;
-}
-
+/* The median, as the serving stats compute it (dsv4_serve_dist_of: sorts v in place). */
 static double median(double *v, int n)
 {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+    dsv4_serve_dist d;
+    dsv4_serve_dist_of(v, n, &d);
+    return d.median;
 }
 
 /* The stage table: per stage the median over the timed reps (st[rep][stage]), then the sum. */
@@ -200,7 +211,7 @@ int bench_prefill(int argc, char **argv)
     }
     dsv4_opt_options oo;
     dsv4_opt_options_default(&oo);
-    oo.n_seq = 1, oo.max_context = max_ctx, oo.max_step_tokens = a.chunk, oo.print_plan = 1;
+    oo.n_seq = a.batch, oo.max_context = max_ctx, oo.max_step_tokens = a.chunk, oo.print_plan = 1;
     oo.weights = a.weights;
     oo.prefill_experts = a.experts_decode ? DSV4_OPT_PREFILL_EXPERTS_DECODE : DSV4_OPT_PREFILL_EXPERTS_GROUPED;
     oo.prefill_linears = a.linears_kernel ? DSV4_OPT_PREFILL_LINEARS_KERNEL : DSV4_OPT_PREFILL_LINEARS_GEMM;
@@ -212,17 +223,22 @@ int bench_prefill(int argc, char **argv)
     if (all || !strcmp(a.variant, "mhc-roundtrip")) oo.mhc = DSV4_OPT_MHC_ROUNDTRIP;
     if (all || !strcmp(a.variant, "index-max")) oo.index_context = DSV4_OPT_INDEX_MAX;
     dsv4_opt *o = NULL;
-    int32_t *tok = malloc((size_t)a.n * sizeof *tok);
-    int rc = tok ? 0 : dsv4_error(DSV4_ERR_NOMEM, "out of host memory");
+    const size_t n_all = (size_t)a.n * a.batch;
+    const int B = a.batch;
+    int32_t *tok = malloc(n_all * sizeof *tok), *step_tok = malloc((size_t)a.chunk * sizeof *step_tok);
+    int32_t *want = malloc((size_t)B * sizeof *want), *run = malloc((size_t)B * sizeof *run);
+    int32_t *one = malloc((size_t)B * sizeof *one), *next = malloc((size_t)B * sizeof *next);
+    int rc = tok && step_tok && want && run && one && next ? 0 : dsv4_error(DSV4_ERR_NOMEM, "out of host memory");
     if (!rc) rc = dsv4_opt_init_random(&cfg, a.seed, &oo, &o);
     uint64_t h = a.seed * 0x9E3779B97F4A7C15ull + 7;
-    for (int p = 0; !rc && p < a.n; p++) {
+    for (size_t p = 0; !rc && p < n_all; p++) { /* prompt b: tok[b·n ..] (prompt 0 is the B = 1 prompt) */
         h ^= h << 13, h ^= h >> 7, h ^= h << 17;
         tok[p] = (int32_t)(h % (uint64_t)cfg.vocab_size);
     }
     double wall[101], ms = 0, med = 0, dec_ms = 0;
+    int n_steps = 0, n_heads = 0;
     for (int r = 0; !rc && r <= a.reps; r++) { /* rep 0 warms up */
-        if ((rc = prefill_once(o, tok, a.n, a.chunk, &ms))) break;
+        if ((rc = prefill_once(o, tok, a.n, B, a.chunk, want, run, step_tok, &ms, &n_steps, &n_heads))) break;
         fprintf(stderr, "dsv4 bench --prefill: rep %d: %.1f ms%s\n", r, ms, r == 0 ? " (warm-up)" : "");
         if (r > 0) wall[r - 1] = ms;
     }
@@ -231,16 +247,18 @@ int bench_prefill(int argc, char **argv)
     int ns = 0, timed_steps = 0;
     if (!rc && !st) rc = dsv4_error(DSV4_ERR_NOMEM, "out of host memory");
     for (int r = 0; !rc && r < a.reps; r++) {
-        if (!(rc = dsv4_opt_stage_timing(o, 1)) && !(rc = prefill_once(o, tok, a.n, a.chunk, &ms)))
+        if (!(rc = dsv4_opt_stage_timing(o, 1)) &&
+            !(rc = prefill_once(o, tok, a.n, B, a.chunk, want, run, step_tok, &ms, &n_steps, &n_heads)))
             rc = dsv4_opt_stage_times(o, st[r], DSV4_OPT_MAX_STAGES, &ns, &timed_steps);
         if (!rc) rc = dsv4_opt_stage_timing(o, 0);
     }
-    if (!rc) { /* one decode step after the prompt (the state of the last rep) */
-        int32_t one = tok[0], next = 0;
+    if (!rc) { /* one decode step after the prompts (the state of the last rep), every sequence a token */
+        for (int b = 0; b < B; b++) one[b] = tok[(size_t)b * a.n];
         double t0 = cli_now_s();
-        rc = dsv4_opt_step(o, &one, NULL, NULL, NULL, &next);
+        rc = dsv4_opt_step(o, one, NULL, NULL, NULL, next);
         dec_ms = 1e3 * (cli_now_s() - t0);
     }
+    free(step_tok), free(want), free(run), free(one), free(next);
     if (rc) {
         fprintf(stderr, "dsv4 bench --prefill: %s\n", dsv4_last_error());
         dsv4_opt_free(o);
@@ -248,24 +266,27 @@ int bench_prefill(int argc, char **argv)
         free(st);
         return 1;
     }
-    /* the useful FLOPs: every position's step without its head, plus one head per step */
+    /* the useful FLOPs: every position's step without its head (each of the B prompts), plus the head of each
+     * run's last row */
     double flops = 0, bytes = 0, f0 = 0;
     const double head = 2.0 * cfg.vocab_size * cfg.hidden_size;
     for (int p = 0; p < a.n; p++) {
         bench_step_roofline(&cfg, 1, p + 1, a.weights == DSV4_OPT_WEIGHTS_FP8, 0, &bytes, &f0);
-        flops += f0 - head;
+        flops += B * (f0 - head);
     }
-    const int steps = (a.n + a.chunk - 1) / a.chunk;
-    flops += head * steps;
+    flops += head * n_heads;
     const double floor_ms = flops / (gemm_tf * 1e12) * 1e3;
     char experts[48];
     if (a.experts_decode) snprintf(experts, sizeof experts, "decode");
     else snprintf(experts, sizeof experts, "grouped on %d lane%s", oo.expert_lanes, oo.expert_lanes > 1 ? "s" : "");
-    printf("prefill: %d tokens in steps of %d, %d Flash-shaped layers, weights %s, experts %s, linears %s, mhc-pre "
-           "%s, variant %s: %.1f ms (median of %d after a warm-up; %.1f ms per layer), %.0f tokens/s\n",
-           a.n, a.chunk, a.layers, a.weights == DSV4_OPT_WEIGHTS_FP8 ? "fp8" : "bf16", experts,
+    char what[64];
+    if (B == 1) snprintf(what, sizeof what, "%d tokens", a.n);
+    else snprintf(what, sizeof what, "%d prompts of %d tokens", B, a.n);
+    printf("prefill: %s in %d steps of up to %d, %d Flash-shaped layers, weights %s, experts %s, linears %s, "
+           "mhc-pre %s, variant %s: %.1f ms (median of %d after a warm-up; %.1f ms per layer), %.0f tokens/s\n",
+           what, n_steps, a.chunk, a.layers, a.weights == DSV4_OPT_WEIGHTS_FP8 ? "fp8" : "bf16", experts,
            a.linears_kernel ? "kernel" : "gemm", a.mhc_rows ? "rows" : "tiled", a.variant, med, a.reps,
-           med / a.layers, a.n / (med / 1e3));
+           med / a.layers, (double)n_all / (med / 1e3));
     printf("prefill: %.2f TFLOP useful, %.1f TFLOP/s; FLOP floor %.1f ms at the cuBLAS bf16 GEMM rate %.0f TFLOP/s "
            "measured now: %.1f%% of the floor\n",
            flops / 1e12, flops / (med * 1e9), floor_ms, gemm_tf, 100.0 * floor_ms / med);

@@ -21,6 +21,7 @@
 #      with --mhc-pre rows (the mHC pre's decode kernel instead of the tiled one);
 #   4b. sweep: `dsv4 bench --prefill N` for N = 1K, 4K, 8K, 32K and 128K at max context 1M (bf16, defaults, one
 #      timed rep): the headline and the indexer's share of each length; the 128K prompt is the out-of-memory check;
+#      then 4 prompts of 2,048 tokens together (--batch 4);
 #   5. the fp32 GPU reference against the optimized path on the same 8,192-token prompt of the Flash-width model
 #      file (test_ref_gpu_flash --write-model: 4 layers, 32 experts): both prefill times and their ratio;
 #   6. the decode bench (`dsv4 bench --layers 4 --batch 1,64 --context 4096,32768 --variants all-on`, no
@@ -208,18 +209,21 @@ done
 # ------------------------------------------------------------------------------------------------- 4b. length sweep
 # issue 35's lengths at max context 1M (bf16, defaults, one timed rep after the warm-up): the headline and the
 # indexer's share of each; the 128K prompt is the out-of-memory check
-for n in 1024 4096 8192 32768 131072; do
+# and a batch: 4 prompts of 2,048 tokens prefilled together (8,192 tokens, steps of 8,192 shared in sequence order)
+for n in 1024 4096 8192 32768 131072 2048x4; do
     want sweep || break
     s=$(share 150)
-    if [ "$s" -lt 30 ]; then note "sweep --prefill $n: SKIPPED (budget)"; continue; fi
-    if timed "sweep-$n" "$s" "$bin" bench --prefill "$n" --prefill-chunk 8192 --max-context 1048576 --layers 4 \
-        --reps 1; then
-        grep -E '^prefill: [0-9]|of the floor|^prefill: indexer' "$OUT/sweep-$n.log" | sed 's/^prefill: /    /' >"$OUT/s.lines"
-        note "bench --prefill $n, chunk 8192, max context 1M, 4 layers, bf16:"
+    b=1
+    [[ $n == *x* ]] && b=${n#*x} && n=${n%x*}
+    if [ "$s" -lt 30 ]; then note "sweep --prefill $n --batch $b: SKIPPED (budget)"; continue; fi
+    if timed "sweep-$n-$b" "$s" "$bin" bench --prefill "$n" --batch "$b" --prefill-chunk 8192 --max-context 1048576 \
+        --layers 4 --reps 1; then
+        grep -E '^prefill: [0-9]|of the floor|^prefill: indexer' "$OUT/sweep-$n-$b.log" | sed 's/^prefill: /    /' >"$OUT/s.lines"
+        note "bench --prefill $n --batch $b, chunk 8192, max context 1M, 4 layers, bf16:"
         while IFS= read -r l; do note "$l"; done <"$OUT/s.lines"
     else
         status=1
-        note "sweep --prefill $n: FAILED ($OUT/sweep-$n.log): $(tail -n 2 "$OUT/sweep-$n.log" | tr '\n' ' ' | cut -c1-200)"
+        note "sweep --prefill $n --batch $b: FAILED ($OUT/sweep-$n-$b.log): $(tail -n 2 "$OUT/sweep-$n-$b.log" | tr '\n' ' ' | cut -c1-200)"
     fi
 done
 

@@ -3,8 +3,8 @@
 # GPU work (so in every build, with or without a GPU): zero requests, an output of 0 tokens, an input longer than the
 # maximum context, a token budget below one decode per request in flight, a prefill chunk outside 1 .. budget, an
 # unknown option, a malformed length range; --help exits 0 and names the metrics. `dsv4 bench --prefill` likewise
-# refuses a --max-context not above the prompt or past 1M, --expert-lanes 9 and an unknown --mhc-pre. (The serving
-# runs themselves need a GPU: scripts/serve_on_device.sh.)
+# refuses a --max-context not above the prompt or past 1M, --expert-lanes 9, an unknown --mhc-pre and --batch 0.
+# (The serving runs themselves need a GPU: scripts/serve_on_device.sh.)
 set -uo pipefail
 bin=${DSV4_BIN:?DSV4_BIN is set by ctest}
 fail=0
@@ -60,6 +60,7 @@ expect_prefill --max-context --prefill 1000 --max-context 1000
 expect_prefill --max-context --prefill 1000 --max-context 2000000
 expect_prefill --expert-lanes --prefill 1000 --expert-lanes 9
 expect_prefill --mhc-pre --prefill 1000 --mhc-pre cols
+expect_prefill --batch --prefill 1000 --batch 0
 help=$("$bin" bench --serve --help)
 rc=$?
 if [ $rc -ne 0 ] || [[ $help != *TTFT* ]] || [[ $help != *--seeds-table* ]]; then
