@@ -282,9 +282,9 @@ int bench_prefill(int argc, char **argv)
     char what[64];
     if (B == 1) snprintf(what, sizeof what, "%d tokens", a.n);
     else snprintf(what, sizeof what, "%d prompts of %d tokens", B, a.n);
-    printf("prefill: %s in %d steps of up to %d, %d Flash-shaped layers, weights %s, experts %s, linears %s, "
+    printf("prefill: %s in %d step%s of up to %d, %d Flash-shaped layers, weights %s, experts %s, linears %s, "
            "mhc-pre %s, variant %s: %.1f ms (median of %d after a warm-up; %.1f ms per layer), %.0f tokens/s\n",
-           what, n_steps, a.chunk, a.layers, a.weights == DSV4_OPT_WEIGHTS_FP8 ? "fp8" : "bf16", experts,
+           what, n_steps, n_steps == 1 ? "" : "s", a.chunk, a.layers, a.weights == DSV4_OPT_WEIGHTS_FP8 ? "fp8" : "bf16", experts,
            a.linears_kernel ? "kernel" : "gemm", a.mhc_rows ? "rows" : "tiled", a.variant, med, a.reps,
            med / a.layers, (double)n_all / (med / 1e3));
     printf("prefill: %.2f TFLOP useful, %.1f TFLOP/s; FLOP floor %.1f ms at the cuBLAS bf16 GEMM rate %.0f TFLOP/s "

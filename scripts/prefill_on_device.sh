@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # prefill_on_device.sh [BUDGET_S [STAGES]] - the optimized path's prefill (issue 35) on the GPU machine, in one
 # device call (an H200, 16 cores; at most 9 minutes: BUDGET_S default 500 bounds the whole script). STAGES, a comma
-# list (default all), picks among unit, e2e, decode-tests, prefill-bench, sweep, decode-bench, ref, e2e-decode (the
-# build always runs; everything at once does not fit 9 minutes, so two calls, e.g. "unit,e2e,decode-tests" then
+# list (default all), picks among unit, e2e, decode-tests, prefill-bench, sweep, peer, decode-bench, ref, e2e-decode
+# (the build always runs; everything at once does not fit 9 minutes, so two calls, e.g. "unit,e2e,decode-tests" then
 # "prefill-bench,decode-bench,ref", cover it). In this order:
 #   1. build for sm_90 only what it needs (dsv4_cli, the GPU tests below, test_ref_gpu_flash for the model file) in
 #      build-prefill/; and, when the checkout has git history, dsv4_cli of the branch's merge base with main in
@@ -22,6 +22,8 @@
 #   4b. sweep: `dsv4 bench --prefill N` for N = 1K, 4K, 8K, 32K and 128K at max context 1M (bf16, defaults, one
 #      timed rep): the headline and the indexer's share of each length; the 128K prompt is the out-of-memory check;
 #      then 4 prompts of 2,048 tokens together (--batch 4);
+#   4c. peer: transformers' prefill of one 8,192-token prompt (bench/peers/peer_transformers.py --prefill-only, 4
+#      layers, bf16, eager, CUDA events, one warm-up) against dsv4's 8K time of step 4 (or of the sweep);
 #   5. the fp32 GPU reference against the optimized path on the same 8,192-token prompt of the Flash-width model
 #      file (test_ref_gpu_flash --write-model: 4 layers, 32 experts): both prefill times and their ratio;
 #   6. the decode bench (`dsv4 bench --layers 4 --batch 1,64 --context 4096,32768 --variants all-on`, no
@@ -226,6 +228,25 @@ for n in 1024 4096 8192 32768 131072 2048x4; do
         note "sweep --prefill $n --batch $b: FAILED ($OUT/sweep-$n-$b.log): $(tail -n 2 "$OUT/sweep-$n-$b.log" | tr '\n' ' ' | cut -c1-200)"
     fi
 done
+
+# ------------------------------------------------------------------------------------------------- 4c. the peer
+# transformers' prefill of one 8,192-token prompt at the bench's shapes (4 layers, bf16, eager; one warm-up, two timed)
+if want peer; then
+    s=$(share 200)
+    if [ "$s" -lt 60 ]; then
+        note "peer prefill 8192: SKIPPED (budget)"
+    elif timed peer-prefill "$s" python3 "$root/bench/peers/peer_transformers.py" --layers 4 --prefill-only 8192 \
+        --warmup 1 --reps 2 --json "$OUT/peer-prefill.json"; then
+        peer_ms=$(grep -o 'prefill 8192: [0-9.]* ms median' "$OUT/peer-prefill.log" | awk '{print $3}')
+        opt_ms=$(grep -ho '^prefill: 8192 tokens in [^:]*: [0-9.]* ms' "$OUT/bench-prefill-bf16.log" \
+            "$OUT/sweep-8192-1.log" 2>/dev/null | head -n 1 | awk '{print $NF == "ms" ? $(NF-1) : $NF}')
+        note "transformers prefill of 8,192 tokens (4 layers, bf16, eager): ${peer_ms:-?} ms; dsv4 ${opt_ms:-not run} ms$(
+            [ -n "$peer_ms" ] && [ -n "$opt_ms" ] && awk -v a="$peer_ms" -v b="$opt_ms" 'BEGIN {printf ": %.1fx (target >= 10x)", a / b}')"
+    else
+        status=1
+        note "peer prefill 8192: FAILED ($OUT/peer-prefill.log): $(tail -n 2 "$OUT/peer-prefill.log" | tr '\n' ' ' | cut -c1-200)"
+    fi
+fi
 
 # ------------------------------------------------------------------------------------------------- 5. ref-gpu ratio
 M=/tmp/dsv4-flash-model

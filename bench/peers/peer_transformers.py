@@ -15,6 +15,8 @@ over the experts as in dsv4 bench).
 Usage (on the GPU machine, where torch and transformers >= 5.8 are installed):
   python3 bench/peers/peer_transformers.py --layers 5 --batch 1,64 --context 4096 --json OUT.json
   python3 bench/peers/peer_transformers.py --like bench.json --batch 1,64 --context 4096 --json OUT.json
+  python3 bench/peers/peer_transformers.py --layers 4 --prefill-only 8192 --warmup 1 --reps 3 --json OUT.json
+    (the prefill peer of `dsv4 bench --prefill 8192`: one prompt from an empty cache, CUDA-event timed)
     (--like takes layers, warm-up, reps and the maximum context from a dsv4 bench JSON, over --layers, --warmup,
     --reps and --max-context)
 The JSON is rewritten after every measured run, under a temporary name renamed when complete, so a run cut short
@@ -122,6 +124,49 @@ def expand_cache(torch, cache, C):
     return cache
 
 
+def prefill_only(torch, DynamicCache, model, cfg, gen, a, out, save):
+    """The prefill peer of `dsv4 bench --prefill N`: one N-token random prompt through the model from an empty cache,
+    --warmup untimed then --reps timed (CUDA events around the call; the median reported), batch 1."""
+    n = a.prefill_only
+    out["state"] = f"prefill of one {n}-token random prompt from an empty cache, batch 1"
+    times = []
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    try:
+        for s in range(a.warmup + a.reps):
+            prompt = torch.randint(2, cfg.vocab_size, (1, n), generator=gen, device="cuda")
+            try:
+                cache = DynamicCache(config=model.config)
+            except TypeError:
+                cache = None
+            with torch.no_grad():
+                e0.record()
+                try:
+                    o = model(input_ids=prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
+                except TypeError:
+                    o = model(input_ids=prompt, past_key_values=cache, use_cache=True)
+                e1.record()
+                torch.cuda.synchronize()
+            if not torch.isfinite(o.logits).all():
+                raise RuntimeError("non-finite logits")
+            del o, cache
+            ms = e0.elapsed_time(e1)
+            log(f"prefill {n}: rep {s}: {ms:.1f} ms{' (warm-up)' if s < a.warmup else ''}")
+            if s >= a.warmup:
+                times.append(ms)
+            torch.cuda.empty_cache()
+        med = statistics.median(times)
+        out["prefill"] = {"tokens": n, "ms": times, "ms_median": med, "tokens_per_s": 1e3 * n / med}
+        log(f"prefill {n}: {med:.1f} ms median of {len(times)}, {1e3 * n / med:.0f} tokens/s")
+    except Exception as e:  # noqa: BLE001 - reported, not hidden
+        out["failures"].append({"prefill": n, "error": repr(e)[:500]})
+        log(f"prefill {n}: FAILED: {e!r}")
+        save()
+        return 1
+    out["complete"] = True
+    save()
+    return 0
+
+
 def main():
     global T0
     T0 = time.time()
@@ -135,6 +180,8 @@ def main():
     ap.add_argument("--max-context", type=int, default=1 << 20)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--deadline", type=float, default=0, help="seconds; skip what would start after it")
+    ap.add_argument("--prefill-only", type=int, default=0, metavar="N",
+                    help="time the prefill of one N-token prompt instead (--warmup untimed, --reps timed; no decode)")
     ap.add_argument("--json", required=True)
     a = ap.parse_args()
     if a.like:
@@ -161,6 +208,8 @@ def main():
                  f"reps >= 1")
     if max(contexts) > a.max_context:
         ap.error(f"--context {max(contexts)} is past the maximum context {a.max_context}")
+    if a.prefill_only < 0 or a.prefill_only > a.max_context:
+        ap.error(f"--prefill-only {a.prefill_only}: want 1 .. the maximum context {a.max_context}")
 
     import torch
     import transformers
@@ -202,6 +251,8 @@ def main():
         f"experts {out['experts_implementation']}")
     save()
     gen = torch.Generator(device="cuda").manual_seed(a.seed + 1)
+    if a.prefill_only:
+        return prefill_only(torch, DynamicCache, model, cfg, gen, a, out, save)
     for ctx in contexts:
         pos0 = ctx - 128
         if a.deadline and time.time() - T0 > a.deadline:
