@@ -9,8 +9,11 @@
 #      peer_serve_transformers.py --like);
 # each step time-boxed by what the budget leaves, each printing its table; then one summary. Results (JSON, Markdown,
 # SVG, logs) go to $OUT (default /tmp/serve-out), named as bench/results/ keeps them (serve-bf16.*, serve-fp8.*,
-# serve-fixed.*, peer-serve.json). Workload knobs (environment): SERVE_C, SERVE_IN (default 1024:8192), SERVE_OUT
-# (256:1024), SERVE_REQUESTS (default: the command's, max(8, 2C)), SERVE_WARMUP, SERVE_MAX_CONTEXT (1048576),
+# serve-fixed.*, peer-serve.json), packed at the end into $OUT/serve-results.tgz. Workload knobs (environment):
+# SERVE_C, SERVE_IN (default 1024:8192), SERVE_OUT (256:1024), SERVE_REQUESTS (default: the command's, max(8, 2C)),
+# SERVE_WARMUP, SERVE_MAX_CONTEXT (1048576), SERVE_TABLE_MAX_CONTEXT (the seeds' tables; default SERVE_MAX_CONTEXT:
+# "original" scores all 262,144 pool entries of a 1M context for every prompt row, so at 1M its prefills take
+# minutes per concurrency and the whole table does not fit one device call; docs/bench.md),
 # SERVE_BUDGET_TOKENS (8192), SERVE_FIXED_IN/OUT (1024/256), SERVE_PEER_C (1,16).
 #   device call: command "bash scripts/serve_on_device.sh 540 2>&1 | tail -n 80", carry [".debs"]
 set -u -o pipefail
@@ -35,8 +38,8 @@ then
     exit 2
 fi
 summary+=("build: $((SECONDS - t_start)) s; $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)")
-common=(--concurrency "${SERVE_C:-1,16,64}" --max-context "${SERVE_MAX_CONTEXT:-1048576}"
-        --token-budget "${SERVE_BUDGET_TOKENS:-8192}")
+common=(--concurrency "${SERVE_C:-1,16,64}" --token-budget "${SERVE_BUDGET_TOKENS:-8192}")
+max_ctx=${SERVE_MAX_CONTEXT:-1048576}
 [ -n "${SERVE_REQUESTS:-}" ] && common+=(--requests "$SERVE_REQUESTS")
 [ -n "${SERVE_WARMUP:-}" ] && common+=(--warmup "$SERVE_WARMUP")
 
@@ -53,15 +56,15 @@ run() { # run NAME SHARE_S ARGS...: one dsv4 bench --serve, time-boxed
     [ -f "$OUT/$name.md" ] && summary+=("$(sed -n '3,$p' "$OUT/$name.md")")
     [ $rc -eq 0 ] || summary+=("$(tail -n 5 "$OUT/$name.log")")
 }
-bf16_table=(--seeds-table)
-[ "${SERVE_BF16_TABLE:-1}" = 0 ] && bf16_table=()
+bf16_table=(--seeds-table --max-context "${SERVE_TABLE_MAX_CONTEXT:-$max_ctx}")
+[ "${SERVE_BF16_TABLE:-1}" = 0 ] && bf16_table=(--max-context "$max_ctx")
 run serve-bf16 $(($(left) * 45 / 100)) "${bf16_table[@]}" --weights bf16 --input-len "${SERVE_IN:-1024:8192}" \
     --output-len "${SERVE_OUT:-256:1024}"
-fp8_table=()
-[ "${SERVE_FP8_TABLE:-0}" = 1 ] && fp8_table=(--seeds-table)
+fp8_table=(--max-context "$max_ctx")
+[ "${SERVE_FP8_TABLE:-0}" = 1 ] && fp8_table=(--seeds-table --max-context "${SERVE_TABLE_MAX_CONTEXT:-$max_ctx}")
 run serve-fp8 $(($(left) * 45 / 100)) "${fp8_table[@]}" --weights fp8 --input-len "${SERVE_IN:-1024:8192}" \
     --output-len "${SERVE_OUT:-256:1024}"
-run serve-fixed $(($(left) * 35 / 100)) --weights bf16 --input-len "${SERVE_FIXED_IN:-1024}" \
+run serve-fixed $(($(left) * 35 / 100)) --max-context "$max_ctx" --weights bf16 --input-len "${SERVE_FIXED_IN:-1024}" \
     --output-len "${SERVE_FIXED_OUT:-256}"
 share=$(($(left) - 10))
 if [ -f "$OUT/serve-fixed.json" ] && [ "$share" -gt 30 ]; then
@@ -75,6 +78,9 @@ if [ -f "$OUT/serve-fixed.json" ] && [ "$share" -gt 30 ]; then
 else
     summary+=("peer (transformers): SKIPPED (no serve-fixed.json or no budget)")
 fi
+# one archive of every result and log: the device tool brings back only a few files of a call
+(cd "$OUT" && tar czf serve-results.tgz -- *.json *.md *.svg *.log *.out 2>/dev/null &&
+    rm -f -- *.json *.md *.svg *.out) && summary+=("results: $OUT/serve-results.tgz (JSON, Markdown, SVG, logs)")
 echo "==================== serve_on_device.sh: summary ($((SECONDS - t_start)) s) ===================="
 printf '%s\n' "${summary[@]}"
 exit $status
