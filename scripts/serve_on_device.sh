@@ -14,7 +14,8 @@
 # SERVE_WARMUP, SERVE_MAX_CONTEXT (1048576), SERVE_TABLE_MAX_CONTEXT (the seeds' tables; default SERVE_MAX_CONTEXT:
 # "original" scores all 262,144 pool entries of a 1M context for every prompt row, so at 1M its prefills take
 # minutes per concurrency and the whole table does not fit one device call; docs/bench.md),
-# SERVE_BUDGET_TOKENS (8192), SERVE_FIXED_IN/OUT (1024/256), SERVE_PEER_C (1,16).
+# SERVE_BUDGET_TOKENS (8192), SERVE_FIXED_IN/OUT (1024/256), SERVE_PEER_C (1,16), SERVE_LAYERS (default: as many
+# Flash-shaped layers as fit beside the caches of the largest C).
 #   device call: command "bash scripts/serve_on_device.sh 540 2>&1 | tail -n 80", carry [".debs"]
 set -u -o pipefail
 cd "$(dirname "$0")/.." || exit 2
@@ -42,6 +43,7 @@ common=(--concurrency "${SERVE_C:-1,16,64}" --token-budget "${SERVE_BUDGET_TOKEN
 max_ctx=${SERVE_MAX_CONTEXT:-1048576}
 [ -n "${SERVE_REQUESTS:-}" ] && common+=(--requests "$SERVE_REQUESTS")
 [ -n "${SERVE_WARMUP:-}" ] && common+=(--warmup "$SERVE_WARMUP")
+[ -n "${SERVE_LAYERS:-}" ] && common+=(--layers "$SERVE_LAYERS")
 
 run() { # run NAME SHARE_S ARGS...: one dsv4 bench --serve, time-boxed
     local name=$1 share=$2
